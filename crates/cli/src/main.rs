@@ -1,0 +1,269 @@
+//! # switchyard
+//!
+//! The command-line front end: `run` executes a trace and reports outputs, time
+//! and peak memory; `check` parses and validates a trace. Built-in executor
+//! crates are linked here, and referenced so that the linker keeps their
+//! link-time registrations.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use switchyard_core::executor;
+use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors};
+use switchyard_core::plan::Plan;
+use switchyard_core::report::{CacheReport, OutputReport, RegionReport, RunReport};
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_core::{Trace, text};
+
+/// Keeps the built-in executors linked: their `inventory` entries live in
+/// crates this binary would otherwise never reference.
+fn link_builtin_executors() {
+    let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
+}
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Plans tensor programs onto executors and runs them"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a trace and report its outputs, time and peak memory.
+    Run(RunArgs),
+    /// Parse and validate a trace; print it back in canonical form with --print.
+    Check {
+        /// The trace (text format, or JSON when the name ends in .json).
+        trace: PathBuf,
+        /// Print the parsed trace.
+        #[arg(long)]
+        print: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The trace (text format, or JSON when the name ends in .json).
+    trace: PathBuf,
+    /// Read inputs from this safetensors file (by input name).
+    #[arg(long)]
+    inputs: Option<PathBuf>,
+    /// Write outputs to this safetensors file (by output name).
+    #[arg(long)]
+    outputs: Option<PathBuf>,
+    /// Seed of the random inputs used when --inputs is not given.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Run this many times; the reported time is the median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Executors to use, comma-separated, in order of preference.
+    #[arg(long, default_value = "fallback")]
+    executors: String,
+    /// Print the run report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn read_trace(path: &Path) -> Result<Trace> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let name = path.display().to_string();
+    let trace = if path.extension().is_some_and(|e| e == "json") {
+        Trace::from_json(&text).with_context(|| format!("in {name}"))?
+    } else {
+        text::parse_named(&text, Some(&name))?
+    };
+    Ok(trace)
+}
+
+fn median(v: &[u64]) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s.get(s.len() / 2).copied().unwrap_or(0)
+}
+
+fn human_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns >= 1e9 {
+        format!("{:.3} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.3} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+fn human_bytes(b: usize) -> String {
+    let f = b as f64;
+    if f >= 1024.0 * 1024.0 {
+        format!("{:.2} MiB ({b} bytes)", f / (1024.0 * 1024.0))
+    } else if f >= 1024.0 {
+        format!("{:.2} KiB ({b} bytes)", f / 1024.0)
+    } else {
+        format!("{b} bytes")
+    }
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let trace = read_trace(&args.trace)?;
+    let executors = executor::create_list(&args.executors)?;
+    let plan = Plan::per_op(&trace, executors)?;
+    let compiled = CompiledPlan::compile(plan)?;
+    let inputs = match &args.inputs {
+        Some(path) => load_inputs(path, &trace)?,
+        None => random_inputs(&trace, args.seed),
+    };
+    let opts = RunOptions { profile: args.json };
+    let mut times = Vec::with_capacity(args.repeat as usize);
+    let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
+    let mut last = None;
+    for _ in 0..args.repeat {
+        let r = compiled.run(&inputs, opts)?;
+        times.push(r.time_ns);
+        for (acc, t) in region_times.iter_mut().zip(&r.region_ns) {
+            acc.push(*t);
+        }
+        last = Some(r);
+    }
+    let Some(result) = last else {
+        bail!("--repeat must be at least 1")
+    };
+    let plan = compiled.plan();
+    let out_names: Vec<String> = plan
+        .trace
+        .outputs
+        .iter()
+        .map(|v| plan.trace.value(*v).name.clone())
+        .collect();
+    if let Some(path) = &args.outputs {
+        let named: Vec<(String, _)> = out_names
+            .iter()
+            .cloned()
+            .zip(result.outputs.iter().cloned())
+            .collect();
+        write_safetensors(path, &named)?;
+    }
+    if args.json {
+        let report = RunReport {
+            regions: plan
+                .regions
+                .iter()
+                .zip(&region_times)
+                .map(|(r, t)| RegionReport {
+                    id: r.id,
+                    executor: plan.executor_of(r).name().to_string(),
+                    ops: r.ops.iter().map(|&o| plan.trace.describe_op(o)).collect(),
+                    estimated_ns: None,
+                    time_ns: (!t.is_empty()).then(|| median(t)),
+                })
+                .collect(),
+            peak_bytes: result.peak_bytes,
+            peak_bytes_with_inputs: result.peak_bytes_with_inputs,
+            estimated_ns: None,
+            cache: CacheReport {
+                hits: 0,
+                misses: 0,
+                compiled: compiled.kernel_count() as u64,
+            },
+            outputs: out_names
+                .iter()
+                .zip(&result.outputs)
+                .map(|(n, t)| OutputReport {
+                    name: n.clone(),
+                    dtype: t.dtype().to_string(),
+                    shape: t.shape().to_vec(),
+                })
+                .collect(),
+            time_ns: median(&times),
+            times_ns: times,
+            compile_ns: compiled.compile_ns(),
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let mut by_exec: Vec<(String, usize)> = Vec::new();
+    for r in &plan.regions {
+        let name = plan.executor_of(r).name().to_string();
+        match by_exec.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += 1,
+            None => by_exec.push((name, 1)),
+        }
+    }
+    let execs: Vec<String> = by_exec.iter().map(|(n, c)| format!("{c} on {n}")).collect();
+    println!(
+        "trace: {} ({} ops after lowering; regions: {})",
+        args.trace.display(),
+        plan.trace.ops.len(),
+        execs.join(", ")
+    );
+    println!("outputs:");
+    for (n, t) in out_names.iter().zip(&result.outputs) {
+        println!("  {n}: {}", preview(t, 6));
+    }
+    let (min, max) = (
+        times.iter().min().copied().unwrap_or(0),
+        times.iter().max().copied().unwrap_or(0),
+    );
+    println!(
+        "time: {} median of {} run(s) (min {}, max {}); compile {}",
+        human_ns(median(&times)),
+        times.len(),
+        human_ns(min),
+        human_ns(max),
+        human_ns(compiled.compile_ns())
+    );
+    println!(
+        "peak memory: {} of intermediates and outputs",
+        human_bytes(result.peak_bytes)
+    );
+    println!(
+        "             {} counting inputs",
+        human_bytes(result.peak_bytes_with_inputs)
+    );
+    if let Some(path) = &args.outputs {
+        println!("outputs written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    link_builtin_executors();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("SWITCHYARD_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Check { trace, print } => read_trace(&trace).map(|t| {
+            if print {
+                print!("{t}");
+            } else {
+                println!(
+                    "{}: ok ({} inputs, {} ops, {} outputs)",
+                    trace.display(),
+                    t.inputs.len(),
+                    t.ops.len(),
+                    t.outputs.len()
+                );
+            }
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The one error type of `switchyard-core`.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Everything that can go wrong in core: parsing, validation, tensors, execution.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The trace text could not be parsed or validated.
+    #[error("{}:{line}:{col}: {message}", source_name.as_deref().unwrap_or("<trace>"))]
+    Parse {
+        /// File name, when known.
+        source_name: Option<String>,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        col: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// An op is ill-formed: operand shapes or dtypes do not fit, or an attribute is bad.
+    #[error("{op}: {message}")]
+    Op {
+        /// The op, as a statement (`t3 = matmul(t1, t2)`) with its line when known.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A trace is structurally invalid (ids out of range, values used before definition).
+    #[error("invalid trace: {0}")]
+    InvalidTrace(String),
+    /// A tensor given to a run does not match what the trace declares.
+    #[error("tensor `{name}`: {message}")]
+    Tensor {
+        /// The trace's name for the tensor.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An executor failed while compiling or running a region.
+    #[error("executor `{executor}` failed on {op}: {message}")]
+    Kernel {
+        /// Executor name.
+        executor: String,
+        /// The op (or region) that failed.
+        op: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// An executor name that no registered executor has.
+    #[error("unknown executor `{name}`; known executors: {known}")]
+    UnknownExecutor {
+        /// The name asked for.
+        name: String,
+        /// Comma-separated known names.
+        known: String,
+    },
+    /// No enabled executor can run an op.
+    #[error("no enabled executor can run {op}: {reasons}")]
+    Unclaimed {
+        /// The op.
+        op: String,
+        /// Each executor's reason.
+        reasons: String,
+    },
+    /// Reading or writing a file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A safetensors file is malformed.
+    #[error("{path}: not a valid safetensors file: {message}")]
+    SafeTensors {
+        /// The file.
+        path: PathBuf,
+        /// What the reader said.
+        message: String,
+    },
+    /// JSON (de)serialisation.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Result with core's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,248 @@
+//! Tensors in and out: safetensors files, and deterministic random inputs.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::ir::Trace;
+use crate::meta::{ShapeDisplay, TensorMeta};
+use crate::rng;
+use crate::tensor::{Storage, Stored, Tensor};
+use crate::with_storage;
+
+fn to_st(d: DType) -> StDtype {
+    match d {
+        DType::F32 => StDtype::F32,
+        DType::F64 => StDtype::F64,
+        DType::F16 => StDtype::F16,
+        DType::BF16 => StDtype::BF16,
+        DType::I32 => StDtype::I32,
+        DType::I64 => StDtype::I64,
+        DType::Bool => StDtype::BOOL,
+    }
+}
+
+fn from_st(d: StDtype) -> Option<DType> {
+    Some(match d {
+        StDtype::F32 => DType::F32,
+        StDtype::F64 => DType::F64,
+        StDtype::F16 => DType::F16,
+        StDtype::BF16 => DType::BF16,
+        StDtype::I32 => DType::I32,
+        StDtype::I64 => DType::I64,
+        StDtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn decode<T: Stored, const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
+        .collect()
+}
+
+fn storage_from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
+    match dtype {
+        DType::F32 => Storage::F32(decode(bytes, f32::from_le_bytes)),
+        DType::F64 => Storage::F64(decode(bytes, f64::from_le_bytes)),
+        DType::F16 => Storage::F16(decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b)))),
+        DType::BF16 => Storage::BF16(decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b)))),
+        DType::I32 => Storage::I32(decode(bytes, i32::from_le_bytes)),
+        DType::I64 => Storage::I64(decode(bytes, i64::from_le_bytes)),
+        DType::Bool => Storage::Bool(bytes.iter().map(|&b| b != 0).collect()),
+    }
+}
+
+fn bytes_of(t: &Tensor) -> Vec<u8> {
+    let t = t.contiguous();
+    let mut out = Vec::with_capacity(t.numel() * t.dtype().size());
+    match t.storage() {
+        Storage::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::F16(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+        Storage::BF16(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+        Storage::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::Bool(v) => v.iter().for_each(|&x| out.push(u8::from(x))),
+    }
+    out
+}
+
+/// Reads every tensor of a safetensors file.
+pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bad = |message: String| Error::SafeTensors {
+        path: path.to_path_buf(),
+        message,
+    };
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        let dtype = from_st(view.dtype()).ok_or_else(|| {
+            bad(format!(
+                "tensor `{name}` has dtype {:?}, which switchyard does not support",
+                view.dtype()
+            ))
+        })?;
+        let storage = storage_from_bytes(dtype, view.data());
+        let t =
+            Tensor::from_storage(storage, view.shape()).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+/// Writes named tensors to a safetensors file.
+pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    let data: Vec<(String, Vec<u8>, DType, Vec<usize>)> = tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), bytes_of(t), t.dtype(), t.shape().to_vec()))
+        .collect();
+    let bad = |message: String| Error::SafeTensors {
+        path: path.to_path_buf(),
+        message,
+    };
+    let views = data
+        .iter()
+        .map(|(n, b, d, s)| TensorView::new(to_st(*d), s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    let bytes = safetensors::tensor::serialize(views, None).map_err(|e| bad(e.to_string()))?;
+    std::fs::write(path, bytes).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Takes the trace's inputs from a safetensors file, checking dtype and shape.
+pub fn load_inputs(path: &Path, trace: &Trace) -> Result<Vec<Tensor>> {
+    let mut all = read_safetensors(path)?;
+    trace
+        .inputs
+        .iter()
+        .map(|&id| {
+            let v = trace.value(id);
+            let t = all.remove(&v.name).ok_or_else(|| Error::Tensor {
+                name: v.name.clone(),
+                message: format!("not found in {} (it holds: {})", path.display(), {
+                    let mut names: Vec<String> = read_names(path).unwrap_or_default();
+                    names.sort();
+                    names.join(", ")
+                }),
+            })?;
+            t.check_meta(&v.name, &v.meta).map_err(|e| match e {
+                Error::Tensor { name, message } => Error::Tensor {
+                    name,
+                    message: format!("in {}: {message}", path.display()),
+                },
+                e => e,
+            })?;
+            Ok(t)
+        })
+        .collect()
+}
+
+fn read_names(path: &Path) -> Option<Vec<String>> {
+    let bytes = std::fs::read(path).ok()?;
+    let st = SafeTensors::deserialize(&bytes).ok()?;
+    Some(st.names().into_iter().map(|s| s.to_string()).collect())
+}
+
+/// A deterministic random tensor for an input: floats uniform in [-1, 1),
+/// integers uniform in [0, 8) (small enough to index most tables), bools fair.
+pub fn random_tensor(meta: &TensorMeta, seed: u64, stream: u64) -> Tensor {
+    let n = meta.numel() as u64;
+    fn fill<T: Stored>(n: u64, f: impl Fn(u64) -> T) -> Storage {
+        T::into_storage((0..n).map(f).collect())
+    }
+    let float = |i| rng::uniform(seed, stream, i) * 2.0 - 1.0;
+    let storage = match meta.dtype {
+        DType::F32 => fill(n, |i| f32::from_f64(float(i))),
+        DType::F64 => fill(n, float),
+        DType::F16 => fill(n, |i| f16::from_f64(float(i))),
+        DType::BF16 => fill(n, |i| bf16::from_f64(float(i))),
+        DType::I32 => fill(n, |i| (rng::bits(seed, stream, i) % 8) as i32),
+        DType::I64 => fill(n, |i| (rng::bits(seed, stream, i) % 8) as i64),
+        DType::Bool => fill(n, |i| rng::bits(seed, stream, i) & 1 == 1),
+    };
+    Tensor::from_storage(storage, &meta.shape).expect("numel matches the shape")
+}
+
+/// Deterministic random inputs for a trace: input `k` uses stream `k` of `seed`.
+pub fn random_inputs(trace: &Trace, seed: u64) -> Vec<Tensor> {
+    trace
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &id)| random_tensor(trace.meta(id), seed, k as u64))
+        .collect()
+}
+
+/// A short human rendering of a tensor: dtype, shape, the first few values.
+pub fn preview(t: &Tensor, max: usize) -> String {
+    let vals: Vec<String> = with_storage!(t.storage(), data, T => {
+        t.offsets().take(max).map(|o| fmt_elem(data[o].to_f64(), t.dtype())).collect()
+    });
+    let more = if t.numel() > max { ", ..." } else { "" };
+    format!(
+        "{}{} [{}{}]",
+        t.dtype(),
+        ShapeDisplay(t.shape()),
+        vals.join(", "),
+        more
+    )
+}
+
+fn fmt_elem(v: f64, d: DType) -> String {
+    match d {
+        DType::Bool => (v != 0.0).to_string(),
+        d if d.is_int() => format!("{}", v as i64),
+        _ => format!("{v:.4}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safetensors_round_trip_every_dtype() {
+        let dir = std::env::temp_dir().join(format!("sy-io-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.safetensors");
+        let tensors: Vec<(String, Tensor)> = DType::ALL
+            .iter()
+            .enumerate()
+            .map(|(k, &d)| {
+                (
+                    format!("x{k}"),
+                    random_tensor(&TensorMeta::new(d, vec![2, 3]), 1, k as u64),
+                )
+            })
+            .collect();
+        write_safetensors(&path, &tensors).unwrap();
+        let back = read_safetensors(&path).unwrap();
+        for (n, t) in &tensors {
+            let b = &back[n];
+            assert_eq!(b.dtype(), t.dtype());
+            assert_eq!(b.shape(), t.shape());
+            assert_eq!(b.to_f64_vec(), t.to_f64_vec());
+        }
+        std::fs::write(&path, b"not a safetensors file").unwrap();
+        let e = read_safetensors(&path).unwrap_err().to_string();
+        assert!(e.contains("not a valid safetensors file"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

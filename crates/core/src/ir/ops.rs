@@ -1,0 +1,320 @@
+//! The catalogue of ops: primitives that executors run, and composites that
+//! carry a decomposition into primitives.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! op_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $text:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vm])* $variant,)*
+        }
+
+        impl $name {
+            /// Every variant.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            /// The text-format name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
+op_enum!(
+    /// Elementwise ops of one operand.
+    UnaryOp {
+        /// `-x`
+        Neg => "neg",
+        /// `|x|`
+        Abs => "abs",
+        /// `e^x`
+        Exp => "exp",
+        /// natural logarithm
+        Log => "log",
+        /// square root
+        Sqrt => "sqrt",
+        /// `1/sqrt(x)`
+        Rsqrt => "rsqrt",
+        /// `1/x`
+        Reciprocal => "reciprocal",
+        /// hyperbolic tangent
+        Tanh => "tanh",
+        /// `1/(1+e^-x)`
+        Sigmoid => "sigmoid",
+        /// `max(x, 0)`
+        Relu => "relu",
+        /// sine
+        Sin => "sin",
+        /// cosine
+        Cos => "cos",
+        /// error function
+        Erf => "erf",
+        /// `x == 0`, as bool
+        LogicalNot => "logical_not",
+    }
+);
+
+impl UnaryOp {
+    /// Whether the op is defined only on floating-point dtypes.
+    pub fn float_only(self) -> bool {
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::LogicalNot
+        )
+    }
+}
+
+op_enum!(
+    /// Elementwise ops of two operands, with numpy broadcasting.
+    BinaryOp {
+        /// `a + b`
+        Add => "add",
+        /// `a - b`
+        Sub => "sub",
+        /// `a * b`
+        Mul => "mul",
+        /// `a / b` (floating point only)
+        Div => "div",
+        /// `a ^ b` (floating point only)
+        Pow => "pow",
+        /// elementwise maximum
+        Maximum => "maximum",
+        /// elementwise minimum
+        Minimum => "minimum",
+        /// `a == b`
+        Eq => "eq",
+        /// `a != b`
+        Ne => "ne",
+        /// `a < b`
+        Lt => "lt",
+        /// `a <= b`
+        Le => "le",
+        /// `a > b`
+        Gt => "gt",
+        /// `a >= b`
+        Ge => "ge",
+        /// both nonzero
+        LogicalAnd => "logical_and",
+        /// either nonzero
+        LogicalOr => "logical_or",
+    }
+);
+
+impl BinaryOp {
+    /// Whether the result is bool whatever the operand dtype.
+    pub fn is_predicate(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq
+                | BinaryOp::Ne
+                | BinaryOp::Lt
+                | BinaryOp::Le
+                | BinaryOp::Gt
+                | BinaryOp::Ge
+                | BinaryOp::LogicalAnd
+                | BinaryOp::LogicalOr
+        )
+    }
+
+    /// Whether the op is defined only on floating-point dtypes.
+    pub fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Pow)
+    }
+
+    /// Whether bool operands are accepted.
+    pub fn accepts_bool(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::LogicalAnd | BinaryOp::LogicalOr
+        )
+    }
+}
+
+op_enum!(
+    /// Reductions over a set of dimensions.
+    ReduceOp {
+        /// sum
+        Sum => "sum",
+        /// arithmetic mean (floating point only)
+        Mean => "mean",
+        /// maximum
+        Amax => "amax",
+        /// minimum
+        Amin => "amin",
+        /// product
+        Prod => "prod",
+    }
+);
+
+op_enum!(
+    /// Composite ops: each has a decomposition into primitives, and an executor may
+    /// claim one whole instead.
+    CompositeOp {
+        /// `softmax(x, dim=-1)`
+        Softmax => "softmax",
+        /// `log_softmax(x, dim=-1)`
+        LogSoftmax => "log_softmax",
+        /// `gelu(x, approximate="none"|"tanh")`
+        Gelu => "gelu",
+        /// `silu(x)`: `x * sigmoid(x)`
+        Silu => "silu",
+        /// `rms_norm(x, [weight], eps=1e-6)` over the last dim
+        RmsNorm => "rms_norm",
+        /// `layer_norm(x, [weight, [bias]], eps=1e-5)` over the last dim
+        LayerNorm => "layer_norm",
+        /// `linear(x, weight[out, in], [bias])`
+        Linear => "linear",
+        /// `embedding(indices, table)`
+        Embedding => "embedding",
+        /// `rope(x, cos, sin)` in rotate-half form
+        Rope => "rope",
+        /// `sdpa(q, k, v, causal=false, [scale=])`
+        Sdpa => "sdpa",
+        /// `einsum(a, b, ..., equation="...")`
+        Einsum => "einsum",
+    }
+);
+
+/// What an op does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// Elementwise, one operand.
+    Unary(UnaryOp),
+    /// Elementwise, two operands.
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`
+    Where,
+    /// `cast(x, dtype=...)`
+    Cast,
+    /// `broadcast(x, shape=[...])`
+    Broadcast,
+    /// `reshape(x, shape=[...])`, one dim may be -1
+    Reshape,
+    /// `transpose(x, perm=[...])`
+    Transpose,
+    /// `slice(x, start=[...], end=[...], step=[...])`
+    Slice,
+    /// `cat(a, b, ..., dim=k)`
+    Cat,
+    /// `sum(x, dims=[...], keepdim=false)` and the other reductions
+    Reduce(ReduceOp),
+    /// `matmul(a, b)` with broadcast batch dims
+    Matmul,
+    /// `gather(x, index, dim=k)`: `out[..i..] = x[..index[..i..]..]`
+    Gather,
+    /// `index_select(x, index, dim=k)` with a 1-D index
+    IndexSelect,
+    /// `full(shape=[...], value=v, dtype=d)`
+    Full,
+    /// `iota(shape=[...], dim=k, start=0, step=1, dtype=i64)`
+    Iota,
+    /// `uniform(shape=[...], low=0.0, high=1.0, seed=s, dtype=f32)`
+    Uniform,
+    /// `normal(shape=[...], mean=0.0, std=1.0, seed=s, dtype=f32)`
+    Normal,
+    /// A composite op.
+    Composite(CompositeOp),
+}
+
+impl OpKind {
+    /// The text-format name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Unary(u) => u.name(),
+            OpKind::Binary(b) => b.name(),
+            OpKind::Reduce(r) => r.name(),
+            OpKind::Composite(c) => c.name(),
+            OpKind::Where => "where",
+            OpKind::Cast => "cast",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Reshape => "reshape",
+            OpKind::Transpose => "transpose",
+            OpKind::Slice => "slice",
+            OpKind::Cat => "cat",
+            OpKind::Matmul => "matmul",
+            OpKind::Gather => "gather",
+            OpKind::IndexSelect => "index_select",
+            OpKind::Full => "full",
+            OpKind::Iota => "iota",
+            OpKind::Uniform => "uniform",
+            OpKind::Normal => "normal",
+        }
+    }
+
+    /// Every op kind.
+    pub fn all() -> Vec<OpKind> {
+        let mut v: Vec<OpKind> = UnaryOp::ALL.iter().map(|&u| OpKind::Unary(u)).collect();
+        v.extend(BinaryOp::ALL.iter().map(|&b| OpKind::Binary(b)));
+        v.extend([
+            OpKind::Where,
+            OpKind::Cast,
+            OpKind::Broadcast,
+            OpKind::Reshape,
+            OpKind::Transpose,
+            OpKind::Slice,
+            OpKind::Cat,
+        ]);
+        v.extend(ReduceOp::ALL.iter().map(|&r| OpKind::Reduce(r)));
+        v.extend([
+            OpKind::Matmul,
+            OpKind::Gather,
+            OpKind::IndexSelect,
+            OpKind::Full,
+            OpKind::Iota,
+            OpKind::Uniform,
+            OpKind::Normal,
+        ]);
+        v.extend(CompositeOp::ALL.iter().map(|&c| OpKind::Composite(c)));
+        v
+    }
+
+    /// Looks an op up by its text-format name.
+    pub fn from_name(name: &str) -> Option<OpKind> {
+        OpKind::all().into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether this op is a composite (has a decomposition).
+    pub fn is_composite(self) -> bool {
+        matches!(self, OpKind::Composite(_))
+    }
+
+    /// Whether the op only re-describes its input's memory (a view when strides allow).
+    pub fn is_view(self) -> bool {
+        matches!(
+            self,
+            OpKind::Reshape | OpKind::Transpose | OpKind::Slice | OpKind::Broadcast
+        )
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        let all = OpKind::all();
+        for k in &all {
+            assert_eq!(OpKind::from_name(k.name()), Some(*k), "{k}");
+        }
+        let mut names: Vec<_> = all.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+    }
+}

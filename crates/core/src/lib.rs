@@ -1,0 +1,40 @@
+//! # switchyard-core
+//!
+//! The executor layer's common ground. A tensor program is a [`Trace`]: inputs,
+//! ops in program order, outputs, each value with dtype, shape, strides and
+//! device. Primitive ops are what executors run; composite ops carry a
+//! decomposition into primitives, so an executor can claim one whole or leave it
+//! to be lowered. Traces are written in a line-oriented text format
+//! ([`text`]) that prints and parses back to the same trace, or built in Rust with
+//! [`ir::TraceBuilder`]; every op is shape- and dtype-checked as it is added.
+//!
+//! Executors implement [`executor::Executor`] and register at link time with
+//! `inventory`; core names none of them. A [`plan::Plan`] assigns regions of a
+//! lowered trace to executors, and the [`runtime`] compiles each region once and
+//! runs the plan many times, freeing each value after its last use and measuring
+//! peak memory as DESIGN.md defines it.
+#![deny(missing_docs)]
+
+pub mod dtype;
+pub mod error;
+pub mod executor;
+pub mod io;
+pub mod ir;
+pub mod meta;
+pub mod plan;
+pub mod report;
+pub mod rng;
+pub mod runtime;
+pub mod tensor;
+pub mod text;
+
+pub use dtype::{DType, Element, Scalar};
+pub use error::{Error, Result};
+pub use ir::{Trace, TraceBuilder};
+pub use meta::{Device, TensorMeta};
+pub use tensor::{Storage, Stored, Tensor};
+
+/// Re-exported so executors name the same `half` types as core.
+pub use half;
+/// Re-exported so executors register with the same `inventory` as core.
+pub use inventory;

@@ -1,0 +1,272 @@
+//! The runtime: compiles a plan's regions once, then runs the plan many times.
+//!
+//! Per call it only moves tensors between slots, calls kernels, and frees each
+//! value after the last region that reads it. It also measures the peak of live
+//! buffer bytes as DESIGN.md defines it: intermediates and outputs (inputs
+//! excluded), an op's outputs counted before its inputs are freed. Views add no
+//! bytes: bytes are counted per buffer, and a view keeps its buffer alive.
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::executor::Kernel;
+use crate::ir::ValueId;
+use crate::plan::Plan;
+use crate::tensor::Tensor;
+
+struct Step {
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    free_after: Vec<ValueId>,
+}
+
+/// A plan with every region compiled, ready to run.
+pub struct CompiledPlan {
+    plan: Plan,
+    kernels: Vec<Box<dyn Kernel>>,
+    steps: Vec<Step>,
+    /// Inputs that no region reads; their accounting ends at once.
+    unread_inputs: Vec<ValueId>,
+    compile_ns: u64,
+}
+
+/// Options for one run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Record the time of each region.
+    pub profile: bool,
+}
+
+/// What one run produced and measured.
+#[derive(Debug)]
+pub struct RunResult {
+    /// The trace's outputs, in order.
+    pub outputs: Vec<Tensor>,
+    /// Peak bytes of live intermediate and output buffers (inputs excluded).
+    pub peak_bytes: usize,
+    /// The same peak with input buffers counted until their last use.
+    pub peak_bytes_with_inputs: usize,
+    /// Nanoseconds per region, when profiling.
+    pub region_ns: Vec<u64>,
+    /// Nanoseconds for the whole run.
+    pub time_ns: u64,
+}
+
+/// Live buffers, by identity. A plan rarely has more than a few dozen live at
+/// once, so a vector beats a hash map here.
+#[derive(Default)]
+struct LiveBuffers {
+    entries: Vec<(usize, usize, usize, bool)>,
+    bytes: usize,
+    input_bytes: usize,
+    peak: usize,
+    peak_with_inputs: usize,
+}
+
+impl LiveBuffers {
+    fn acquire(&mut self, t: &Tensor, is_input: bool) {
+        let id = t.storage_id();
+        if let Some(e) = self.entries.iter_mut().find(|e| e.0 == id) {
+            e.1 += 1;
+            return;
+        }
+        let bytes = t.storage_bytes();
+        self.entries.push((id, 1, bytes, is_input));
+        if is_input {
+            self.input_bytes += bytes;
+        } else {
+            self.bytes += bytes;
+        }
+    }
+
+    fn release(&mut self, t: &Tensor) {
+        let id = t.storage_id();
+        if let Some(i) = self.entries.iter().position(|e| e.0 == id) {
+            self.entries[i].1 -= 1;
+            if self.entries[i].1 == 0 {
+                let (_, _, bytes, is_input) = self.entries.swap_remove(i);
+                if is_input {
+                    self.input_bytes -= bytes;
+                } else {
+                    self.bytes -= bytes;
+                }
+            }
+        }
+    }
+
+    fn record_peak(&mut self) {
+        self.peak = self.peak.max(self.bytes);
+        self.peak_with_inputs = self.peak_with_inputs.max(self.bytes + self.input_bytes);
+    }
+}
+
+impl CompiledPlan {
+    /// Compiles every region with its executor.
+    pub fn compile(plan: Plan) -> Result<CompiledPlan> {
+        let start = Instant::now();
+        let mut kernels = Vec::with_capacity(plan.regions.len());
+        for region in &plan.regions {
+            let exec = plan.executor_of(region);
+            let _span = tracing::debug_span!("compile", region = region.id, executor = exec.name()).entered();
+            kernels.push(exec.compile(&plan.trace, region)?);
+        }
+        let trace = &plan.trace;
+        // The last region that reads each value.
+        let mut last_read: Vec<Option<usize>> = vec![None; trace.values.len()];
+        for (i, r) in plan.regions.iter().enumerate() {
+            for v in &r.inputs {
+                last_read[v.index()] = Some(i);
+            }
+        }
+        let is_output = |v: ValueId| trace.outputs.contains(&v);
+        let mut steps: Vec<Step> = plan
+            .regions
+            .iter()
+            .map(|r| Step {
+                inputs: r.inputs.clone(),
+                outputs: r.outputs.clone(),
+                free_after: Vec::new(),
+            })
+            .collect();
+        for (i, r) in plan.regions.iter().enumerate() {
+            for &v in &r.outputs {
+                if last_read[v.index()].is_none() && !is_output(v) {
+                    steps[i].free_after.push(v);
+                }
+            }
+        }
+        for (v, last) in last_read.iter().enumerate() {
+            let v = ValueId(v as u32);
+            if let Some(i) = last {
+                if !is_output(v) {
+                    steps[*i].free_after.push(v);
+                }
+            }
+        }
+        let unread_inputs = trace
+            .inputs
+            .iter()
+            .copied()
+            .filter(|v| last_read[v.index()].is_none() && !is_output(*v))
+            .collect();
+        Ok(CompiledPlan {
+            plan,
+            kernels,
+            steps,
+            unread_inputs,
+            compile_ns: start.elapsed().as_nanos() as u64,
+        })
+    }
+
+    /// The plan this was compiled from.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Nanoseconds spent compiling.
+    pub fn compile_ns(&self) -> u64 {
+        self.compile_ns
+    }
+
+    /// Number of kernels compiled.
+    pub fn kernel_count(&self) -> usize {
+        self.kernels.len()
+    }
+
+    fn kernel_error(&self, region: usize, message: String) -> Error {
+        let r = &self.plan.regions[region];
+        let ops: Vec<String> = r.ops.iter().map(|&o| self.plan.trace.describe_op(o)).collect();
+        Error::Kernel {
+            executor: self.plan.executor_of(r).name().to_string(),
+            op: format!("region {} ({})", r.id, ops.join("; ")),
+            message,
+        }
+    }
+
+    /// Runs the plan on `inputs`, given in the trace's input order.
+    pub fn run(&self, inputs: &[Tensor], opts: RunOptions) -> Result<RunResult> {
+        let start = Instant::now();
+        let trace = &self.plan.trace;
+        if inputs.len() != trace.inputs.len() {
+            return Err(Error::Tensor {
+                name: "<inputs>".into(),
+                message: format!(
+                    "the trace takes {} inputs, {} were given",
+                    trace.inputs.len(),
+                    inputs.len()
+                ),
+            });
+        }
+        let mut slots: Vec<Option<Tensor>> = vec![None; trace.values.len()];
+        let mut live = LiveBuffers::default();
+        for (&id, t) in trace.inputs.iter().zip(inputs) {
+            let v = trace.value(id);
+            t.check_meta(&v.name, &v.meta)?;
+            live.acquire(t, true);
+            slots[id.index()] = Some(t.clone());
+        }
+        live.record_peak();
+        for &id in &self.unread_inputs {
+            if let Some(t) = slots[id.index()].take() {
+                live.release(&t);
+            }
+        }
+        let mut region_ns = Vec::new();
+        for (i, (step, kernel)) in self.steps.iter().zip(&self.kernels).enumerate() {
+            let args: Vec<&Tensor> = step
+                .inputs
+                .iter()
+                .map(|v| {
+                    slots[v.index()].as_ref().ok_or_else(|| {
+                        self.kernel_error(i, format!("input `{}` is not available", trace.value(*v).name))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let t0 = opts.profile.then(Instant::now);
+            let outs = kernel.run(&args)?;
+            if let Some(t0) = t0 {
+                region_ns.push(t0.elapsed().as_nanos() as u64);
+            }
+            if outs.len() != step.outputs.len() {
+                return Err(self.kernel_error(
+                    i,
+                    format!(
+                        "returned {} tensors for {} outputs",
+                        outs.len(),
+                        step.outputs.len()
+                    ),
+                ));
+            }
+            for (&v, t) in step.outputs.iter().zip(outs) {
+                let value = trace.value(v);
+                t.check_meta(&value.name, &value.meta)
+                    .map_err(|e| self.kernel_error(i, format!("wrong output: {e}")))?;
+                live.acquire(&t, false);
+                slots[v.index()] = Some(t);
+            }
+            live.record_peak();
+            for v in &step.free_after {
+                if let Some(t) = slots[v.index()].take() {
+                    live.release(&t);
+                }
+            }
+        }
+        let outputs = trace
+            .outputs
+            .iter()
+            .map(|v| {
+                slots[v.index()].clone().ok_or_else(|| Error::Tensor {
+                    name: trace.value(*v).name.clone(),
+                    message: "was never computed".into(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RunResult {
+            outputs,
+            peak_bytes: live.peak,
+            peak_bytes_with_inputs: live.peak_with_inputs,
+            region_ns,
+            time_ns: start.elapsed().as_nanos() as u64,
+        })
+    }
+}

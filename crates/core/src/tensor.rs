@@ -1,0 +1,435 @@
+//! Host tensors: a shared, typed buffer plus a strided view of it.
+//!
+//! Views (reshape, transpose, slice, broadcast) share the buffer, so the runtime
+//! can tell a new allocation from a view by the buffer's identity.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::meta::{ShapeDisplay, TensorMeta, contiguous_strides, is_contiguous, numel};
+
+/// A typed, dense buffer of elements.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Storage {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    BF16(Vec<bf16>),
+    /// i32 elements.
+    I32(Vec<i32>),
+    /// i64 elements.
+    I64(Vec<i64>),
+    /// bool elements.
+    Bool(Vec<bool>),
+}
+
+/// Dispatches on a [`Storage`] with the element type bound to `$t` and the vec to `$v`.
+#[macro_export]
+macro_rules! with_storage {
+    ($s:expr, $v:ident, $t:ident => $body:expr) => {
+        match $s {
+            $crate::tensor::Storage::F32($v) => {
+                #[allow(unused)]
+                type $t = f32;
+                $body
+            }
+            $crate::tensor::Storage::F64($v) => {
+                #[allow(unused)]
+                type $t = f64;
+                $body
+            }
+            $crate::tensor::Storage::F16($v) => {
+                #[allow(unused)]
+                type $t = $crate::half::f16;
+                $body
+            }
+            $crate::tensor::Storage::BF16($v) => {
+                #[allow(unused)]
+                type $t = $crate::half::bf16;
+                $body
+            }
+            $crate::tensor::Storage::I32($v) => {
+                #[allow(unused)]
+                type $t = i32;
+                $body
+            }
+            $crate::tensor::Storage::I64($v) => {
+                #[allow(unused)]
+                type $t = i64;
+                $body
+            }
+            $crate::tensor::Storage::Bool($v) => {
+                #[allow(unused)]
+                type $t = bool;
+                $body
+            }
+        }
+    };
+}
+
+impl Storage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::F32(_) => DType::F32,
+            Storage::F64(_) => DType::F64,
+            Storage::F16(_) => DType::F16,
+            Storage::BF16(_) => DType::BF16,
+            Storage::I32(_) => DType::I32,
+            Storage::I64(_) => DType::I64,
+            Storage::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        with_storage!(self, v, T => v.len())
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    pub fn byte_size(&self) -> usize {
+        self.len() * self.dtype().size()
+    }
+
+    /// A buffer of `n` default (zero) elements.
+    pub fn zeros(dtype: DType, n: usize) -> Storage {
+        match dtype {
+            DType::F32 => Storage::F32(vec![0.0; n]),
+            DType::F64 => Storage::F64(vec![0.0; n]),
+            DType::F16 => Storage::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Storage::BF16(vec![bf16::ZERO; n]),
+            DType::I32 => Storage::I32(vec![0; n]),
+            DType::I64 => Storage::I64(vec![0; n]),
+            DType::Bool => Storage::Bool(vec![false; n]),
+        }
+    }
+}
+
+/// An element type that has a [`Storage`] variant.
+pub trait Stored: Element {
+    /// The elements, if the storage holds this type.
+    fn slice(s: &Storage) -> Option<&[Self]>;
+    /// Wraps a vec as storage.
+    fn into_storage(v: Vec<Self>) -> Storage;
+}
+
+macro_rules! stored {
+    ($t:ty, $var:ident) => {
+        impl Stored for $t {
+            fn slice(s: &Storage) -> Option<&[Self]> {
+                match s {
+                    Storage::$var(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_storage(v: Vec<Self>) -> Storage {
+                Storage::$var(v)
+            }
+        }
+    };
+}
+
+stored!(f32, F32);
+stored!(f64, F64);
+stored!(f16, F16);
+stored!(bf16, BF16);
+stored!(i32, I32);
+stored!(i64, I64);
+stored!(bool, Bool);
+
+/// A strided view of a shared buffer.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    offset: usize,
+}
+
+impl Tensor {
+    /// A contiguous tensor that owns `storage`.
+    pub fn from_storage(storage: Storage, shape: &[usize]) -> Result<Tensor> {
+        if storage.len() != numel(shape) {
+            return Err(Error::Tensor {
+                name: "<new>".into(),
+                message: format!(
+                    "{} elements cannot have shape {}",
+                    storage.len(),
+                    ShapeDisplay(shape)
+                ),
+            });
+        }
+        Ok(Tensor {
+            storage: Arc::new(storage),
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            offset: 0,
+        })
+    }
+
+    /// A contiguous tensor from a vec of elements.
+    pub fn from_vec<T: Stored>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_storage(T::into_storage(data), shape)
+    }
+
+    /// A scalar (rank-0) tensor.
+    pub fn scalar<T: Stored>(v: T) -> Tensor {
+        Tensor {
+            storage: Arc::new(T::into_storage(vec![v])),
+            shape: vec![],
+            strides: vec![],
+            offset: 0,
+        }
+    }
+
+    /// Another view of the same buffer. Fails if the view would reach outside it.
+    pub fn view(&self, shape: Vec<usize>, strides: Vec<isize>, offset: usize) -> Result<Tensor> {
+        let bad = |m: String| Error::Tensor {
+            name: "<view>".into(),
+            message: m,
+        };
+        if shape.len() != strides.len() {
+            return Err(bad(format!("{} strides for rank {}", strides.len(), shape.len())));
+        }
+        if numel(&shape) > 0 {
+            let mut max = offset as isize;
+            for (&d, &s) in shape.iter().zip(&strides) {
+                if s < 0 {
+                    return Err(bad("negative strides are not supported".into()));
+                }
+                max += (d as isize - 1) * s;
+            }
+            if max as usize >= self.storage.len() {
+                return Err(bad(format!(
+                    "view {} with strides {} at offset {offset} reaches element {max} of a buffer of {}",
+                    ShapeDisplay(&shape),
+                    ShapeDisplay(&strides),
+                    self.storage.len()
+                )));
+            }
+        }
+        Ok(Tensor {
+            storage: Arc::clone(&self.storage),
+            shape,
+            strides,
+            offset,
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+
+    /// Sizes of the dims.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Strides of the dims, in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    /// Offset of the first element in the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// The buffer.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Identity of the buffer: equal for views of one allocation.
+    pub fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.storage) as usize
+    }
+
+    /// Bytes of the whole buffer this tensor keeps alive.
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.byte_size()
+    }
+
+    /// Whether the view is row-major and dense.
+    pub fn is_contiguous(&self) -> bool {
+        is_contiguous(&self.shape, &self.strides)
+    }
+
+    /// The elements in buffer order when the tensor is one dense, whole buffer.
+    pub fn contiguous_data<T: Stored>(&self) -> Option<&[T]> {
+        let data = T::slice(&self.storage)?;
+        if self.is_contiguous() {
+            data.get(self.offset..self.offset + self.numel())
+        } else {
+            None
+        }
+    }
+
+    /// The whole buffer as a slice of `T` (views index into it with their strides).
+    pub fn buffer<T: Stored>(&self) -> Option<&[T]> {
+        T::slice(&self.storage)
+    }
+
+    /// Buffer offsets of every element, in row-major logical order.
+    pub fn offsets(&self) -> impl Iterator<Item = usize> + '_ {
+        StridedOffsets::new(&self.shape, &self.strides, self.offset)
+    }
+
+    /// The elements in logical order, copied out. `None` if `T` is not the dtype.
+    pub fn to_vec<T: Stored>(&self) -> Option<Vec<T>> {
+        if let Some(d) = self.contiguous_data::<T>() {
+            return Some(d.to_vec());
+        }
+        let data = T::slice(&self.storage)?;
+        Some(self.offsets().map(|o| data[o]).collect())
+    }
+
+    /// The elements in logical order, converted to f64.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_storage!(&*self.storage, data, T => self.offsets().map(|o| data[o].to_f64()).collect())
+    }
+
+    /// A dense copy, or this tensor if it already is one whole buffer.
+    pub fn contiguous(&self) -> Tensor {
+        if self.is_contiguous() && self.offset == 0 && self.storage.len() == self.numel() {
+            return self.clone();
+        }
+        let storage = with_storage!(&*self.storage, data, T => {
+            let v: Vec<T> = self.offsets().map(|o| data[o]).collect();
+            T::into_storage(v)
+        });
+        Tensor {
+            storage: Arc::new(storage),
+            strides: contiguous_strides(&self.shape),
+            shape: self.shape.clone(),
+            offset: 0,
+        }
+    }
+
+    /// Checks dtype and shape against declared metadata.
+    pub fn check_meta(&self, name: &str, meta: &TensorMeta) -> Result<()> {
+        if self.dtype() != meta.dtype || self.shape != meta.shape {
+            return Err(Error::Tensor {
+                name: name.to_string(),
+                message: format!(
+                    "expected {}{} but got {}{}",
+                    meta.dtype,
+                    ShapeDisplay(&meta.shape),
+                    self.dtype(),
+                    ShapeDisplay(&self.shape)
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Iterates the buffer offsets of a strided view in row-major logical order.
+#[derive(Debug, Clone)]
+pub struct StridedOffsets<'a> {
+    shape: &'a [usize],
+    strides: &'a [isize],
+    index: Vec<usize>,
+    next: Option<isize>,
+}
+
+impl<'a> StridedOffsets<'a> {
+    /// Offsets of `shape`/`strides` starting at `offset`.
+    pub fn new(shape: &'a [usize], strides: &'a [isize], offset: usize) -> Self {
+        let next = if numel(shape) == 0 {
+            None
+        } else {
+            Some(offset as isize)
+        };
+        StridedOffsets {
+            shape,
+            strides,
+            index: vec![0; shape.len()],
+            next,
+        }
+    }
+}
+
+impl Iterator for StridedOffsets<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let cur = self.next?;
+        // Advance the odometer, innermost dim first.
+        let mut pos = cur;
+        let mut d = self.shape.len();
+        loop {
+            if d == 0 {
+                self.next = None;
+                break;
+            }
+            d -= 1;
+            self.index[d] += 1;
+            pos += self.strides[d];
+            if self.index[d] < self.shape[d] {
+                self.next = Some(pos);
+                break;
+            }
+            pos -= self.strides[d] * self.shape[d] as isize;
+            self.index[d] = 0;
+        }
+        Some(cur as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transposed_view_iterates_in_logical_order() {
+        let t = Tensor::from_vec(vec![0f32, 1., 2., 3., 4., 5.], &[2, 3]).unwrap();
+        let tt = t.view(vec![3, 2], vec![1, 3], 0).unwrap();
+        assert_eq!(tt.to_vec::<f32>().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
+        assert_eq!(tt.storage_id(), t.storage_id());
+        assert!(!tt.is_contiguous());
+        assert_eq!(
+            tt.contiguous().to_vec::<f32>().unwrap(),
+            vec![0., 3., 1., 4., 2., 5.]
+        );
+    }
+
+    #[test]
+    fn views_outside_the_buffer_are_errors() {
+        let t = Tensor::from_vec(vec![0i32; 4], &[4]).unwrap();
+        assert!(t.view(vec![2], vec![3], 1).is_err());
+        assert!(t.view(vec![2], vec![3], 0).is_ok());
+        assert!(Tensor::from_vec(vec![0i32; 4], &[5]).is_err());
+    }
+
+    #[test]
+    fn rank_zero_and_empty() {
+        let s = Tensor::scalar(2.5f64);
+        assert_eq!(s.to_vec::<f64>().unwrap(), vec![2.5]);
+        let e = Tensor::from_vec(Vec::<f32>::new(), &[0, 3]).unwrap();
+        assert_eq!(e.offsets().count(), 0);
+    }
+}

@@ -1,0 +1,368 @@
+//! Elementwise kernels: unary, binary (numpy broadcasting), `where`, `cast`.
+//!
+//! Float math runs in f32 for f16/bf16 (and f32), in f64 for f64. Integer
+//! arithmetic wraps on overflow, as in PyTorch and numpy.
+
+use half::{bf16, f16};
+use num_traits::{Float, One, WrappingAdd, WrappingMul, WrappingNeg, WrappingSub, Zero};
+use switchyard_core::ir::{BinaryOp, UnaryOp};
+use switchyard_core::meta::broadcast_strides;
+use switchyard_core::{DType, Element, Storage, Stored, Tensor};
+
+use crate::walk::{map1, map2, map3};
+
+/// The arithmetic type floats compute in.
+pub(crate) trait Real: num_traits::Float + Send + Sync + 'static {
+    fn erf(self) -> Self;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f32 {
+    fn erf(self) -> Self {
+        libm::erff(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Real for f64 {
+    fn erf(self) -> Self {
+        libm::erf(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+/// A stored float type and the type it computes in.
+pub(crate) trait FloatLike: Stored {
+    type C: Real;
+    fn to_c(self) -> Self::C;
+    fn from_c(c: Self::C) -> Self;
+}
+
+impl FloatLike for f32 {
+    type C = f32;
+    fn to_c(self) -> f32 {
+        self
+    }
+    fn from_c(c: f32) -> Self {
+        c
+    }
+}
+
+impl FloatLike for f64 {
+    type C = f64;
+    fn to_c(self) -> f64 {
+        self
+    }
+    fn from_c(c: f64) -> Self {
+        c
+    }
+}
+
+impl FloatLike for f16 {
+    type C = f32;
+    fn to_c(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_c(c: f32) -> Self {
+        f16::from_f32(c)
+    }
+}
+
+impl FloatLike for bf16 {
+    type C = f32;
+    fn to_c(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_c(c: f32) -> Self {
+        bf16::from_f32(c)
+    }
+}
+
+/// A stored integer type.
+pub(crate) trait IntLike:
+    Stored + Ord + WrappingAdd + WrappingSub + WrappingMul + WrappingNeg + num_traits::Zero
+{
+}
+impl IntLike for i32 {}
+impl IntLike for i64 {}
+
+/// The buffer, strides broadcast to `shape`, and offset of an operand.
+pub(crate) fn operand<'a, T: Stored>(
+    t: &'a Tensor,
+    shape: &[usize],
+) -> Result<(&'a [T], Vec<isize>, usize), String> {
+    let data = t
+        .buffer::<T>()
+        .ok_or_else(|| format!("operand has dtype {}, expected {}", t.dtype(), T::DTYPE))?;
+    Ok((data, broadcast_strides(t.shape(), t.strides(), shape), t.offset()))
+}
+
+macro_rules! op1 {
+    ($shape:expr, $x:expr, $f:expr) => {{
+        let (d, s, o) = $x;
+        map1($shape, (d, &s, o), $f)
+    }};
+}
+
+macro_rules! op2 {
+    ($shape:expr, $a:expr, $b:expr, $f:expr) => {{
+        let (ad, sa, oa) = $a;
+        let (bd, sb, ob) = $b;
+        map2($shape, (ad, &sa, oa), (bd, &sb, ob), $f)
+    }};
+}
+
+fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    let xs = operand::<T>(x, shape)?;
+    let one = T::C::one();
+    let zero = T::C::zero();
+    let f =
+        |g: fn(T::C) -> T::C| T::into_storage(op1!(shape, xs.clone(), move |v: T| T::from_c(g(v.to_c()))));
+    Ok(match op {
+        UnaryOp::Neg => f(|v| -v),
+        UnaryOp::Abs => f(|v| v.abs()),
+        UnaryOp::Exp => f(|v| v.exp()),
+        UnaryOp::Log => f(|v| v.ln()),
+        UnaryOp::Sqrt => f(|v| v.sqrt()),
+        UnaryOp::Rsqrt => f(|v| T::C::one() / v.sqrt()),
+        UnaryOp::Reciprocal => f(|v| T::C::one() / v),
+        UnaryOp::Tanh => f(|v| v.tanh()),
+        UnaryOp::Sigmoid => f(|v| T::C::one() / (T::C::one() + (-v).exp())),
+        // `v < 0` is false for NaN, so NaN passes through as in PyTorch.
+        UnaryOp::Relu => f(|v| if v < T::C::zero() { T::C::zero() } else { v }),
+        UnaryOp::Sin => f(|v| v.sin()),
+        UnaryOp::Cos => f(|v| v.cos()),
+        UnaryOp::Erf => f(|v| v.erf()),
+        UnaryOp::LogicalNot => {
+            let _ = one;
+            Storage::Bool(op1!(shape, xs, move |v: T| v.to_c() == zero))
+        }
+    })
+}
+
+fn int_unary<T: IntLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    let xs = operand::<T>(x, shape)?;
+    let zero = T::zero();
+    Ok(match op {
+        UnaryOp::Neg => T::into_storage(op1!(shape, xs, |v: T| v.wrapping_neg())),
+        UnaryOp::Abs => T::into_storage(op1!(shape, xs, move |v: T| if v < zero {
+            v.wrapping_neg()
+        } else {
+            v
+        })),
+        UnaryOp::Relu => T::into_storage(op1!(shape, xs, move |v: T| v.max(zero))),
+        UnaryOp::LogicalNot => Storage::Bool(op1!(shape, xs, move |v: T| v == zero)),
+        other => {
+            return Err(format!(
+                "{} is defined for floating-point dtypes only",
+                other.name()
+            ));
+        }
+    })
+}
+
+/// Runs a unary op; the output has the input's shape.
+pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
+    let shape = x.shape().to_vec();
+    match x.dtype() {
+        DType::F32 => float_unary::<f32>(op, x, &shape),
+        DType::F64 => float_unary::<f64>(op, x, &shape),
+        DType::F16 => float_unary::<f16>(op, x, &shape),
+        DType::BF16 => float_unary::<bf16>(op, x, &shape),
+        DType::I32 => int_unary::<i32>(op, x, &shape),
+        DType::I64 => int_unary::<i64>(op, x, &shape),
+        DType::Bool => match op {
+            UnaryOp::LogicalNot => Ok(Storage::Bool(op1!(
+                &shape,
+                operand::<bool>(x, &shape)?,
+                |v: bool| !v
+            ))),
+            other => Err(format!("{} is not defined on bool", other.name())),
+        },
+    }
+}
+
+fn nan_max<C: Real>(a: C, b: C) -> C {
+    if a.is_nan() || b.is_nan() {
+        C::nan()
+    } else {
+        a.max(b)
+    }
+}
+
+fn nan_min<C: Real>(a: C, b: C) -> C {
+    if a.is_nan() || b.is_nan() {
+        C::nan()
+    } else {
+        a.min(b)
+    }
+}
+
+fn float_binary<T: FloatLike>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+) -> Result<Storage, String> {
+    let av = operand::<T>(a, shape)?;
+    let bv = operand::<T>(b, shape)?;
+    let arith = |g: fn(T::C, T::C) -> T::C| {
+        T::into_storage(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| T::from_c(
+            g(x.to_c(), y.to_c())
+        )))
+    };
+    let pred = |g: fn(T::C, T::C) -> bool| {
+        Storage::Bool(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| g(
+            x.to_c(),
+            y.to_c()
+        )))
+    };
+    Ok(match op {
+        BinaryOp::Add => arith(|x, y| x + y),
+        BinaryOp::Sub => arith(|x, y| x - y),
+        BinaryOp::Mul => arith(|x, y| x * y),
+        BinaryOp::Div => arith(|x, y| x / y),
+        BinaryOp::Pow => arith(|x, y| x.powf(y)),
+        BinaryOp::Maximum => arith(nan_max),
+        BinaryOp::Minimum => arith(nan_min),
+        BinaryOp::Eq => pred(|x, y| x == y),
+        BinaryOp::Ne => pred(|x, y| x != y),
+        BinaryOp::Lt => pred(|x, y| x < y),
+        BinaryOp::Le => pred(|x, y| x <= y),
+        BinaryOp::Gt => pred(|x, y| x > y),
+        BinaryOp::Ge => pred(|x, y| x >= y),
+        BinaryOp::LogicalAnd => pred(|x, y| x != T::C::zero() && y != T::C::zero()),
+        BinaryOp::LogicalOr => pred(|x, y| x != T::C::zero() || y != T::C::zero()),
+    })
+}
+
+fn int_binary<T: IntLike>(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    let av = operand::<T>(a, shape)?;
+    let bv = operand::<T>(b, shape)?;
+    let arith = |g: fn(T, T) -> T| T::into_storage(op2!(shape, av.clone(), bv.clone(), g));
+    let pred = |g: fn(T, T) -> bool| Storage::Bool(op2!(shape, av.clone(), bv.clone(), g));
+    Ok(match op {
+        BinaryOp::Add => arith(|x, y| x.wrapping_add(&y)),
+        BinaryOp::Sub => arith(|x, y| x.wrapping_sub(&y)),
+        BinaryOp::Mul => arith(|x, y| x.wrapping_mul(&y)),
+        BinaryOp::Maximum => arith(|x, y| x.max(y)),
+        BinaryOp::Minimum => arith(|x, y| x.min(y)),
+        BinaryOp::Eq => pred(|x, y| x == y),
+        BinaryOp::Ne => pred(|x, y| x != y),
+        BinaryOp::Lt => pred(|x, y| x < y),
+        BinaryOp::Le => pred(|x, y| x <= y),
+        BinaryOp::Gt => pred(|x, y| x > y),
+        BinaryOp::Ge => pred(|x, y| x >= y),
+        BinaryOp::LogicalAnd => pred(|x, y| x != T::zero() && y != T::zero()),
+        BinaryOp::LogicalOr => pred(|x, y| x != T::zero() || y != T::zero()),
+        BinaryOp::Div | BinaryOp::Pow => {
+            return Err(format!("{} is defined for floating-point dtypes only", op.name()));
+        }
+    })
+}
+
+fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    let av = operand::<bool>(a, shape)?;
+    let bv = operand::<bool>(b, shape)?;
+    let pred = |g: fn(bool, bool) -> bool| Storage::Bool(op2!(shape, av.clone(), bv.clone(), g));
+    Ok(match op {
+        BinaryOp::Eq => pred(|x, y| x == y),
+        BinaryOp::Ne => pred(|x, y| x != y),
+        BinaryOp::LogicalAnd => pred(|x, y| x && y),
+        BinaryOp::LogicalOr => pred(|x, y| x || y),
+        other => return Err(format!("{} is not defined on bool", other.name())),
+    })
+}
+
+/// Runs a binary op with its operands broadcast to `shape`.
+pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    if a.dtype() != b.dtype() {
+        return Err(format!("operands have dtypes {} and {}", a.dtype(), b.dtype()));
+    }
+    match a.dtype() {
+        DType::F32 => float_binary::<f32>(op, a, b, shape),
+        DType::F64 => float_binary::<f64>(op, a, b, shape),
+        DType::F16 => float_binary::<f16>(op, a, b, shape),
+        DType::BF16 => float_binary::<bf16>(op, a, b, shape),
+        DType::I32 => int_binary::<i32>(op, a, b, shape),
+        DType::I64 => int_binary::<i64>(op, a, b, shape),
+        DType::Bool => bool_binary(op, a, b, shape),
+    }
+}
+
+fn where_t<T: Stored>(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    let (cd, sc, oc) = operand::<bool>(c, shape)?;
+    let (ad, sa, oa) = operand::<T>(a, shape)?;
+    let (bd, sb, ob) = operand::<T>(b, shape)?;
+    Ok(T::into_storage(map3(
+        shape,
+        (cd, &sc, oc),
+        (ad, &sa, oa),
+        (bd, &sb, ob),
+        |c, x, y| if c { x } else { y },
+    )))
+}
+
+/// `where(cond, a, b)` with all three broadcast to `shape`.
+pub(crate) fn select(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+    match a.dtype() {
+        DType::F32 => where_t::<f32>(c, a, b, shape),
+        DType::F64 => where_t::<f64>(c, a, b, shape),
+        DType::F16 => where_t::<f16>(c, a, b, shape),
+        DType::BF16 => where_t::<bf16>(c, a, b, shape),
+        DType::I32 => where_t::<i32>(c, a, b, shape),
+        DType::I64 => where_t::<i64>(c, a, b, shape),
+        DType::Bool => where_t::<bool>(c, a, b, shape),
+    }
+}
+
+/// Converts one element; through i64 between integer types so no precision is
+/// lost, through f64 otherwise.
+fn convert<S: Element, D: Element>(s: S) -> D {
+    if S::DTYPE.is_float() || D::DTYPE.is_float() {
+        D::from_f64(s.to_f64())
+    } else {
+        D::from_i64(s.to_i64())
+    }
+}
+
+fn cast_from<S: Stored>(x: &Tensor, to: DType) -> Result<Storage, String> {
+    let shape = x.shape().to_vec();
+    let xs = operand::<S>(x, &shape)?;
+    Ok(match to {
+        DType::F32 => Storage::F32(op1!(&shape, xs, convert::<S, f32>)),
+        DType::F64 => Storage::F64(op1!(&shape, xs, convert::<S, f64>)),
+        DType::F16 => Storage::F16(op1!(&shape, xs, convert::<S, f16>)),
+        DType::BF16 => Storage::BF16(op1!(&shape, xs, convert::<S, bf16>)),
+        DType::I32 => Storage::I32(op1!(&shape, xs, convert::<S, i32>)),
+        DType::I64 => Storage::I64(op1!(&shape, xs, convert::<S, i64>)),
+        DType::Bool => Storage::Bool(op1!(&shape, xs, convert::<S, bool>)),
+    })
+}
+
+/// `cast(x, dtype=to)`. Float to int truncates toward zero and saturates; NaN
+/// becomes 0; any nonzero becomes `true`.
+pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Storage, String> {
+    match x.dtype() {
+        DType::F32 => cast_from::<f32>(x, to),
+        DType::F64 => cast_from::<f64>(x, to),
+        DType::F16 => cast_from::<f16>(x, to),
+        DType::BF16 => cast_from::<bf16>(x, to),
+        DType::I32 => cast_from::<i32>(x, to),
+        DType::I64 => cast_from::<i64>(x, to),
+        DType::Bool => cast_from::<bool>(x, to),
+    }
+}
+
+/// A dense copy of any tensor (for kernels that need contiguous operands).
+pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor, String> {
+    if x.is_contiguous() {
+        return Ok(x.clone());
+    }
+    let storage = cast(x, x.dtype())?;
+    Tensor::from_storage(storage, x.shape()).map_err(|e| e.to_string())
+}

@@ -1,0 +1,356 @@
+//! # switchyard-exec-fallback
+//!
+//! The CPU reference executor. It runs every primitive op, for every dtype
+//! where the op makes sense, one op per kernel, and never rejects; composites
+//! reach it already decomposed. It is the oracle every other executor is
+//! compared against, so it favours plain, checkable code, but it is not slow:
+//! elementwise ops and reductions walk strided operands in parallel chunks
+//! (rayon), matmul goes through the `gemm` crate, and reshape, transpose,
+//! slice and broadcast are zero-copy views whenever the strides allow.
+//!
+//! f16 and bf16 are computed in f32 and rounded once on the way out.
+#![deny(missing_docs)]
+
+mod create;
+mod elementwise;
+mod matmul;
+mod movement;
+mod reduce;
+mod walk;
+
+use std::sync::Arc;
+
+use switchyard_core::executor::{Executor, ExecutorFactory, Kernel, Region};
+use switchyard_core::ir::{OpKind, Operand, Trace, reduce_dims, slice_params};
+use switchyard_core::meta::normalize_dim;
+use switchyard_core::{DType, Scalar, Storage, Tensor, TensorMeta};
+
+/// The fallback executor's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An op failed at run time (an index out of range, say).
+    #[error("{op}: {message}")]
+    Run {
+        /// The op, as a statement.
+        op: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// An op could not be compiled (its attributes do not decode).
+    #[error("{op}: {message}")]
+    Compile {
+        /// The op, as a statement.
+        op: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl From<Error> for switchyard_core::Error {
+    fn from(e: Error) -> Self {
+        let (op, message) = match e {
+            Error::Run { op, message } | Error::Compile { op, message } => (op, message),
+        };
+        switchyard_core::Error::Kernel {
+            executor: NAME.to_string(),
+            op,
+            message,
+        }
+    }
+}
+
+/// The executor's registered name.
+pub const NAME: &str = "fallback";
+
+/// The CPU reference executor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FallbackExecutor;
+
+inventory::submit! {
+    ExecutorFactory { name: NAME, create: || Arc::new(FallbackExecutor) }
+}
+
+/// An op with its attributes decoded once, at compile time.
+#[derive(Debug, Clone)]
+enum Prim {
+    Unary(switchyard_core::ir::UnaryOp),
+    Binary(switchyard_core::ir::BinaryOp),
+    Where,
+    Cast(DType),
+    Broadcast,
+    Reshape,
+    Transpose(Vec<usize>),
+    Slice(Vec<(usize, usize, usize)>),
+    Cat(usize),
+    Reduce(switchyard_core::ir::ReduceOp, Vec<usize>),
+    Matmul,
+    Gather(usize),
+    IndexSelect(usize),
+    Full(Scalar),
+    Iota { dim: usize, start: i64, step: i64 },
+    Uniform { low: f64, high: f64, seed: u64 },
+    Normal { mean: f64, std: f64, seed: u64 },
+}
+
+/// Where an op reads an operand from.
+#[derive(Debug, Clone)]
+enum Arg {
+    /// A slot of the region's value table.
+    Slot(usize),
+    /// An inline scalar, materialised once as a rank-0 tensor of the op's dtype.
+    Const(Tensor),
+}
+
+#[derive(Debug, Clone)]
+struct CompiledOp {
+    prim: Prim,
+    args: Vec<Arg>,
+    out: TensorMeta,
+    out_slot: usize,
+    describe: String,
+}
+
+/// A region compiled for the fallback: its ops run one after another.
+struct RegionKernel {
+    ops: Vec<CompiledOp>,
+    n_slots: usize,
+    outputs: Vec<usize>,
+}
+
+fn scalar_tensor(s: Scalar, dtype: DType) -> Tensor {
+    let storage = create::full(s, dtype, 1);
+    Tensor::from_storage(storage, &[]).expect("one element for a rank-0 shape")
+}
+
+fn compile_op(
+    trace: &Trace,
+    id: switchyard_core::ir::OpId,
+    slot_of: &impl Fn(switchyard_core::ir::ValueId) -> usize,
+) -> Result<CompiledOp, Error> {
+    let op = trace.op(id);
+    let describe = trace.describe_op(id);
+    let fail = |message: String| Error::Compile {
+        op: describe.clone(),
+        message,
+    };
+    if op.outputs.len() != 1 {
+        return Err(fail(format!("expected one output, found {}", op.outputs.len())));
+    }
+    let out = trace.meta(op.outputs[0]).clone();
+    let in_meta = |i: usize| -> Result<&TensorMeta, Error> {
+        match op.operands.get(i) {
+            Some(Operand::Value(v)) => Ok(trace.meta(*v)),
+            _ => Err(fail(format!("operand {} must be a tensor", i + 1))),
+        }
+    };
+    // Scalars take the dtype of the op's tensor operands (for `where`, of the
+    // values, not the condition).
+    let tensor_dtype = match op.kind {
+        OpKind::Where => op.operands[1..]
+            .iter()
+            .find_map(|o| o.value())
+            .map(|v| trace.meta(v).dtype),
+        _ => op
+            .operands
+            .iter()
+            .find_map(|o| o.value())
+            .map(|v| trace.meta(v).dtype),
+    };
+    let args = op
+        .operands
+        .iter()
+        .enumerate()
+        .map(|(i, o)| match o {
+            Operand::Value(v) => Arg::Slot(slot_of(*v)),
+            Operand::Scalar(s) => {
+                let dt = if op.kind == OpKind::Where && i == 0 {
+                    DType::Bool
+                } else {
+                    tensor_dtype.unwrap_or(out.dtype)
+                };
+                Arg::Const(scalar_tensor(*s, dt))
+            }
+        })
+        .collect();
+    let a = &op.attrs;
+    let prim = match op.kind {
+        OpKind::Unary(u) => Prim::Unary(u),
+        OpKind::Binary(b) => Prim::Binary(b),
+        OpKind::Where => Prim::Where,
+        OpKind::Cast => Prim::Cast(out.dtype),
+        OpKind::Broadcast => Prim::Broadcast,
+        OpKind::Reshape => Prim::Reshape,
+        OpKind::Transpose => {
+            let rank = in_meta(0)?.rank();
+            let perm = a.ints("perm").map_err(fail)?;
+            let perm = perm
+                .iter()
+                .map(|&p| {
+                    normalize_dim(p, rank).ok_or_else(|| fail(format!("perm entry {p} is out of range")))
+                })
+                .collect::<Result<_, _>>()?;
+            Prim::Transpose(perm)
+        }
+        OpKind::Slice => Prim::Slice(slice_params(a, &in_meta(0)?.shape).map_err(fail)?),
+        OpKind::Cat => {
+            let rank = in_meta(0)?.rank();
+            Prim::Cat(
+                normalize_dim(a.int_or("dim", 0).map_err(fail)?, rank)
+                    .ok_or_else(|| fail("dim out of range".into()))?,
+            )
+        }
+        OpKind::Reduce(r) => Prim::Reduce(r, reduce_dims(a, in_meta(0)?.rank()).map_err(fail)?),
+        OpKind::Matmul => Prim::Matmul,
+        OpKind::Gather | OpKind::IndexSelect => {
+            let rank = in_meta(0)?.rank();
+            let dim = normalize_dim(a.int_or("dim", 0).map_err(fail)?, rank)
+                .ok_or_else(|| fail("dim out of range".into()))?;
+            if op.kind == OpKind::Gather {
+                Prim::Gather(dim)
+            } else {
+                Prim::IndexSelect(dim)
+            }
+        }
+        OpKind::Full => Prim::Full(
+            a.scalar_opt("value")
+                .map_err(fail)?
+                .ok_or_else(|| fail("missing `value`".into()))?,
+        ),
+        OpKind::Iota => Prim::Iota {
+            dim: normalize_dim(a.int_or("dim", 0).map_err(fail)?, out.rank())
+                .ok_or_else(|| fail("dim out of range".into()))?,
+            start: a.int_or("start", 0).map_err(fail)?,
+            step: a.int_or("step", 1).map_err(fail)?,
+        },
+        OpKind::Uniform => Prim::Uniform {
+            low: a.float_or("low", 0.0).map_err(fail)?,
+            high: a.float_or("high", 1.0).map_err(fail)?,
+            seed: a.int_or("seed", 0).map_err(fail)? as u64,
+        },
+        OpKind::Normal => Prim::Normal {
+            mean: a.float_or("mean", 0.0).map_err(fail)?,
+            std: a.float_or("std", 1.0).map_err(fail)?,
+            seed: a.int_or("seed", 0).map_err(fail)? as u64,
+        },
+        OpKind::Composite(c) => {
+            return Err(fail(format!(
+                "composite `{}` must be decomposed before it reaches the fallback",
+                c.name()
+            )));
+        }
+    };
+    Ok(CompiledOp {
+        prim,
+        args,
+        out,
+        out_slot: slot_of(op.outputs[0]),
+        describe,
+    })
+}
+
+impl CompiledOp {
+    fn run(&self, slots: &[Option<Tensor>]) -> Result<Tensor, Error> {
+        let fail = |message: String| Error::Run {
+            op: self.describe.clone(),
+            message,
+        };
+        let args: Vec<&Tensor> = self
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Slot(s) => slots[*s]
+                    .as_ref()
+                    .ok_or_else(|| fail("an operand is not available".into())),
+                Arg::Const(t) => Ok(t),
+            })
+            .collect::<Result<_, _>>()?;
+        let shape = &self.out.shape;
+        let dense = |s: Result<Storage, String>| -> Result<Tensor, Error> {
+            Tensor::from_storage(s.map_err(fail)?, shape).map_err(|e| fail(e.to_string()))
+        };
+        let n = self.out.numel();
+        match &self.prim {
+            Prim::Unary(u) => dense(elementwise::unary(*u, args[0])),
+            Prim::Binary(b) => dense(elementwise::binary(*b, args[0], args[1], shape)),
+            Prim::Where => dense(elementwise::select(args[0], args[1], args[2], shape)),
+            Prim::Cast(d) => dense(elementwise::cast(args[0], *d)),
+            Prim::Broadcast => movement::broadcast(args[0], shape).map_err(fail),
+            Prim::Reshape => movement::reshape(args[0], shape).map_err(fail),
+            Prim::Transpose(p) => movement::transpose(args[0], p).map_err(fail),
+            Prim::Slice(p) => movement::slice(args[0], p).map_err(fail),
+            Prim::Cat(d) => dense(movement::cat(&args, *d, shape)),
+            Prim::Reduce(r, dims) => dense(reduce::reduce(*r, args[0], dims)),
+            Prim::Matmul => dense(matmul::matmul(args[0], args[1], shape)),
+            Prim::Gather(d) => dense(movement::gather(args[0], args[1], *d)),
+            Prim::IndexSelect(d) => dense(movement::index_select(args[0], args[1], *d)),
+            Prim::Full(v) => dense(Ok(create::full(*v, self.out.dtype, n))),
+            Prim::Iota { dim, start, step } => {
+                dense(Ok(create::iota(shape, *dim, *start, *step, self.out.dtype)))
+            }
+            Prim::Uniform { low, high, seed } => {
+                dense(Ok(create::uniform(n, *low, *high, *seed, self.out.dtype)))
+            }
+            Prim::Normal { mean, std, seed } => {
+                dense(Ok(create::normal(n, *mean, *std, *seed, self.out.dtype)))
+            }
+        }
+    }
+}
+
+impl Kernel for RegionKernel {
+    fn run(&self, inputs: &[&Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
+        let mut slots: Vec<Option<Tensor>> = vec![None; self.n_slots];
+        for (s, t) in slots.iter_mut().zip(inputs) {
+            *s = Some((*t).clone());
+        }
+        for op in &self.ops {
+            let t = op.run(&slots)?;
+            slots[op.out_slot] = Some(t);
+        }
+        self.outputs
+            .iter()
+            .map(|&s| {
+                slots[s].take().ok_or_else(|| switchyard_core::Error::Kernel {
+                    executor: NAME.into(),
+                    op: "region".into(),
+                    message: "an output was not computed".into(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Executor for FallbackExecutor {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn compile(&self, trace: &Trace, region: &Region) -> switchyard_core::Result<Box<dyn Kernel>> {
+        // Slots: region inputs first, then each op's output.
+        let mut slot_values = region.inputs.clone();
+        for &id in &region.ops {
+            slot_values.extend_from_slice(&trace.op(id).outputs);
+        }
+        let slot_of = |v| {
+            slot_values
+                .iter()
+                .position(|&x| x == v)
+                .expect("every value of the region has a slot")
+        };
+        let ops = region
+            .ops
+            .iter()
+            .map(|&id| compile_op(trace, id, &slot_of))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outputs = region.outputs.iter().map(|&v| slot_of(v)).collect();
+        Ok(Box::new(RegionKernel {
+            ops,
+            n_slots: slot_values.len(),
+            outputs,
+        }))
+    }
+}

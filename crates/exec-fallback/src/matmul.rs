@@ -1,0 +1,189 @@
+//! Batched matmul with broadcast batch dims, through the `gemm` crate for f32,
+//! f64 and f16 (bf16 computes in f32). Operands are read through their strides,
+//! so a transposed operand costs no copy.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+use switchyard_core::meta::{broadcast_strides, contiguous_strides};
+use switchyard_core::{DType, Storage, Stored, Tensor};
+
+use crate::elementwise::IntLike;
+
+/// Layout of a batched matmul: per batch index, the operand offsets.
+struct Batches {
+    m: usize,
+    n: usize,
+    k: usize,
+    a_offsets: Vec<usize>,
+    b_offsets: Vec<usize>,
+    /// (row stride, col stride) of each operand's matrices.
+    a_rs: isize,
+    a_cs: isize,
+    b_rs: isize,
+    b_cs: isize,
+}
+
+fn batches(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Batches {
+    let rank = out_shape.len();
+    let batch_shape = &out_shape[..rank - 2];
+    let (ar, br) = (a.rank(), b.rank());
+    let a_bs = broadcast_strides(&a.shape()[..ar - 2], &a.strides()[..ar - 2], batch_shape);
+    let b_bs = broadcast_strides(&b.shape()[..br - 2], &b.strides()[..br - 2], batch_shape);
+    let nb: usize = batch_shape.iter().product();
+    let mut a_offsets = Vec::with_capacity(nb);
+    let mut b_offsets = Vec::with_capacity(nb);
+    let cs = contiguous_strides(batch_shape);
+    for i in 0..nb {
+        let (mut oa, mut ob) = (a.offset() as isize, b.offset() as isize);
+        for d in 0..batch_shape.len() {
+            let idx = (i as isize / cs[d]) % batch_shape[d] as isize;
+            oa += idx * a_bs[d];
+            ob += idx * b_bs[d];
+        }
+        a_offsets.push(oa as usize);
+        b_offsets.push(ob as usize);
+    }
+    Batches {
+        m: a.shape()[ar - 2],
+        k: a.shape()[ar - 1],
+        n: b.shape()[br - 1],
+        a_offsets,
+        b_offsets,
+        a_rs: a.strides()[ar - 2],
+        a_cs: a.strides()[ar - 1],
+        b_rs: b.strides()[br - 2],
+        b_cs: b.strides()[br - 1],
+    }
+}
+
+/// Element types `gemm` multiplies natively.
+trait GemmElem: Stored + num_traits::Zero {}
+impl GemmElem for f32 {}
+impl GemmElem for f64 {}
+impl GemmElem for f16 {}
+
+fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
+    let (m, n, k) = (l.m, l.n, l.k);
+    let nb = l.a_offsets.len();
+    let mut out = vec![T::zero(); nb * m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return out;
+    }
+    let threads = rayon::current_num_threads();
+    // Many small products: one per thread. Few large ones: gemm's own threads.
+    let per_batch_parallel = nb >= threads * 2 && m * n * k < (1 << 18);
+    let one = |dst: &mut [T], i: usize, par: gemm::Parallelism| {
+        // The offsets and strides come from tensors whose views were checked
+        // against their buffers, so every element gemm reads lies inside `a`/`b`;
+        // `dst` is a dense m×n block of `out`.
+        let (ao, bo) = (l.a_offsets[i], l.b_offsets[i]);
+        assert!(
+            ao < a.len() && bo < b.len(),
+            "matmul operand offsets lie inside their buffers"
+        );
+        // SAFETY: see above; gemm writes dst[r*n + c] for r < m, c < n only.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr().add(ao),
+                l.a_cs,
+                l.a_rs,
+                b.as_ptr().add(bo),
+                l.b_cs,
+                l.b_rs,
+                T::zero(),
+                T::from_f64(1.0),
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    };
+    if per_batch_parallel {
+        out.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, dst)| one(dst, i, gemm::Parallelism::None));
+    } else {
+        let par = if threads > 1 {
+            gemm::Parallelism::Rayon(threads)
+        } else {
+            gemm::Parallelism::None
+        };
+        for (i, dst) in out.chunks_mut(m * n).enumerate() {
+            one(dst, i, par);
+        }
+    }
+    out
+}
+
+fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
+    let (m, n, k) = (l.m, l.n, l.k);
+    let mut out = vec![T::zero(); l.a_offsets.len() * m * n];
+    if n == 0 {
+        return out;
+    }
+    out.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
+        let (i, r) = (row / m.max(1), row % m.max(1));
+        let ab = l.a_offsets[i] as isize + r as isize * l.a_rs;
+        let bb = l.b_offsets[i] as isize;
+        for p in 0..k {
+            let av = a[(ab + p as isize * l.a_cs) as usize];
+            let brow = bb + p as isize * l.b_rs;
+            for (c, d) in dst.iter_mut().enumerate() {
+                *d = d.wrapping_add(&av.wrapping_mul(&b[(brow + c as isize * l.b_cs) as usize]));
+            }
+        }
+    });
+    out
+}
+
+fn to_f32(t: &Tensor) -> Result<Tensor, String> {
+    let s = crate::elementwise::cast(t, DType::F32)?;
+    Tensor::from_storage(s, t.shape()).map_err(|e| e.to_string())
+}
+
+/// `a @ b` with broadcast batch dims; `out_shape` is the inferred result shape.
+pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Storage, String> {
+    if a.dtype() != b.dtype() {
+        return Err(format!("operands have dtypes {} and {}", a.dtype(), b.dtype()));
+    }
+    if a.rank() < 2 || b.rank() < 2 || out_shape.len() < 2 {
+        return Err("matmul operands must have rank >= 2".into());
+    }
+    fn go<T: GemmElem>(a: &Tensor, b: &Tensor, l: &Batches) -> Result<Storage, String> {
+        let (ad, bd) = (
+            a.buffer::<T>().ok_or("bad dtype")?,
+            b.buffer::<T>().ok_or("bad dtype")?,
+        );
+        Ok(T::into_storage(gemm_batched(ad, bd, l)))
+    }
+    fn go_int<T: IntLike>(a: &Tensor, b: &Tensor, l: &Batches) -> Result<Storage, String> {
+        let (ad, bd) = (
+            a.buffer::<T>().ok_or("bad dtype")?,
+            b.buffer::<T>().ok_or("bad dtype")?,
+        );
+        Ok(T::into_storage(int_batched(ad, bd, l)))
+    }
+    match a.dtype() {
+        DType::F32 => go::<f32>(a, b, &batches(a, b, out_shape)),
+        DType::F64 => go::<f64>(a, b, &batches(a, b, out_shape)),
+        DType::F16 => go::<f16>(a, b, &batches(a, b, out_shape)),
+        DType::BF16 => {
+            let (a32, b32) = (to_f32(a)?, to_f32(b)?);
+            let Storage::F32(v) = go::<f32>(&a32, &b32, &batches(&a32, &b32, out_shape))? else {
+                unreachable!("f32 matmul yields f32")
+            };
+            Ok(Storage::BF16(v.into_iter().map(bf16::from_f32).collect()))
+        }
+        DType::I32 => go_int::<i32>(a, b, &batches(a, b, out_shape)),
+        DType::I64 => go_int::<i64>(a, b, &batches(a, b, out_shape)),
+        DType::Bool => Err("matmul is not defined on bool".into()),
+    }
+}
