@@ -20,10 +20,12 @@ pub enum Error {
         message: String,
     },
     /// An op is ill-formed: operand shapes or dtypes do not fit, or an attribute is bad.
-    #[error("{op}: {message}")]
+    #[error("{}{op}: {message}", line_prefix(*line))]
     Op {
-        /// The op, as a statement (`t3 = matmul(t1, t2)`) with its line when known.
+        /// The op, as a statement (`t3 = matmul(t1, t2)`).
         op: String,
+        /// Its source line, when the trace came from text.
+        line: Option<usize>,
         /// What is wrong.
         message: String,
     },
@@ -83,6 +85,10 @@ pub enum Error {
     /// JSON (de)serialisation.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+fn line_prefix(line: Option<usize>) -> String {
+    line.map(|l| format!("line {l}: ")).unwrap_or_default()
 }
 
 /// Result with core's error.

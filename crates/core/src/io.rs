@@ -209,7 +209,8 @@ fn fmt_elem(v: f64, d: DType) -> String {
     match d {
         DType::Bool => (v != 0.0).to_string(),
         d if d.is_int() => format!("{}", v as i64),
-        _ => format!("{v:.4}"),
+        _ if v == 0.0 || !v.is_finite() || (1e-3..1e5).contains(&v.abs()) => format!("{v:.4}"),
+        _ => format!("{v:.4e}"),
     }
 }
 

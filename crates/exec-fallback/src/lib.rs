@@ -15,6 +15,8 @@ mod create;
 mod elementwise;
 mod matmul;
 mod movement;
+#[cfg(test)]
+mod proptests;
 mod reduce;
 mod walk;
 

@@ -17,7 +17,7 @@ pub enum Attr {
     /// An integer.
     Int(i64),
     /// A float (compared by bits).
-    Float(f64),
+    Float(#[serde(with = "crate::dtype::json_float")] f64),
     /// A string; printed bare when it is a plain identifier, quoted otherwise.
     Str(String),
     /// A dtype name.

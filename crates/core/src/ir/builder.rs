@@ -204,9 +204,6 @@ impl TraceBuilder {
             })
             .collect();
         let mut s = String::new();
-        if let Some(line) = self.line {
-            s.push_str(&format!("line {line}: "));
-        }
         if names.is_empty() {
             s.push('_');
         } else {
@@ -229,6 +226,7 @@ impl TraceBuilder {
                 if v.index() >= self.trace.values.len() {
                     return Err(Error::Op {
                         op: self.statement(&given, kind, operands),
+                        line: self.line,
                         message: format!("operand refers to undefined value #{}", v.0),
                     });
                 }
@@ -243,11 +241,13 @@ impl TraceBuilder {
             .collect();
         let outs = infer(kind, &metas, &attrs).map_err(|message| Error::Op {
             op: self.statement(&given, kind, operands),
+            line: self.line,
             message,
         })?;
         if !names.is_empty() && names.len() != outs.len() {
             return Err(Error::Op {
                 op: self.statement(&given, kind, operands),
+                line: self.line,
                 message: format!(
                     "produces {} value(s) but {} name(s) are given",
                     outs.len(),

@@ -339,7 +339,8 @@ fn decompose_once(trace: &Trace, should: &mut impl FnMut(&Trace, OpId) -> bool) 
                 let first_name = &trace.value(op.outputs[0]).name;
                 b.set_name_prefix(Some(first_name));
                 let outs = decompose_op(&mut b, c, &operands, &op.attrs).map_err(|message| Error::Op {
-                    op: trace.describe_op(id),
+                    op: trace.statement(id),
+                    line: trace.line_of(id),
                     message,
                 })?;
                 b.set_name_prefix(None);

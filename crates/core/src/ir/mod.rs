@@ -213,13 +213,23 @@ impl Trace {
             .map(|i| ValueId(i as u32))
     }
 
+    /// The source line of an op, when the trace was parsed from text.
+    pub fn line_of(&self, id: OpId) -> Option<usize> {
+        self.lines.get(id.index()).copied().flatten()
+    }
+
     /// The op as a statement for messages, e.g. `line 4: t2 = matmul(t1, t1)`.
     pub fn describe_op(&self, id: OpId) -> String {
+        match self.line_of(id) {
+            Some(line) => format!("line {line}: {}", self.statement(id)),
+            None => self.statement(id),
+        }
+    }
+
+    /// The op as a statement, e.g. `t2 = matmul(t1, t1)`.
+    pub fn statement(&self, id: OpId) -> String {
         let op = self.op(id);
         let mut s = String::new();
-        if let Some(Some(line)) = self.lines.get(id.index()) {
-            s.push_str(&format!("line {line}: "));
-        }
         let outs: Vec<&str> = op.outputs.iter().map(|v| self.value(*v).name.as_str()).collect();
         s.push_str(&outs.join(", "));
         s.push_str(" = ");
@@ -381,7 +391,8 @@ impl Trace {
                 })
                 .collect();
             let inferred = infer(op.kind, &operands, &op.attrs).map_err(|message| Error::Op {
-                op: self.describe_op(id),
+                op: self.statement(id),
+                line: self.line_of(id),
                 message,
             })?;
             let declared: Vec<&TensorMeta> = op.outputs.iter().map(|o| self.meta(*o)).collect();
@@ -389,7 +400,8 @@ impl Trace {
                 let inferred: Vec<String> = inferred.iter().map(|m| m.to_string()).collect();
                 let declared: Vec<String> = declared.iter().map(|m| m.to_string()).collect();
                 return Err(Error::Op {
-                    op: self.describe_op(id),
+                    op: self.statement(id),
+                    line: self.line_of(id),
                     message: format!(
                         "outputs are declared as {} but the op produces {}",
                         declared.join(", "),

@@ -463,7 +463,9 @@ impl<'a> Parser<'a> {
         self.b
             .op_named(&name_refs, kind, &operands, attrs)
             .map_err(|e| match e {
-                Error::Op { message, .. } => self.error_at(op_at, format!("{op_name}: {message}")),
+                Error::Op { op, message, .. } => {
+                    self.error_at(op_at, format!("{op_name}: {message} (in `{op}`)"))
+                }
                 other => self.error_at(op_at, other.to_string()),
             })?;
         for (n, _) in names {

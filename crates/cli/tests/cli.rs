@@ -1,0 +1,235 @@
+//! End-to-end tests of the `switchyard` binary.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use switchyard_core::io::{random_inputs, read_safetensors, write_safetensors};
+use switchyard_core::text::parse;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+}
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/traces")
+        .join(name)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn ok(out: Output) -> String {
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn fails(out: Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected failure, got: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn run_prints_a_summary() {
+    let s = ok(bin()
+        .args(["run"])
+        .arg(example("mlp.trace"))
+        .args(["--repeat", "3"])
+        .output()
+        .unwrap());
+    assert!(s.contains("outputs:\n  y: f32[32, 128] ["), "{s}");
+    assert!(s.contains("median of 3 run(s)"), "{s}");
+    assert!(s.contains("peak memory: "), "{s}");
+}
+
+#[test]
+fn run_json_has_the_report_fields() {
+    let s = ok(bin()
+        .arg("run")
+        .arg(example("transformer_block.trace"))
+        .arg("--json")
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    for key in [
+        "regions",
+        "peak_bytes",
+        "peak_bytes_with_inputs",
+        "estimated_ns",
+        "cache",
+        "outputs",
+        "time_ns",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {s}");
+    }
+    let regions = v["regions"].as_array().unwrap();
+    assert!(!regions.is_empty());
+    for r in regions {
+        assert_eq!(r["executor"], "fallback");
+        assert_eq!(
+            r["ops"].as_array().unwrap().len(),
+            1,
+            "one op per region at this stage"
+        );
+        assert!(r["time_ns"].as_u64().is_some());
+        assert!(r.get("id").is_some() && r.get("estimated_ns").is_some());
+    }
+    assert_eq!(v["cache"]["compiled"].as_u64().unwrap() as usize, regions.len());
+    assert_eq!(v["outputs"][0]["name"], "l0.out");
+    assert_eq!(v["outputs"][0]["dtype"], "f32");
+    assert_eq!(v["outputs"][0]["shape"], serde_json::json!([16, 64]));
+    assert!(v["peak_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn workload_1_peak_in_the_report() {
+    let s = ok(bin()
+        .arg("run")
+        .arg(example("parallel_paths_inefficient.trace"))
+        .arg("--json")
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(v["peak_bytes"], 2_883_584);
+}
+
+#[test]
+fn inputs_and_outputs_through_safetensors() {
+    let trace_path = example("mlp.trace");
+    let trace = parse(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let inputs = random_inputs(&trace, 9);
+    let named: Vec<(String, _)> = trace
+        .inputs
+        .iter()
+        .map(|v| trace.value(*v).name.clone())
+        .zip(inputs.iter().cloned())
+        .collect();
+    let in_path = scratch("in.safetensors");
+    write_safetensors(&in_path, &named).unwrap();
+    let out_a = scratch("a.safetensors");
+    let out_b = scratch("b.safetensors");
+    ok(bin()
+        .arg("run")
+        .arg(&trace_path)
+        .arg("--inputs")
+        .arg(&in_path)
+        .arg("--outputs")
+        .arg(&out_a)
+        .output()
+        .unwrap());
+    // The same inputs as random ones with that seed give the same outputs.
+    ok(bin()
+        .arg("run")
+        .arg(&trace_path)
+        .args(["--seed", "9", "--outputs"])
+        .arg(&out_b)
+        .output()
+        .unwrap());
+    let a = read_safetensors(&out_a).unwrap();
+    let b = read_safetensors(&out_b).unwrap();
+    assert_eq!(a["y"].to_f64_vec(), b["y"].to_f64_vec());
+    assert_eq!(a["y"].shape(), &[32, 128]);
+
+    // A missing tensor and a wrong shape are clear errors.
+    write_safetensors(&in_path, &named[1..]).unwrap();
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(&trace_path)
+            .arg("--inputs")
+            .arg(&in_path)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("tensor `x`: not found in") && e.contains("it holds: b1, b2, w1, w2"),
+        "{e}"
+    );
+    let mut wrong = named.clone();
+    wrong[0].1 = switchyard_core::Tensor::from_vec(vec![0f32; 4], &[2, 2]).unwrap();
+    write_safetensors(&in_path, &wrong).unwrap();
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(&trace_path)
+            .arg("--inputs")
+            .arg(&in_path)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("tensor `x`: in ") && e.contains("expected f32[32, 128] but got f32[2, 2]"),
+        "{e}"
+    );
+    std::fs::write(&in_path, b"garbage").unwrap();
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(&trace_path)
+            .arg("--inputs")
+            .arg(&in_path)
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("not a valid safetensors file"), "{e}");
+}
+
+#[test]
+fn bad_traces_and_arguments_are_clear_errors() {
+    let path = scratch("bad.trace");
+    std::fs::write(&path, "input x: f32[2]\ny = relu(z)\noutput y\n").unwrap();
+    let e = fails(bin().arg("run").arg(&path).output().unwrap());
+    assert!(e.contains("bad.trace:2:10: undefined value `z`"), "{e}");
+    let e = fails(bin().arg("check").arg(&path).output().unwrap());
+    assert!(e.contains(":2:10:"), "{e}");
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(example("mlp.trace"))
+            .args(["--executors", "cudnn"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("unknown executor `cudnn`; known executors: fallback"),
+        "{e}"
+    );
+    let e = fails(bin().arg("run").arg(scratch("missing.trace")).output().unwrap());
+    assert!(e.contains("missing.trace") && e.contains("No such file"), "{e}");
+    let out = bin()
+        .arg("run")
+        .arg(example("mlp.trace"))
+        .args(["--repeat", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn check_validates_and_prints() {
+    let s = ok(bin().arg("check").arg(example("tiny.trace")).output().unwrap());
+    assert!(s.contains("ok (2 inputs, 6 ops, 2 outputs)"), "{s}");
+    let s = ok(bin()
+        .arg("check")
+        .arg(example("tiny.trace"))
+        .arg("--print")
+        .output()
+        .unwrap());
+    assert!(
+        s.contains("hint executor=fallback fuse=false schedule=dfs {\n  z = exp(y)\n}"),
+        "{s}"
+    );
+}

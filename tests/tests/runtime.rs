@@ -1,0 +1,89 @@
+//! The runtime: measured peak bytes against the design's definition on traces
+//! worked out by hand, input checking, and determinism.
+
+use switchyard_core::io::random_inputs;
+use switchyard_core::text::parse;
+use switchyard_core::{Error, Tensor};
+use switchyard_tests::{run, workloads};
+
+fn peaks(src: &str) -> (usize, usize) {
+    let t = parse(src).unwrap();
+    let r = run(&t, &random_inputs(&t, 0)).unwrap();
+    (r.peak_bytes, r.peak_bytes_with_inputs)
+}
+
+#[test]
+fn outputs_are_counted_before_inputs_are_freed() {
+    // x is 16 bytes. relu: a (16). exp: a + b = 32, then a is freed. add: b + c
+    // = 32. Counting x, which lives until the add: 16 + 32 = 48.
+    let (p, pi) = peaks("input x: f32[4]\na = relu(x)\nb = exp(a)\nc = add(b, x)\noutput c\n");
+    assert_eq!((p, pi), (32, 48));
+}
+
+#[test]
+fn views_add_no_bytes_and_keep_their_buffer_alive() {
+    // transpose is a view of the input (0 bytes); reshape of that view must copy
+    // (24); relu adds 24 while the copy is live: 48. The input's 24 bytes stay
+    // live through the view until the reshape has run.
+    let (p, pi) = peaks(
+        "input x: f32[2, 3]\nt = transpose(x, perm=[1, 0])\nr = reshape(t, shape=[6])\ny = relu(r)\noutput y\n",
+    );
+    assert_eq!((p, pi), (48, 48));
+    // A reshape of a contiguous intermediate is a view: only `a` and `b` count.
+    let (p, _) = peaks("input x: f32[2, 3]\na = relu(x)\nv = reshape(a, shape=[6])\nb = exp(v)\noutput b\n");
+    assert_eq!(p, 48);
+}
+
+#[test]
+fn outputs_stay_live_to_the_end_and_dead_values_die_at_once() {
+    // y is an output: y, z, w are live together (48) before z is freed.
+    let (p, _) = peaks("input x: f32[4]\ny = relu(x)\nz = exp(y)\nw = neg(z)\noutput y, w\n");
+    assert_eq!(p, 48);
+    // d is never read: allocated (16) and freed right after its op.
+    let (p, _) = peaks("input x: f32[4]\nd = exp(x)\ny = relu(x)\noutput y\n");
+    assert_eq!(p, 16);
+}
+
+#[test]
+fn workload_1_peaks_match_eager_program_order() {
+    // One tensor is f32[256, 256] = 0.25 MiB. In program order the efficient
+    // (depth-first) function peaks at 3 live tensors, the breadth-first one at 11.
+    let eff = workloads::parallel_paths(10, 256, true).unwrap();
+    let ineff = workloads::parallel_paths(10, 256, false).unwrap();
+    let r = run(&eff, &random_inputs(&eff, 0)).unwrap();
+    assert_eq!(r.peak_bytes, 786_432);
+    let r = run(&ineff, &random_inputs(&ineff, 0)).unwrap();
+    assert_eq!(r.peak_bytes, 2_883_584);
+    assert!(r.peak_bytes_with_inputs > r.peak_bytes);
+}
+
+#[test]
+fn inputs_are_checked() {
+    let t = parse("input x: f32[2, 3]\ny = relu(x)\noutput y\n").unwrap();
+    let wrong_shape = Tensor::from_vec(vec![0f32; 6], &[3, 2]).unwrap();
+    let e = run(&t, &[wrong_shape]).unwrap_err();
+    assert!(matches!(&e, Error::Tensor { name, .. } if name == "x"), "{e}");
+    assert!(
+        e.to_string().contains("expected f32[2, 3] but got f32[3, 2]"),
+        "{e}"
+    );
+    let wrong_dtype = Tensor::from_vec(vec![0f64; 6], &[2, 3]).unwrap();
+    assert!(
+        run(&t, &[wrong_dtype])
+            .unwrap_err()
+            .to_string()
+            .contains("but got f64[2, 3]")
+    );
+    let e = run(&t, &[]).unwrap_err().to_string();
+    assert!(e.contains("takes 1 inputs, 0 were given"), "{e}");
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let t = workloads::llama(1, workloads::BlockSize::SMALL).unwrap();
+    let inputs = random_inputs(&t, 3);
+    let a = run(&t, &inputs).unwrap();
+    let b = run(&t, &inputs).unwrap();
+    assert_eq!(a.outputs[0].to_f64_vec(), b.outputs[0].to_f64_vec());
+    assert_eq!(a.peak_bytes, b.peak_bytes);
+}
