@@ -389,3 +389,56 @@ proptest! {
         prop_assert_eq!(Trace::from_json(&json).unwrap(), t);
     }
 }
+
+proptest! {
+    /// Whatever the text, parsing returns a trace or an error; it never panics.
+    #[test]
+    fn parser_never_panics(lines in proptest::collection::vec(
+        prop_oneof![
+            Just("input x: f32[2, 3]".to_string()),
+            Just("y = relu(x)".to_string()),
+            Just("output y".to_string()),
+            Just("hint fuse=false {".to_string()),
+            Just("}".to_string()),
+            "[a-z =,()\\[\\]{}:0-9.\"#-]{0,30}",
+            "[a-z]{1,4} = [a-z_]{1,8}\\([a-z0-9, =\\[\\]-]{0,20}\\)",
+        ],
+        0..12,
+    )) {
+        let _ = parse(&lines.join("\n"));
+    }
+}
+
+#[test]
+fn hostile_inputs_are_errors() {
+    let deep = format!(
+        "input x: f32[2]\ny = relu(x, a={}{})\noutput y\n",
+        "[".repeat(1000),
+        "]".repeat(1000)
+    );
+    assert!(
+        parse(&deep)
+            .unwrap_err()
+            .to_string()
+            .contains("nest more than 32 deep")
+    );
+    let huge = "input x: f32[9223372036854775807, 4]\noutput x\n";
+    assert!(
+        parse(huge).unwrap_err().to_string().contains("too large"),
+        "{:?}",
+        parse(huge)
+    );
+    let slice = "input x: f32[4]\ny = slice(x, start=[0], end=[4], step=[9223372036854775807])\noutput y\n";
+    let t = parse(slice).unwrap();
+    assert_eq!(t.meta(t.outputs[0]).shape, vec![1]);
+    let e = parse(
+        "input x: f32[2]\ny = reshape(x, shape=[9223372036854775807, 9223372036854775807])\noutput y\n",
+    );
+    assert!(e.is_err());
+    let e = parse("input x: f32[2]\ny = relu(x, a=)\noutput y\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(":2:15: expected an attribute value, found `)`"),
+        "{e}"
+    );
+}

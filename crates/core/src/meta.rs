@@ -120,9 +120,10 @@ impl<T: fmt::Display> fmt::Display for ShapeDisplay<'_, T> {
     }
 }
 
-/// Product of the dimensions (1 for a scalar).
+/// Product of the dimensions (1 for a scalar), saturating so that messages about
+/// absurd shapes cannot overflow; validated shapes never reach the bound.
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    shape.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
 }
 
 /// Row-major strides of a shape.
@@ -131,7 +132,8 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut acc = 1isize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
-        acc *= d.max(1) as isize;
+        // Wrapping: an absurd shape must reach the size check, not panic here.
+        acc = acc.wrapping_mul(d.max(1) as isize);
     }
     strides
 }

@@ -137,10 +137,10 @@ impl CompiledPlan {
         }
         for (v, last) in last_read.iter().enumerate() {
             let v = ValueId(v as u32);
-            if let Some(i) = last {
-                if !is_output(v) {
-                    steps[*i].free_after.push(v);
-                }
+            if let Some(i) = last
+                && !is_output(v)
+            {
+                steps[*i].free_after.push(v);
             }
         }
         let unread_inputs = trace

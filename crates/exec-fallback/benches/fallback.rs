@@ -2,6 +2,11 @@
 //! (builder, plan, compile, run): an 8-op elementwise chain on 16M f32, f32
 //! matmul at 1024² and 2048², and a sum over the last dim of [4096, 4096].
 //!
+//! Each has a baseline measured in the same run, for a ratio rather than a bare
+//! time: a copy of 16M f32 into freshly allocated memory (the floor of any op
+//! that writes a new buffer), `gemm` called directly on dense buffers, and a
+//! plain sequential row sum.
+//!
 //! `cargo bench -p switchyard-exec-fallback`; throughput is reported in
 //! elements (elementwise, reduction) or FLOPs (matmul) per second.
 
@@ -88,5 +93,58 @@ fn benches(c: &mut Criterion) {
     );
 }
 
-criterion_group!(fallback, benches);
+fn baselines(c: &mut Criterion) {
+    let mut g = c.benchmark_group("baseline");
+    g.sample_size(10);
+    let n = 16 << 20;
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("copy_fresh_16M_f32", |b| {
+        b.iter(|| std::hint::black_box(src.to_vec()))
+    });
+    for n in [1024usize, 2048] {
+        let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32).collect();
+        let bm: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32).collect();
+        g.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
+        g.bench_function(format!("gemm_direct_{n}_f32"), |b| {
+            b.iter(|| {
+                let mut dst = vec![0f32; n * n];
+                // SAFETY: all three buffers are dense n×n matrices.
+                unsafe {
+                    gemm::gemm(
+                        n,
+                        n,
+                        n,
+                        dst.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        a.as_ptr(),
+                        1,
+                        n as isize,
+                        bm.as_ptr(),
+                        1,
+                        n as isize,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                    )
+                };
+                dst
+            })
+        });
+    }
+    let m = 4096;
+    let x: Vec<f32> = (0..m * m).map(|i| (i % 3) as f32).collect();
+    g.throughput(Throughput::Elements((m * m) as u64));
+    g.bench_function("sum_last_sequential_4096x4096_f32", |b| {
+        b.iter(|| x.chunks(m).map(|r| r.iter().sum::<f32>()).collect::<Vec<f32>>())
+    });
+    g.finish();
+}
+
+criterion_group!(fallback, benches, baselines);
 criterion_main!(fallback);

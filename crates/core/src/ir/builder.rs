@@ -168,6 +168,8 @@ impl TraceBuilder {
 
     /// Declares an input with full metadata (strides, device).
     pub fn input_meta(&mut self, name: &str, meta: TensorMeta) -> Result<ValueId> {
+        crate::ir::infer::check_size(&meta.shape, meta.dtype)
+            .map_err(|m| Error::InvalidTrace(format!("input `{name}`: {m}")))?;
         if meta.strides.len() != meta.shape.len() {
             return Err(Error::InvalidTrace(format!(
                 "input `{name}` has {} strides for rank {}",
@@ -222,14 +224,14 @@ impl TraceBuilder {
     ) -> Result<Vec<ValueId>> {
         let given: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         for o in operands {
-            if let Operand::Value(v) = o {
-                if v.index() >= self.trace.values.len() {
-                    return Err(Error::Op {
-                        op: self.statement(&given, kind, operands),
-                        line: self.line,
-                        message: format!("operand refers to undefined value #{}", v.0),
-                    });
-                }
+            if let Operand::Value(v) = o
+                && v.index() >= self.trace.values.len()
+            {
+                return Err(Error::Op {
+                    op: self.statement(&given, kind, operands),
+                    line: self.line,
+                    message: format!("operand refers to undefined value #{}", v.0),
+                });
             }
         }
         let metas: Vec<OperandMeta> = operands

@@ -70,3 +70,25 @@ impl DataflowGraph {
             .map(|nodes| nodes.into_iter().map(|n| self.graph[n]).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::parse;
+
+    #[test]
+    fn edges_follow_dataflow() {
+        let t = parse("input x: f32[2]\na = relu(x)\nb = exp(a)\nc = add(a, b)\nd = neg(x)\noutput c, d\n")
+            .unwrap();
+        let g = DataflowGraph::new(&t);
+        assert_eq!(g.op_count(), 4);
+        // a->b, a->c, b->c; x is an input, so neg has no producer.
+        assert_eq!(g.edge_count(), 3);
+        assert_eq!(g.consumers(OpId(0)), vec![OpId(1), OpId(2)]);
+        assert_eq!(g.producers(OpId(2)), vec![OpId(0), OpId(1)]);
+        assert!(g.producers(OpId(3)).is_empty());
+        let order = g.topological_order().unwrap();
+        let pos = |o: OpId| order.iter().position(|&x| x == o).unwrap();
+        assert!(pos(OpId(0)) < pos(OpId(1)) && pos(OpId(1)) < pos(OpId(2)));
+    }
+}

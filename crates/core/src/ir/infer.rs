@@ -81,13 +81,13 @@ fn common_dtype(ops: &[OperandMeta], idx: &[usize]) -> Result<DType, String> {
         return Err("needs at least one tensor operand to take its dtype from".into());
     };
     for &i in idx {
-        if let OperandMeta::Scalar(s) = ops[i] {
-            if !s.fits(d) {
-                return Err(format!(
-                    "{} is the scalar {s}, which does not fit dtype {d}",
-                    ordinal(i)
-                ));
-            }
+        if let OperandMeta::Scalar(s) = ops[i]
+            && !s.fits(d)
+        {
+            return Err(format!(
+                "{} is the scalar {s}, which does not fit dtype {d}",
+                ordinal(i)
+            ));
         }
     }
     Ok(d)
@@ -112,6 +112,22 @@ fn broadcast_all(ops: &[OperandMeta], idx: &[usize]) -> Result<Vec<usize>, Strin
 
 fn out(dtype: DType, shape: Vec<usize>, device: Device) -> Vec<TensorMeta> {
     vec![TensorMeta::new(dtype, shape).on(device)]
+}
+
+/// Checks that a tensor of this shape and dtype has a byte size that fits in memory
+/// arithmetic (so later products of dims cannot overflow).
+pub(crate) fn check_size(shape: &[usize], dtype: DType) -> Result<(), String> {
+    let bytes = shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as usize);
+    match bytes {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "a {dtype}{} tensor is too large to address",
+            ShapeDisplay(shape)
+        )),
+    }
 }
 
 /// Reduction dims of a `sum`-like op over a tensor of `rank`, normalised and sorted.
@@ -156,17 +172,26 @@ pub fn slice_params(attrs: &Attrs, shape: &[usize]) -> Result<Vec<(usize, usize,
                 step[d]
             ));
         }
-        let clamp = |v: i64| if v < 0 { (v + size).max(0) } else { v.min(size) };
+        let clamp = |v: i64| {
+            if v < 0 {
+                v.saturating_add(size).max(0)
+            } else {
+                v.min(size)
+            }
+        };
         let s = clamp(start[d]);
         let e = clamp(end[d]);
-        let len = if e > s { (e - s + step[d] - 1) / step[d] } else { 0 };
+        // Both lie in [0, size], so `e - s` cannot overflow; the step may be huge.
+        let len = if e > s { (e - s - 1) / step[d] + 1 } else { 0 };
         out.push((s as usize, len as usize, step[d] as usize));
     }
     Ok(out)
 }
 
 fn creation_shape(attrs: &Attrs) -> Result<Vec<usize>, String> {
-    attrs.shape("shape")
+    let shape = attrs.shape("shape")?;
+    check_size(&shape, DType::F64)?;
+    Ok(shape)
 }
 
 fn device_attr(attrs: &Attrs) -> Result<Device, String> {
@@ -245,6 +270,7 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
             expect_count(ops, 1)?;
             let x = tensor(ops, 0)?;
             let shape = attrs.shape("shape")?;
+            check_size(&shape, x.dtype)?;
             if broadcast_shapes(&x.shape, &shape).as_deref() != Some(&shape[..]) {
                 return Err(format!(
                     "shape mismatch: {} does not broadcast to {}",
@@ -267,10 +293,10 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                     -1 if infer_at.is_none() => infer_at = Some(i),
                     -1 => return Err("attribute `shape` has more than one -1".into()),
                     d if d < 0 => return Err(format!("attribute `shape` has negative size {d}")),
-                    d => known = known.saturating_mul(d as usize),
+                    d => known = known.saturating_mul(usize::try_from(d).unwrap_or(usize::MAX)),
                 }
             }
-            let mut shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
+            let mut shape: Vec<usize> = dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
             if let Some(i) = infer_at {
                 if known == 0 || n % known != 0 {
                     return Err(format!(
@@ -281,7 +307,7 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                 }
                 shape[i] = n / known;
             }
-            if numel(&shape) != n {
+            if check_size(&shape, x.dtype).is_err() || numel(&shape) != n {
                 return Err(format!(
                     "shape mismatch: cannot reshape {} ({} elements) into {} ({} elements)",
                     ShapeDisplay(&x.shape),

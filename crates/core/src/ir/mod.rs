@@ -345,23 +345,23 @@ impl Trace {
             }
         }
         for (s, span) in self.spans.iter().enumerate() {
-            if let Some(p) = span.parent {
-                if p.index() >= s {
-                    return Err(Error::InvalidTrace(format!(
-                        "hint span #{s} has parent #{} that does not precede it",
-                        p.0
-                    )));
-                }
+            if let Some(p) = span.parent
+                && p.index() >= s
+            {
+                return Err(Error::InvalidTrace(format!(
+                    "hint span #{s} has parent #{} that does not precede it",
+                    p.0
+                )));
             }
         }
         for (id, op) in self.ops_with_ids() {
-            if let Some(s) = op.span {
-                if s.index() >= self.spans.len() {
-                    return Err(Error::InvalidTrace(format!(
-                        "op #{} has unknown span #{}",
-                        id.0, s.0
-                    )));
-                }
+            if let Some(s) = op.span
+                && s.index() >= self.spans.len()
+            {
+                return Err(Error::InvalidTrace(format!(
+                    "op #{} has unknown span #{}",
+                    id.0, s.0
+                )));
             }
             for v in op.input_values() {
                 check_id(v, "an operand")?;

@@ -213,6 +213,22 @@ impl<'a> Parser<'a> {
     }
 
     fn attr_value(&mut self) -> Result<Attr> {
+        self.attr_value_at(0)
+    }
+
+    fn attr_value_at(&mut self, depth: usize) -> Result<Attr> {
+        // Lists nest, and the nesting comes from the user: bound it.
+        if depth > 32 {
+            return Err(self.error("lists nest more than 32 deep"));
+        }
+        if matches!(self.peek(), Tok::Newline | Tok::Eof | Tok::Punct(_))
+            && !matches!(self.peek(), Tok::Punct('['))
+        {
+            return Err(self.error(format!(
+                "expected an attribute value, found {}",
+                self.peek().describe()
+            )));
+        }
         match self.next() {
             Tok::Int(i) => Ok(Attr::Int(i)),
             Tok::Float(f) => Ok(Attr::Float(f)),
@@ -232,7 +248,7 @@ impl<'a> Parser<'a> {
                         self.next();
                         return Ok(Attr::List(items));
                     }
-                    items.push(self.attr_value()?);
+                    items.push(self.attr_value_at(depth + 1)?);
                     match self.peek() {
                         Tok::Punct(',') => {
                             self.next();
@@ -247,10 +263,7 @@ impl<'a> Parser<'a> {
                     }
                 }
             }
-            other => {
-                self.pos -= 1;
-                Err(self.error(format!("expected an attribute value, found {}", other.describe())))
-            }
+            other => Err(self.error(format!("expected an attribute value, found {}", other.describe()))),
         }
     }
 
