@@ -573,3 +573,27 @@ fn creation_ops() {
     let sd = (n.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n.len() as f64).sqrt();
     assert!((m - 1.0).abs() < 0.05 && (sd - 2.0).abs() < 0.05, "{m} {sd}");
 }
+
+#[test]
+fn half_matmul_accumulates_in_f32() {
+    // 1024 products of 0.1 * 0.1 (0.0999755859375² in f16) sum to 10.2375...;
+    // accumulating in f16, whose spacing is 2^-7 above 8, would drift far off.
+    let k = 1024;
+    for dt in ["f16", "bf16"] {
+        let v = if dt == "f16" {
+            f16::from_f32(0.1).to_f64()
+        } else {
+            bf16::from_f32(0.1).to_f64()
+        };
+        let exact = v * v * k as f64;
+        let a = Tensor::from_vec(vec![0.1f32; k], &[1, k]).unwrap();
+        let b = Tensor::from_vec(vec![0.1f32; k], &[k, 1]).unwrap();
+        let src = format!(
+            "input a: f32[1, {k}]\ninput b: f32[{k}, 1]\nx = cast(a, dtype={dt})\ny = cast(b, dtype={dt})\nc = matmul(x, y)\noutput c\n"
+        );
+        let got = run_text(&src, &[a, b]).unwrap()[0].to_f64_vec()[0];
+        // One final rounding to f16 (spacing 2^-6 at 10) or bf16 (2^-3 at 10).
+        let tol = if dt == "f16" { 2f64.powi(-6) } else { 2f64.powi(-3) };
+        assert!((got - exact).abs() <= tol, "{dt}: {got} vs {exact}");
+    }
+}

@@ -39,13 +39,17 @@ struct Cli {
 enum Command {
     /// Run a trace and report its outputs, time and peak memory.
     Run(RunArgs),
-    /// Parse and validate a trace; print it back in canonical form with --print.
+    /// Parse and validate a trace; print it back in canonical form with --print,
+    /// or as JSON with --json.
     Check {
         /// The trace (text format, or JSON when the name ends in .json).
         trace: PathBuf,
-        /// Print the parsed trace.
-        #[arg(long)]
+        /// Print the parsed trace in the text format.
+        #[arg(long, conflicts_with = "json")]
         print: bool,
+        /// Print the parsed trace as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -245,8 +249,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
-        Command::Check { trace, print } => read_trace(&trace).map(|t| {
-            if print {
+        Command::Check { trace, print, json } => read_trace(&trace).and_then(|t| {
+            if json {
+                println!("{}", t.to_json()?);
+            } else if print {
                 print!("{t}");
             } else {
                 println!(
@@ -257,6 +263,7 @@ fn main() -> ExitCode {
                     t.outputs.len()
                 );
             }
+            Ok(())
         }),
     };
     match result {

@@ -32,6 +32,16 @@ fn ok(out: Output) -> String {
     stdout
 }
 
+fn run_with_inputs(trace: &std::path::Path, inputs: &std::path::Path) -> Output {
+    bin()
+        .arg("run")
+        .arg(trace)
+        .arg("--inputs")
+        .arg(inputs)
+        .output()
+        .unwrap()
+}
+
 fn fails(out: Output) -> String {
     assert!(
         !out.status.success(),
@@ -145,15 +155,7 @@ fn inputs_and_outputs_through_safetensors() {
 
     // A missing tensor and a wrong shape are clear errors.
     write_safetensors(&in_path, &named[1..]).unwrap();
-    let e = fails(
-        bin()
-            .arg("run")
-            .arg(&trace_path)
-            .arg("--inputs")
-            .arg(&in_path)
-            .output()
-            .unwrap(),
-    );
+    let e = fails(run_with_inputs(&trace_path, &in_path));
     assert!(
         e.contains("tensor `x`: not found in") && e.contains("it holds: b1, b2, w1, w2"),
         "{e}"
@@ -161,29 +163,13 @@ fn inputs_and_outputs_through_safetensors() {
     let mut wrong = named.clone();
     wrong[0].1 = switchyard_core::Tensor::from_vec(vec![0f32; 4], &[2, 2]).unwrap();
     write_safetensors(&in_path, &wrong).unwrap();
-    let e = fails(
-        bin()
-            .arg("run")
-            .arg(&trace_path)
-            .arg("--inputs")
-            .arg(&in_path)
-            .output()
-            .unwrap(),
-    );
+    let e = fails(run_with_inputs(&trace_path, &in_path));
     assert!(
         e.contains("tensor `x`: in ") && e.contains("expected f32[32, 128] but got f32[2, 2]"),
         "{e}"
     );
     std::fs::write(&in_path, b"garbage").unwrap();
-    let e = fails(
-        bin()
-            .arg("run")
-            .arg(&trace_path)
-            .arg("--inputs")
-            .arg(&in_path)
-            .output()
-            .unwrap(),
-    );
+    let e = fails(run_with_inputs(&trace_path, &in_path));
     assert!(e.contains("not a valid safetensors file"), "{e}");
 }
 
@@ -232,4 +218,28 @@ fn check_validates_and_prints() {
         s.contains("hint executor=fallback fuse=false schedule=dfs {\n  z = exp(y)\n}"),
         "{s}"
     );
+}
+
+#[test]
+fn json_traces_run_like_text_ones() {
+    let json = ok(bin()
+        .arg("check")
+        .arg(example("mlp.trace"))
+        .arg("--json")
+        .output()
+        .unwrap());
+    let path = scratch("mlp.json");
+    std::fs::write(&path, json).unwrap();
+    let a = ok(bin().arg("run").arg(&path).output().unwrap());
+    let b = ok(bin().arg("run").arg(example("mlp.trace")).output().unwrap());
+    let outputs = |s: &str| {
+        s.lines()
+            .find(|l| l.trim_start().starts_with("y:"))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(outputs(&a), outputs(&b));
+    std::fs::write(&path, "{\"values\": 3}").unwrap();
+    let e = fails(bin().arg("run").arg(&path).output().unwrap());
+    assert!(e.contains("mlp.json") && e.contains("json"), "{e}");
 }

@@ -186,7 +186,8 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
     }
 }
 
-fn nan_max<C: Real>(a: C, b: C) -> C {
+/// `max` that propagates NaN from either side, as PyTorch's `maximum` and `amax` do.
+pub(crate) fn nan_max<C: Real>(a: C, b: C) -> C {
     if a.is_nan() || b.is_nan() {
         C::nan()
     } else {
@@ -194,7 +195,8 @@ fn nan_max<C: Real>(a: C, b: C) -> C {
     }
 }
 
-fn nan_min<C: Real>(a: C, b: C) -> C {
+/// `min` that propagates NaN from either side.
+pub(crate) fn nan_min<C: Real>(a: C, b: C) -> C {
     if a.is_nan() || b.is_nan() {
         C::nan()
     } else {

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::{DType, Storage, Stored, Tensor};
 
-use crate::elementwise::{FloatLike, IntLike, Real};
+use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min};
 use crate::walk::{PAR_MIN, collapse};
 
 /// How to fold elements of `T` through an accumulator `A`.
@@ -217,22 +217,6 @@ where
     // walks each chunk element by element, the second writes each row in full.
     unsafe { out.set_len(n_out) };
     Ok(out)
-}
-
-fn nan_max<C: Real>(a: C, b: C) -> C {
-    if a.is_nan() || b.is_nan() {
-        C::nan()
-    } else {
-        a.max(b)
-    }
-}
-
-fn nan_min<C: Real>(a: C, b: C) -> C {
-    if a.is_nan() || b.is_nan() {
-        C::nan()
-    } else {
-        a.min(b)
-    }
 }
 
 fn float_reduce<T: FloatLike>(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage, String> {

@@ -110,39 +110,42 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn int_list(&mut self, what: &str) -> Result<Vec<i64>> {
+    /// `[item, item, ...]`: the items between brackets, comma-separated.
+    fn bracketed<T>(&mut self, what: &str, mut item: impl FnMut(&mut Self) -> Result<T>) -> Result<Vec<T>> {
         self.expect_punct('[', &format!("to open {what}"))?;
         let mut v = Vec::new();
         loop {
-            match self.peek().clone() {
-                Tok::Punct(']') => {
+            if let Tok::Punct(']') = self.peek() {
+                self.next();
+                return Ok(v);
+            }
+            v.push(item(self)?);
+            match self.peek() {
+                Tok::Punct(',') => {
                     self.next();
-                    return Ok(v);
                 }
-                Tok::Int(i) => {
-                    self.next();
-                    v.push(i);
-                    match self.peek() {
-                        Tok::Punct(',') => {
-                            self.next();
-                        }
-                        Tok::Punct(']') => {}
-                        other => {
-                            return Err(self.error(format!(
-                                "expected `,` or `]` in {what}, found {}",
-                                other.describe()
-                            )));
-                        }
-                    }
-                }
+                Tok::Punct(']') => {}
                 other => {
                     return Err(self.error(format!(
-                        "expected an integer in {what}, found {}",
+                        "expected `,` or `]` in {what}, found {}",
                         other.describe()
                     )));
                 }
             }
         }
+    }
+
+    fn int_list(&mut self, what: &str) -> Result<Vec<i64>> {
+        self.bracketed(what, |p| match p.peek().clone() {
+            Tok::Int(i) => {
+                p.next();
+                Ok(i)
+            }
+            other => Err(p.error(format!(
+                "expected an integer in {what}, found {}",
+                other.describe()
+            ))),
+        })
     }
 
     /// `f32[2, 3] strides=[1, 2] cuda:0`
@@ -155,27 +158,7 @@ impl<'a> Parser<'a> {
                 format!("unknown dtype `{name}` (expected f32, f64, f16, bf16, i32, i64 or bool)"),
             )
         })?;
-        self.expect_punct('[', "after the dtype")?;
-        let mut shape = Vec::new();
-        loop {
-            if let Tok::Punct(']') = self.peek() {
-                self.next();
-                break;
-            }
-            shape.push(self.uint("a dimension size")?);
-            match self.peek() {
-                Tok::Punct(',') => {
-                    self.next();
-                }
-                Tok::Punct(']') => {}
-                other => {
-                    return Err(self.error(format!(
-                        "expected `,` or `]` in the shape, found {}",
-                        other.describe()
-                    )));
-                }
-            }
-        }
+        let shape = self.bracketed("the shape", |p| p.uint("a dimension size"))?;
         let mut meta = TensorMeta::new(dtype, shape);
         if matches!(self.peek(), Tok::Ident(s) if s == "strides") {
             self.next();
@@ -221,13 +204,19 @@ impl<'a> Parser<'a> {
         if depth > 32 {
             return Err(self.error("lists nest more than 32 deep"));
         }
-        if matches!(self.peek(), Tok::Newline | Tok::Eof | Tok::Punct(_))
-            && !matches!(self.peek(), Tok::Punct('['))
-        {
-            return Err(self.error(format!(
-                "expected an attribute value, found {}",
-                self.peek().describe()
-            )));
+        match self.peek() {
+            Tok::Punct('[') => {
+                return Ok(Attr::List(
+                    self.bracketed("a list", |p| p.attr_value_at(depth + 1))?,
+                ));
+            }
+            Tok::Newline | Tok::Eof | Tok::Punct(_) => {
+                return Err(self.error(format!(
+                    "expected an attribute value, found {}",
+                    self.peek().describe()
+                )));
+            }
+            _ => {}
         }
         match self.next() {
             Tok::Int(i) => Ok(Attr::Int(i)),
@@ -241,28 +230,6 @@ impl<'a> Parser<'a> {
                     None => Attr::Str(w),
                 },
             }),
-            Tok::Punct('[') => {
-                let mut items = Vec::new();
-                loop {
-                    if let Tok::Punct(']') = self.peek() {
-                        self.next();
-                        return Ok(Attr::List(items));
-                    }
-                    items.push(self.attr_value_at(depth + 1)?);
-                    match self.peek() {
-                        Tok::Punct(',') => {
-                            self.next();
-                        }
-                        Tok::Punct(']') => {}
-                        other => {
-                            return Err(self.error(format!(
-                                "expected `,` or `]` in a list, found {}",
-                                other.describe()
-                            )));
-                        }
-                    }
-                }
-            }
             other => Err(self.error(format!("expected an attribute value, found {}", other.describe()))),
         }
     }
