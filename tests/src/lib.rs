@@ -9,15 +9,32 @@ pub mod workloads;
 
 use std::sync::Arc;
 
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::{Executor, ExecutorSet};
+use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::plan::Plan;
 use switchyard_core::runtime::{CompiledPlan, RunOptions, RunResult};
 use switchyard_core::{Result, Tensor, Trace, text};
 use switchyard_exec_fallback::FallbackExecutor;
 
-/// Runs a trace on the fallback executor.
-pub fn run(trace: &Trace, inputs: &[Tensor]) -> Result<RunResult> {
-    let plan = Plan::per_op(trace, vec![Arc::new(FallbackExecutor)])?;
+/// Plans a trace onto the given executors with the default CPU cost model.
+pub fn plan_on(trace: &Trace, executors: Vec<Arc<dyn Executor>>) -> Result<Plan> {
+    partition(
+        trace,
+        &ExecutorSet::new(executors),
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )
+}
+
+/// Runs a plan once.
+pub fn run_plan(plan: Plan, inputs: &[Tensor]) -> Result<RunResult> {
     CompiledPlan::compile(plan)?.run(inputs, RunOptions::default())
+}
+
+/// Runs a trace on the fallback executor alone: the reference results.
+pub fn run(trace: &Trace, inputs: &[Tensor]) -> Result<RunResult> {
+    run_plan(plan_on(trace, vec![Arc::new(FallbackExecutor)])?, inputs)
 }
 
 /// Parses trace text and runs it on the fallback; returns the outputs.

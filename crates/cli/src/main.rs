@@ -1,9 +1,10 @@
 //! # switchyard
 //!
 //! The command-line front end: `run` executes a trace and reports outputs, time
-//! and peak memory; `check` parses and validates a trace. Built-in executor
-//! crates are linked here, and referenced so that the linker keeps their
-//! link-time registrations.
+//! and peak memory; `plan` shows how a trace is partitioned onto executors and
+//! why; `executors` lists what is registered; `check` parses and validates a
+//! trace. Built-in executor crates are linked here, and referenced so that the
+//! linker keeps their link-time registrations.
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -11,10 +12,14 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use switchyard_core::executor;
+use switchyard_core::config::{Config, executor_statuses};
+use switchyard_core::executor::Availability;
 use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors};
+use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::plan::Plan;
-use switchyard_core::report::{CacheReport, OutputReport, RegionReport, RunReport};
+use switchyard_core::report::{
+    CacheReport, OutputReport, RunReport, human_ns, plan_dot, plan_report, region_reports, render_plan,
+};
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::{Trace, text};
 
@@ -39,6 +44,10 @@ struct Cli {
 enum Command {
     /// Run a trace and report its outputs, time and peak memory.
     Run(RunArgs),
+    /// Show how a trace is partitioned onto executors, and why.
+    Plan(PlanArgs),
+    /// List the registered executors with version, kind and availability.
+    Executors,
     /// Parse and validate a trace; print it back in canonical form with --print,
     /// or as JSON with --json.
     Check {
@@ -53,10 +62,56 @@ enum Command {
     },
 }
 
+/// How to choose executors and cost a plan.
+#[derive(clap::Args)]
+struct Planning {
+    /// A config file (TOML): executors, their options, partitioner, cost model.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Executors to use, comma-separated, in order of preference (replaces the
+    /// config's list; `enable`/`disable` in the config still apply).
+    #[arg(long)]
+    executors: Option<String>,
+}
+
+impl Planning {
+    fn plan(&self, trace: &Trace) -> Result<Plan> {
+        let config = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        let set = config.executor_set(self.executors.as_deref())?;
+        let device = config.device_model()?;
+        let opts = PartitionOptions {
+            horizontal: config.partitioner.horizontal,
+        };
+        Ok(partition(trace, &set, &device, &opts)?)
+    }
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// The trace (text format, or JSON when the name ends in .json).
+    trace: PathBuf,
+    #[command(flatten)]
+    planning: Planning,
+    /// Print the plan report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Show every op's candidates, costs, choice and the reasons for it.
+    #[arg(long)]
+    explain: bool,
+    /// Write the plan as a Graphviz graph to this file.
+    #[arg(long)]
+    dot: Option<PathBuf>,
+}
+
 #[derive(clap::Args)]
 struct RunArgs {
     /// The trace (text format, or JSON when the name ends in .json).
     trace: PathBuf,
+    #[command(flatten)]
+    planning: Planning,
     /// Read inputs from this safetensors file (by input name).
     #[arg(long)]
     inputs: Option<PathBuf>,
@@ -69,9 +124,6 @@ struct RunArgs {
     /// Run this many times; the reported time is the median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
-    /// Executors to use, comma-separated, in order of preference.
-    #[arg(long, default_value = "fallback")]
-    executors: String,
     /// Print the run report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -94,19 +146,6 @@ fn median(v: &[u64]) -> u64 {
     s.get(s.len() / 2).copied().unwrap_or(0)
 }
 
-fn human_ns(ns: u64) -> String {
-    let ns = ns as f64;
-    if ns >= 1e9 {
-        format!("{:.3} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.3} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
-    }
-}
-
 fn human_bytes(b: usize) -> String {
     let f = b as f64;
     if f >= 1024.0 * 1024.0 {
@@ -120,8 +159,7 @@ fn human_bytes(b: usize) -> String {
 
 fn run(args: RunArgs) -> Result<()> {
     let trace = read_trace(&args.trace)?;
-    let executors = executor::create_list(&args.executors)?;
-    let plan = Plan::per_op(&trace, executors)?;
+    let plan = args.planning.plan(&trace)?;
     let compiled = CompiledPlan::compile(plan)?;
     let inputs = match &args.inputs {
         Some(path) => load_inputs(path, &trace)?,
@@ -159,21 +197,17 @@ fn run(args: RunArgs) -> Result<()> {
     }
     if args.json {
         let report = RunReport {
-            regions: plan
-                .regions
-                .iter()
+            regions: region_reports(plan)
+                .into_iter()
                 .zip(&region_times)
-                .map(|(r, t)| RegionReport {
-                    id: r.id,
-                    executor: plan.executor_of(r).name().to_string(),
-                    ops: r.ops.iter().map(|&o| plan.trace.describe_op(o)).collect(),
-                    estimated_ns: None,
-                    time_ns: (!t.is_empty()).then(|| median(t)),
+                .map(|(mut r, t)| {
+                    r.time_ns = (!t.is_empty()).then(|| median(t));
+                    r
                 })
                 .collect(),
             peak_bytes: result.peak_bytes,
             peak_bytes_with_inputs: result.peak_bytes_with_inputs,
-            estimated_ns: None,
+            estimated_ns: Some(plan.estimated_ns().round() as u64),
             cache: CacheReport {
                 hits: 0,
                 misses: 0,
@@ -197,7 +231,7 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let mut by_exec: Vec<(String, usize)> = Vec::new();
     for r in &plan.regions {
-        let name = plan.executor_of(r).name().to_string();
+        let name = plan.executor_name(r);
         match by_exec.iter_mut().find(|(n, _)| *n == name) {
             Some(e) => e.1 += 1,
             None => by_exec.push((name, 1)),
@@ -220,11 +254,11 @@ fn run(args: RunArgs) -> Result<()> {
     );
     println!(
         "time: {} median of {} run(s) (min {}, max {}); compile {}",
-        human_ns(median(&times)),
+        human_ns(median(&times) as f64),
         times.len(),
-        human_ns(min),
-        human_ns(max),
-        human_ns(compiled.compile_ns())
+        human_ns(min as f64),
+        human_ns(max as f64),
+        human_ns(compiled.compile_ns() as f64)
     );
     println!(
         "peak memory: {} of intermediates and outputs",
@@ -240,6 +274,45 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+fn plan(args: PlanArgs) -> Result<()> {
+    let trace = read_trace(&args.trace)?;
+    let plan = args.planning.plan(&trace)?;
+    if let Some(path) = &args.dot {
+        std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan_report(&plan, args.explain))?
+        );
+    } else {
+        print!("{}", render_plan(&plan, args.explain));
+    }
+    Ok(())
+}
+
+fn executors() -> Result<()> {
+    println!(
+        "{:<12} {:<9} {:<9} {:<10} availability",
+        "name", "version", "kind", "devices"
+    );
+    for (info, availability) in executor_statuses() {
+        let avail = match availability {
+            Availability::Available => "available".to_string(),
+            Availability::Unavailable(why) => format!("unavailable: {why}"),
+        };
+        let kind = format!("{:?}", info.kind).to_lowercase();
+        println!(
+            "{:<12} {:<9} {:<9} {:<10} {avail}",
+            info.name,
+            info.version,
+            kind,
+            info.devices.join(",")
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     link_builtin_executors();
     tracing_subscriber::fmt()
@@ -249,6 +322,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Plan(args) => plan(args),
+        Command::Executors => executors(),
         Command::Check { trace, print, json } => read_trace(&trace).and_then(|t| {
             if json {
                 println!("{}", t.to_json()?);

@@ -190,7 +190,7 @@ fn bad_traces_and_arguments_are_clear_errors() {
             .unwrap(),
     );
     assert!(
-        e.contains("unknown executor `cudnn`; known executors: fallback"),
+        e.contains("`--executors`: unknown executor `cudnn` (known: fallback)"),
         "{e}"
     );
     let e = fails(bin().arg("run").arg(scratch("missing.trace")).output().unwrap());

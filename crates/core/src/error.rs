@@ -66,6 +66,22 @@ pub enum Error {
         /// Each executor's reason.
         reasons: String,
     },
+    /// A config file or option is wrong.
+    #[error("config: `{key}`: {message}")]
+    Config {
+        /// The key (dotted path) or file at fault.
+        key: String,
+        /// What is wrong, and what would be right.
+        message: String,
+    },
+    /// An executor named in a plan cannot be used.
+    #[error("executor `{name}` is unavailable: {reason}")]
+    Unavailable {
+        /// Executor name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// Reading or writing a file.
     #[error("{path}: {source}")]
     Io {

@@ -1,16 +1,97 @@
 //! The executor API and the link-time registry.
 //!
-//! An executor compiles a region (a set of ops of the trace) into a [`Kernel`]
-//! that the runtime calls with the region's input tensors. Executors register a
-//! factory with [`inventory::submit!`]; core never names one.
+//! An executor says which ops it can run (`claim`), what running a region
+//! would cost (`cost`), and, if it fuses, which ops of a proposed region it
+//! would rather hand back (`refine`); it then compiles regions into kernels.
+//! Executors register a factory with [`inventory::submit!`]; core never names
+//! one. Every method but `info`, `claim` and `compile` has a default.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use serde::Serialize;
+
+use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::ir::{OpId, Trace, ValueId};
 use crate::tensor::Tensor;
 
-/// A set of ops that one executor runs as one kernel.
+/// How an executor runs ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    /// Fuses a region of ops into one kernel.
+    Fusion,
+    /// Runs one op per kernel.
+    Operator,
+}
+
+/// What an executor is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ExecutorInfo {
+    /// Unique name, as used in config and on the command line.
+    pub name: String,
+    /// Version; part of every kernel-cache key.
+    pub version: String,
+    /// Fusion or operator.
+    pub kind: ExecutorKind,
+    /// The devices it runs on, e.g. `cpu` or `cuda`.
+    pub devices: Vec<String>,
+}
+
+/// Whether an executor can be used on this machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", content = "reason", rename_all = "lowercase")]
+pub enum Availability {
+    /// Ready.
+    Available,
+    /// Not usable here, and why (no driver, library missing, ...).
+    Unavailable(String),
+}
+
+/// An executor's answer to "can you run this op?".
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Claim {
+    /// Yes, at this estimated cost (ns): for an operator executor the op run
+    /// alone; for a fusion executor the op's share of a fused kernel.
+    Accept(f64),
+    /// No, and why.
+    Reject(String),
+}
+
+impl Claim {
+    /// The cost, if accepted.
+    pub fn cost(&self) -> Option<f64> {
+        match self {
+            Claim::Accept(c) => Some(*c),
+            Claim::Reject(_) => None,
+        }
+    }
+}
+
+/// A fusion executor's answer to a proposed region.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Refinement {
+    /// Ops it hands back, each with the reason.
+    pub handed_back: Vec<(OpId, String)>,
+}
+
+/// What every hook is given: the trace, the cost model, and the executor's
+/// options from config.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    /// The trace the op ids refer to.
+    pub trace: &'a Trace,
+    /// The device model costs are estimated with.
+    pub device: &'a DeviceModel,
+    /// This executor's `[options.NAME]` table.
+    pub options: &'a toml::Table,
+    /// For each value, the ops that read it ([`Trace::consumers`]).
+    pub consumers: &'a [Vec<OpId>],
+}
+
+/// A set of ops that one executor runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {
     /// Position in the plan.
@@ -21,7 +102,7 @@ pub struct Region {
     pub ops: Vec<OpId>,
     /// Values the region reads that it does not define, in first-use order.
     pub inputs: Vec<ValueId>,
-    /// Values the region defines that are used after it or returned.
+    /// Values the region defines that are used after it, returned, or never read.
     pub outputs: Vec<ValueId>,
 }
 
@@ -32,63 +113,121 @@ pub trait Kernel: Send + Sync {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>>;
 }
 
-/// An executor: something that can compile regions of a trace into kernels.
+/// An executor: claims ops, prices regions, compiles them into kernels.
 pub trait Executor: Send + Sync {
-    /// Unique name, as used in config and on the command line.
-    fn name(&self) -> &str;
+    /// Name, version, kind and devices.
+    fn info(&self) -> ExecutorInfo;
 
-    /// Version, part of every kernel-cache key.
-    fn version(&self) -> &str {
-        "0"
+    /// Whether it can run on this machine. An unavailable executor is skipped
+    /// by the partitioner, with its reason in the explanation.
+    fn availability(&self) -> Availability {
+        Availability::Available
+    }
+
+    /// Checks this executor's `[options.NAME]` table: unknown keys and bad values
+    /// are errors naming the key. By default an executor takes no options.
+    fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
+        match options.keys().next() {
+            Some(k) => Err(format!("unknown option `{k}` (this executor takes no options)")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether it can run `op`, and at what cost.
+    fn claim(&self, op: OpId, cx: &Context) -> Claim;
+
+    /// For fusion executors: the ops of a proposed region it would rather not
+    /// fuse (too costly here, better elsewhere). The partitioner gives them to
+    /// their next-cheapest claimant.
+    fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
+        let _ = (region, cx);
+        Refinement::default()
+    }
+
+    /// Estimated time of running `region` (ns). By default: one kernel per op
+    /// for operator executors, one fused kernel for fusion executors, from the
+    /// device model.
+    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
+        match self.info().kind {
+            ExecutorKind::Operator => region.iter().map(|&op| cx.device.op_ns(cx.trace, op)).sum(),
+            ExecutorKind::Fusion => cx.device.fused_ns(cx.trace, region, cx.consumers),
+        }
     }
 
     /// Compiles a region into a kernel.
-    fn compile(&self, trace: &Trace, region: &Region) -> Result<Box<dyn Kernel>>;
+    fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>>;
 }
 
 /// A link-time registration: `inventory::submit!(ExecutorFactory { .. })`.
 pub struct ExecutorFactory {
     /// The executor's name.
     pub name: &'static str,
+    /// Position in the default executor order (lower is tried first; the
+    /// fallback, which claims everything, goes last).
+    pub default_rank: u32,
     /// Creates the executor.
     pub create: fn() -> Arc<dyn Executor>,
 }
 
 inventory::collect!(ExecutorFactory);
 
-/// Every executor registered at link time, sorted by name.
+/// Every executor registered at link time, in default order (rank, then name).
 pub fn registered() -> Vec<&'static ExecutorFactory> {
     let mut v: Vec<&'static ExecutorFactory> = inventory::iter::<ExecutorFactory>.into_iter().collect();
-    v.sort_by_key(|f| f.name);
+    v.sort_by_key(|f| (f.default_rank, f.name));
     v
+}
+
+/// Names of every registered executor, comma-separated (for messages).
+pub fn known_names() -> String {
+    registered().iter().map(|f| f.name).collect::<Vec<_>>().join(", ")
 }
 
 /// Creates the registered executor with this name.
 pub fn create(name: &str) -> Result<Arc<dyn Executor>> {
-    let all = registered();
-    all.iter()
+    registered()
+        .iter()
         .find(|f| f.name == name)
         .map(|f| (f.create)())
         .ok_or_else(|| Error::UnknownExecutor {
             name: name.to_string(),
-            known: all.iter().map(|f| f.name).collect::<Vec<_>>().join(", "),
+            known: known_names(),
         })
 }
 
-/// Creates the executors named in a comma-separated list, in order.
-pub fn create_list(list: &str) -> Result<Vec<Arc<dyn Executor>>> {
-    let mut out: Vec<Arc<dyn Executor>> = Vec::new();
-    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        if out.iter().any(|e| e.name() == name) {
-            continue;
+/// Executors with their options, in order of preference.
+#[derive(Clone, Default)]
+pub struct ExecutorSet {
+    /// The executors.
+    pub executors: Vec<Arc<dyn Executor>>,
+    /// `[options.NAME]` of each, by name.
+    pub options: BTreeMap<String, toml::Table>,
+}
+
+impl std::fmt::Debug for ExecutorSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.executors.iter().map(|e| e.info().name).collect();
+        f.debug_struct("ExecutorSet")
+            .field("executors", &names)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl ExecutorSet {
+    /// A set of executors with no options.
+    pub fn new(executors: Vec<Arc<dyn Executor>>) -> ExecutorSet {
+        ExecutorSet {
+            executors,
+            options: BTreeMap::new(),
         }
-        out.push(create(name)?);
     }
-    if out.is_empty() {
-        return Err(Error::UnknownExecutor {
-            name: list.to_string(),
-            known: registered().iter().map(|f| f.name).collect::<Vec<_>>().join(", "),
-        });
+
+    /// The options of an executor (empty when none are configured).
+    pub fn options_of(&self, name: &str) -> &toml::Table {
+        static EMPTY: std::sync::OnceLock<toml::Table> = std::sync::OnceLock::new();
+        self.options
+            .get(name)
+            .unwrap_or_else(|| EMPTY.get_or_init(toml::Table::new))
     }
-    Ok(out)
 }

@@ -8,19 +8,24 @@
 //! ([`text`]) that prints and parses back to the same trace, or built in Rust with
 //! [`ir::TraceBuilder`]; every op is shape- and dtype-checked as it is added.
 //!
-//! Executors implement [`executor::Executor`] and register at link time with
-//! `inventory`; core names none of them. A [`plan::Plan`] assigns regions of a
-//! lowered trace to executors, and the [`runtime`] compiles each region once and
-//! runs the plan many times, freeing each value after its last use and measuring
-//! peak memory as DESIGN.md defines it.
+//! Executors implement [`executor::Executor`] (claim, refine, cost, compile)
+//! and register at link time with `inventory`; core names none of them.
+//! [`config`] chooses the executors and their options; the [`partition`]er
+//! assigns every op to an executor by cost (a [`cost`] model of the device) and
+//! cuts the lowered trace into regions, explaining each choice; the
+//! [`runtime`] compiles each region once and runs the plan many times, freeing
+//! each value after its last use and measuring peak memory.
 #![deny(missing_docs)]
 
+pub mod config;
+pub mod cost;
 pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod io;
 pub mod ir;
 pub mod meta;
+pub mod partition;
 pub mod plan;
 pub mod report;
 pub mod rng;

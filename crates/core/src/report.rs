@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::Plan;
+
 /// One region of a report.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RegionReport {
@@ -61,4 +63,178 @@ pub struct RunReport {
     pub times_ns: Vec<u64>,
     /// Time spent compiling the plan.
     pub compile_ns: u64,
+}
+
+/// `switchyard plan --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanReport {
+    /// Regions in execution order.
+    pub regions: Vec<RegionReport>,
+    /// Planned peak of live intermediate and output bytes, inputs excluded.
+    pub peak_bytes: usize,
+    /// The same with inputs counted until their last read.
+    pub peak_bytes_with_inputs: usize,
+    /// Sum of the regions' estimates.
+    pub estimated_ns: Option<u64>,
+    /// Kernel-cache statistics (planning compiles nothing).
+    pub cache: CacheReport,
+    /// The device model costs were estimated with.
+    pub device: String,
+    /// Why each op went where it did (with `--explain`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<crate::partition::Explanation>,
+}
+
+/// The regions of a plan as report entries (without times).
+pub fn region_reports(plan: &Plan) -> Vec<RegionReport> {
+    plan.regions
+        .iter()
+        .zip(&plan.estimates)
+        .map(|(r, est)| RegionReport {
+            id: r.id,
+            executor: plan.executor_name(r),
+            ops: r.ops.iter().map(|&o| plan.trace.describe_op(o)).collect(),
+            estimated_ns: Some(est.round() as u64),
+            time_ns: None,
+        })
+        .collect()
+}
+
+/// The JSON plan report.
+pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
+    let (peak, peak_with) = plan.planned_peak_bytes();
+    PlanReport {
+        regions: region_reports(plan),
+        peak_bytes: peak,
+        peak_bytes_with_inputs: peak_with,
+        estimated_ns: Some(plan.estimated_ns().round() as u64),
+        cache: CacheReport::default(),
+        device: plan.device.name.clone(),
+        explanation: explain.then(|| plan.explanation.clone()),
+    }
+}
+
+/// Nanoseconds for people: `850 ns`, `12.3 µs`, `4.56 ms`.
+pub fn human_ns(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.3} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.3} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+/// The human plan summary, and with `explain` every op's candidates and notes.
+pub fn render_plan(plan: &Plan, explain: bool) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let (peak, _) = plan.planned_peak_bytes();
+    let _ = writeln!(
+        s,
+        "{} ops in {} regions on {}: estimated {}, planned peak {} bytes",
+        plan.trace.ops.len(),
+        plan.regions.len(),
+        plan.device.name,
+        human_ns(plan.estimated_ns()),
+        peak
+    );
+    for (r, est) in plan.regions.iter().zip(&plan.estimates) {
+        let _ = writeln!(
+            s,
+            "region {} on {} ({}):",
+            r.id,
+            plan.executor_name(r),
+            human_ns(*est)
+        );
+        for &o in &r.ops {
+            let _ = writeln!(s, "  {}", plan.trace.describe_op(o));
+        }
+    }
+    if !explain {
+        return s;
+    }
+    let ex = &plan.explanation;
+    let _ = writeln!(s, "\nexplanation ({} round(s) of region forming):", ex.rounds);
+    for (name, reason) in &ex.unavailable {
+        let _ = writeln!(s, "  unavailable: {name}: {reason}");
+    }
+    for k in &ex.kept_whole {
+        let _ = writeln!(s, "  kept whole: {k}");
+    }
+    for d in &ex.decomposed {
+        let _ = writeln!(s, "  decomposed: {d}");
+    }
+    for op in &ex.ops {
+        let _ = writeln!(s, "  {} -> {} (region {})", op.op, op.chosen, op.region);
+        for c in &op.candidates {
+            let claim = match &c.claim {
+                crate::executor::Claim::Accept(ns) => format!("accepts, {}", human_ns(*ns)),
+                crate::executor::Claim::Reject(why) => format!("rejects: {why}"),
+            };
+            let _ = writeln!(s, "      {}: {claim}", c.executor);
+        }
+        for n in &op.notes {
+            let _ = writeln!(s, "      note: {n}");
+        }
+    }
+    s
+}
+
+/// The plan as a Graphviz graph: regions as clusters coloured by executor,
+/// ops as nodes, dataflow as edges.
+pub fn plan_dot(plan: &Plan) -> String {
+    use std::fmt::Write;
+    const COLOURS: [&str; 8] = [
+        "lightblue",
+        "palegreen",
+        "orange",
+        "plum",
+        "khaki",
+        "salmon",
+        "lightgrey",
+        "cyan",
+    ];
+    let mut names: Vec<String> = Vec::new();
+    let mut s = String::from(
+        "digraph plan {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=monospace];\n",
+    );
+    for r in &plan.regions {
+        let name = plan.executor_name(r);
+        let colour_index = match names.iter().position(|n| *n == name) {
+            Some(i) => i,
+            None => {
+                names.push(name.clone());
+                names.len() - 1
+            }
+        };
+        let colour = COLOURS[colour_index % COLOURS.len()];
+        let _ = writeln!(
+            s,
+            "  subgraph cluster_{} {{\n    label=\"region {} on {}\";\n    style=filled; color={colour};",
+            r.id, r.id, name
+        );
+        for &o in &r.ops {
+            let label = plan.trace.statement(o).replace('"', "\\\"");
+            let _ = writeln!(s, "    op{} [label=\"{label}\", fillcolor=white];", o.0);
+        }
+        s.push_str("  }\n");
+    }
+    let producers = plan.trace.producers();
+    for (id, op) in plan.trace.ops_with_ids() {
+        let mut from: Vec<u32> = op
+            .input_values()
+            .filter_map(|v| producers[v.index()])
+            .map(|p| p.0)
+            .collect();
+        from.sort_unstable();
+        from.dedup();
+        for p in from {
+            let _ = writeln!(s, "  op{p} -> op{};", id.0);
+        }
+    }
+    s.push_str("}\n");
+    s
 }

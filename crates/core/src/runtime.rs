@@ -105,10 +105,12 @@ impl CompiledPlan {
     pub fn compile(plan: Plan) -> Result<CompiledPlan> {
         let start = Instant::now();
         let mut kernels = Vec::with_capacity(plan.regions.len());
+        let consumers = plan.trace.consumers();
         for region in &plan.regions {
             let exec = plan.executor_of(region);
-            let _span = tracing::debug_span!("compile", region = region.id, executor = exec.name()).entered();
-            kernels.push(exec.compile(&plan.trace, region)?);
+            let _span =
+                tracing::debug_span!("compile", region = region.id, executor = exec.info().name).entered();
+            kernels.push(plan.with_context(region, &consumers, |cx| exec.compile(region, cx))?);
         }
         let trace = &plan.trace;
         // The last region that reads each value.
@@ -177,7 +179,7 @@ impl CompiledPlan {
         let r = &self.plan.regions[region];
         let ops: Vec<String> = r.ops.iter().map(|&o| self.plan.trace.describe_op(o)).collect();
         Error::Kernel {
-            executor: self.plan.executor_of(r).name().to_string(),
+            executor: self.plan.executor_name(r),
             op: format!("region {} ({})", r.id, ops.join("; ")),
             message,
         }

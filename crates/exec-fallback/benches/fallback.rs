@@ -13,15 +13,24 @@
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::ExecutorSet;
 use switchyard_core::io::random_inputs;
 use switchyard_core::ir::UnaryOp;
-use switchyard_core::plan::Plan;
+use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::{DType, Trace, TraceBuilder};
 use switchyard_exec_fallback::FallbackExecutor;
 
 fn compile(trace: &Trace) -> CompiledPlan {
-    let plan = Plan::per_op(trace, vec![Arc::new(FallbackExecutor)]).expect("plan");
+    let set = ExecutorSet::new(vec![Arc::new(FallbackExecutor)]);
+    let plan = partition(
+        trace,
+        &set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )
+    .expect("plan");
     CompiledPlan::compile(plan).expect("compile")
 }
 

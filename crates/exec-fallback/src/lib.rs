@@ -22,10 +22,12 @@ mod walk;
 
 use std::sync::Arc;
 
-use switchyard_core::executor::{Executor, ExecutorFactory, Kernel, Region};
-use switchyard_core::ir::{OpKind, Operand, Trace, reduce_dims, slice_params};
+use switchyard_core::executor::{
+    Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
+};
+use switchyard_core::ir::{OpId, OpKind, Operand, Trace, reduce_dims, slice_params};
 use switchyard_core::meta::normalize_dim;
-use switchyard_core::{DType, Scalar, Storage, Tensor, TensorMeta};
+use switchyard_core::{DType, Device, Scalar, Storage, Tensor, TensorMeta};
 
 /// The fallback executor's errors.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +71,9 @@ pub const NAME: &str = "fallback";
 pub struct FallbackExecutor;
 
 inventory::submit! {
-    ExecutorFactory { name: NAME, create: || Arc::new(FallbackExecutor) }
+    // Last in the default order: it claims everything, so it is the executor of
+    // last resort.
+    ExecutorFactory { name: NAME, default_rank: u32::MAX, create: || Arc::new(FallbackExecutor) }
 }
 
 /// An op with its attributes decoded once, at compile time.
@@ -323,15 +327,33 @@ impl Kernel for RegionKernel {
 }
 
 impl Executor for FallbackExecutor {
-    fn name(&self) -> &str {
-        NAME
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo {
+            name: NAME.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            kind: ExecutorKind::Operator,
+            devices: vec!["cpu".into()],
+        }
     }
 
-    fn version(&self) -> &str {
-        env!("CARGO_PKG_VERSION")
+    fn claim(&self, op: OpId, cx: &Context) -> Claim {
+        let o = cx.trace.op(op);
+        if o.kind.is_composite() {
+            return Claim::Reject(format!("runs `{}` through its decomposition", o.kind));
+        }
+        let off_cpu = o
+            .input_values()
+            .chain(o.outputs.iter().copied())
+            .map(|v| cx.trace.meta(v).device)
+            .find(|d| *d != Device::Cpu);
+        if let Some(d) = off_cpu {
+            return Claim::Reject(format!("runs on the CPU only, and this op is on {d}"));
+        }
+        Claim::Accept(cx.device.op_ns(cx.trace, op))
     }
 
-    fn compile(&self, trace: &Trace, region: &Region) -> switchyard_core::Result<Box<dyn Kernel>> {
+    fn compile(&self, region: &Region, cx: &Context) -> switchyard_core::Result<Box<dyn Kernel>> {
+        let trace = cx.trace;
         // Slots: region inputs first, then each op's output.
         let mut slot_values = region.inputs.clone();
         for &id in &region.ops {

@@ -301,14 +301,16 @@ pub fn decompose_composites(trace: &Trace, mut should: impl FnMut(&Trace, OpId) 
         if !pending {
             return Ok(current);
         }
-        current = decompose_once(&current, &mut should)?;
+        current = decompose_round(&current, &mut should)?;
     }
     Err(Error::InvalidTrace(
         "composite decompositions nest too deeply".into(),
     ))
 }
 
-fn decompose_once(trace: &Trace, should: &mut impl FnMut(&Trace, OpId) -> bool) -> Result<Trace> {
+/// One round of [`decompose_composites`]: decomposes the composites `should`
+/// picks, leaving any composites their decompositions emit.
+pub(crate) fn decompose_round(trace: &Trace, should: &mut impl FnMut(&Trace, OpId) -> bool) -> Result<Trace> {
     let mut b = TraceBuilder::new();
     b.reserve_names(trace.values.iter().map(|v| v.name.as_str()));
     b.set_spans(trace.spans.clone());

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use attr::{Attr, Attrs};
 pub use builder::TraceBuilder;
 pub use decompose::decompose_composites;
+pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;
 pub use infer::{OperandMeta, infer, reduce_dims, slice_params};
 pub use ops::{BinaryOp, CompositeOp, OpKind, ReduceOp, UnaryOp};

@@ -1,0 +1,269 @@
+//! Configuration (TOML): which executors, in what order, their options, the
+//! scheduler, the kernel cache and the cost model.
+//!
+//! ```toml
+//! # Use the default executors, plus `myexec` tried first, without `fuser`:
+//! enable = ["myexec"]
+//! disable = ["fuser"]
+//! # Or replace the list outright:
+//! # executors = ["myexec", "fallback"]
+//!
+//! [options.myexec]
+//! tile = 64
+//!
+//! [partitioner]
+//! horizontal = true
+//!
+//! [scheduler]
+//! strategy = "program"
+//!
+//! [cache]
+//! capacity = 1024
+//!
+//! [cost]
+//! profile = "cpu"          # a built-in model (cpu, h100, h200, a100) or a profile file
+//! ```
+//!
+//! Adding an executor never means re-listing the defaults: `enable` puts it in
+//! front of them. Unknown keys, unknown executor names and bad values are errors
+//! that name the key.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::cost::DeviceModel;
+use crate::error::{Error, Result};
+use crate::executor::{self, Availability, ExecutorSet};
+
+/// Scheduling strategies this build supports.
+pub const SCHEDULES: &[&str] = &["program"];
+
+/// `[partitioner]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartitionerConfig {
+    /// Merge independent ops of one fusion executor into one region.
+    pub horizontal: bool,
+}
+
+impl Default for PartitionerConfig {
+    fn default() -> Self {
+        PartitionerConfig { horizontal: true }
+    }
+}
+
+/// `[scheduler]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// The region order: `program` keeps the trace's order.
+    pub strategy: String,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            strategy: "program".into(),
+        }
+    }
+}
+
+/// `[cache]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Compiled kernels kept (least recently used are evicted).
+    pub capacity: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { capacity: 1024 }
+    }
+}
+
+/// `[cost]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostConfig {
+    /// A built-in device model or the path of a saved profile.
+    pub profile: String,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            profile: "cpu".into(),
+        }
+    }
+}
+
+/// A whole config file. Every section is optional.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The executors to use, in order of preference; replaces the default list.
+    pub executors: Option<Vec<String>>,
+    /// Executors to put in front of the list (the default one, or `executors`).
+    #[serde(default)]
+    pub enable: Vec<String>,
+    /// Executors to remove from the list.
+    #[serde(default)]
+    pub disable: Vec<String>,
+    /// `[options.NAME]`: options of each executor.
+    #[serde(default)]
+    pub options: BTreeMap<String, toml::Table>,
+    /// `[partitioner]`
+    #[serde(default)]
+    pub partitioner: PartitionerConfig,
+    /// `[scheduler]`
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    /// `[cache]`
+    #[serde(default)]
+    pub cache: CacheConfig,
+    /// `[cost]`
+    #[serde(default)]
+    pub cost: CostConfig,
+}
+
+impl Config {
+    /// Parses config text; `source` names it in messages.
+    pub fn parse(text: &str, source: &str) -> Result<Config> {
+        let c: Config = toml::from_str(text).map_err(|e| {
+            let key = e.span().map(|s| text[s].trim().to_string()).unwrap_or_default();
+            Error::Config {
+                key: if key.is_empty() {
+                    source.to_string()
+                } else {
+                    format!("{source}: {key}")
+                },
+                message: e.message().to_string(),
+            }
+        })?;
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Reads a config file.
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    fn check(&self) -> Result<()> {
+        if !SCHEDULES.contains(&self.scheduler.strategy.as_str()) {
+            return Err(Error::Config {
+                key: "scheduler.strategy".into(),
+                message: format!(
+                    "unknown strategy `{}` (this build supports: {})",
+                    self.scheduler.strategy,
+                    SCHEDULES.join(", ")
+                ),
+            });
+        }
+        if self.cache.capacity == 0 {
+            return Err(Error::Config {
+                key: "cache.capacity".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The device model named by `[cost] profile`.
+    pub fn device_model(&self) -> Result<DeviceModel> {
+        DeviceModel::load(&self.cost.profile)
+    }
+
+    /// The executors to use: `cli_list` (from `--executors`) or `executors` or the
+    /// registered defaults, then `enable` in front and `disable` removed; each
+    /// with its options, which the executor checks.
+    pub fn executor_set(&self, cli_list: Option<&str>) -> Result<ExecutorSet> {
+        let known: Vec<&str> = executor::registered().iter().map(|f| f.name).collect();
+        let unknown = |key: &str, name: &str| Error::Config {
+            key: key.to_string(),
+            message: format!("unknown executor `{name}` (known: {})", known.join(", ")),
+        };
+        let base: Vec<String> = match (cli_list, &self.executors) {
+            (Some(list), _) => list
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            (None, Some(list)) => list.clone(),
+            (None, None) => known.iter().map(|s| s.to_string()).collect(),
+        };
+        let key = if cli_list.is_some() {
+            "--executors"
+        } else {
+            "executors"
+        };
+        for n in &base {
+            if !known.contains(&n.as_str()) {
+                return Err(unknown(key, n));
+            }
+        }
+        let mut names: Vec<String> = Vec::new();
+        for n in &self.enable {
+            if !known.contains(&n.as_str()) {
+                return Err(unknown("enable", n));
+            }
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+        for n in base {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        for n in &self.disable {
+            if !known.contains(&n.as_str()) {
+                return Err(unknown("disable", n));
+            }
+        }
+        names.retain(|n| !self.disable.contains(n));
+        if names.is_empty() {
+            return Err(Error::Config {
+                key: key.into(),
+                message: "no executor is left enabled".into(),
+            });
+        }
+        for name in self.options.keys() {
+            if !known.contains(&name.as_str()) {
+                return Err(unknown(&format!("options.{name}"), name));
+            }
+        }
+        let mut set = ExecutorSet::default();
+        for n in names {
+            let e = executor::create(&n)?;
+            let opts = self.options.get(&n).cloned().unwrap_or_default();
+            e.check_options(&opts).map_err(|message| Error::Config {
+                key: format!("options.{n}"),
+                message,
+            })?;
+            if !opts.is_empty() {
+                set.options.insert(n.clone(), opts);
+            }
+            set.executors.push(e);
+        }
+        Ok(set)
+    }
+}
+
+/// A one-line status of every registered executor, for `switchyard executors`.
+pub fn executor_statuses() -> Vec<(crate::executor::ExecutorInfo, Availability)> {
+    executor::registered()
+        .iter()
+        .map(|f| {
+            let e = (f.create)();
+            (e.info(), e.availability())
+        })
+        .collect()
+}

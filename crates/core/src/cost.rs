@@ -1,0 +1,324 @@
+//! The cost model: estimated time in nanoseconds from a device model.
+//!
+//! A kernel costs host overhead + launch overhead + max(bytes moved / bandwidth,
+//! FLOPs / peak). A view that needs no copy costs host overhead only. A fusion
+//! region moves only its boundary tensors; its intermediates stay on chip. The
+//! CPU model can be measured (`switchyard calibrate`) and saved; GPU models come
+//! from published figures so a CUDA target can be planned without a GPU.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{OpId, OpKind, ReduceOp, Trace, UnaryOp, ValueId};
+
+/// The figures that make up a device's cost model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceModel {
+    /// Name of the device (or profile).
+    pub name: String,
+    /// Sustained memory bandwidth, GB/s.
+    pub bandwidth_gb_s: f64,
+    /// Peak arithmetic throughput per dtype name (`f32`, `f16`, ...), GFLOP/s.
+    pub gflops: BTreeMap<String, f64>,
+    /// Fixed cost of launching one kernel, ns.
+    pub launch_overhead_ns: f64,
+    /// Host-side cost of one call into an executor (dispatch, bookkeeping), ns.
+    pub host_overhead_ns: f64,
+}
+
+fn gflops(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+impl DeviceModel {
+    /// A 2-core CPU of the kind switchyard is developed on, from measurements
+    /// (`gemm` f32 matmul ~158 GFLOP/s on two cores, STREAM copy ~25 GB/s).
+    /// `switchyard calibrate` measures the machine at hand instead.
+    pub fn cpu_default() -> DeviceModel {
+        DeviceModel {
+            name: "cpu".into(),
+            bandwidth_gb_s: 20.0,
+            gflops: gflops(&[
+                ("f32", 150.0),
+                ("f64", 75.0),
+                ("f16", 60.0),
+                ("bf16", 40.0),
+                ("i32", 30.0),
+                ("i64", 15.0),
+                ("bool", 30.0),
+            ]),
+            launch_overhead_ns: 1_000.0,
+            host_overhead_ns: 500.0,
+        }
+    }
+
+    /// NVIDIA H100 SXM (published: 3.35 TB/s HBM3; dense tensor-core 989 TFLOP/s
+    /// bf16/f16, 67 TFLOP/s f32 and f64).
+    pub fn h100() -> DeviceModel {
+        DeviceModel {
+            name: "h100".into(),
+            bandwidth_gb_s: 3_350.0,
+            gflops: gflops(&[
+                ("f32", 67_000.0),
+                ("f64", 67_000.0),
+                ("f16", 989_000.0),
+                ("bf16", 989_000.0),
+                ("i32", 33_500.0),
+                ("i64", 16_750.0),
+                ("bool", 33_500.0),
+            ]),
+            launch_overhead_ns: 4_000.0,
+            host_overhead_ns: 5_000.0,
+        }
+    }
+
+    /// NVIDIA H200 (published: 4.8 TB/s HBM3e; the H100's compute figures).
+    pub fn h200() -> DeviceModel {
+        DeviceModel {
+            name: "h200".into(),
+            bandwidth_gb_s: 4_800.0,
+            ..DeviceModel::h100()
+        }
+    }
+
+    /// NVIDIA A100 SXM 80GB (published: 2.04 TB/s; 312 TFLOP/s bf16/f16, 19.5
+    /// TFLOP/s f32, 19.5 TFLOP/s f64 on tensor cores).
+    pub fn a100() -> DeviceModel {
+        DeviceModel {
+            name: "a100".into(),
+            bandwidth_gb_s: 2_039.0,
+            gflops: gflops(&[
+                ("f32", 19_500.0),
+                ("f64", 19_500.0),
+                ("f16", 312_000.0),
+                ("bf16", 312_000.0),
+                ("i32", 19_500.0),
+                ("i64", 9_750.0),
+                ("bool", 19_500.0),
+            ]),
+            launch_overhead_ns: 4_000.0,
+            host_overhead_ns: 5_000.0,
+        }
+    }
+
+    /// The built-in models by name.
+    pub fn builtin(name: &str) -> Option<DeviceModel> {
+        match name {
+            "cpu" => Some(DeviceModel::cpu_default()),
+            "h100" => Some(DeviceModel::h100()),
+            "h200" => Some(DeviceModel::h200()),
+            "a100" => Some(DeviceModel::a100()),
+            _ => None,
+        }
+    }
+
+    /// Names of the built-in models.
+    pub const BUILTIN: [&'static str; 4] = ["cpu", "h100", "h200", "a100"];
+
+    /// A built-in model by name, or a profile file (TOML) by path.
+    pub fn load(name_or_path: &str) -> Result<DeviceModel> {
+        if let Some(m) = DeviceModel::builtin(name_or_path) {
+            return Ok(m);
+        }
+        let path = Path::new(name_or_path);
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Config {
+            key: "cost.profile".into(),
+            message: format!(
+                "`{name_or_path}` is neither a built-in device model ({}) nor a readable profile file: {source}",
+                DeviceModel::BUILTIN.join(", ")
+            ),
+        })?;
+        let m: DeviceModel = toml::from_str(&text).map_err(|e| Error::Config {
+            key: "cost.profile".into(),
+            message: format!("{}: {e}", path.display()),
+        })?;
+        m.validate().map_err(|message| Error::Config {
+            key: format!("cost.profile ({})", path.display()),
+            message,
+        })?;
+        Ok(m)
+    }
+
+    /// Checks that every figure is positive and finite and every dtype present.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let ok = |v: f64| v.is_finite() && v > 0.0;
+        if !ok(self.bandwidth_gb_s) {
+            return Err(format!(
+                "bandwidth_gb_s must be positive, got {}",
+                self.bandwidth_gb_s
+            ));
+        }
+        if !(self.launch_overhead_ns.is_finite() && self.launch_overhead_ns >= 0.0) {
+            return Err("launch_overhead_ns must be non-negative".into());
+        }
+        if !(self.host_overhead_ns.is_finite() && self.host_overhead_ns >= 0.0) {
+            return Err("host_overhead_ns must be non-negative".into());
+        }
+        for d in DType::ALL {
+            match self.gflops.get(d.name()) {
+                Some(&v) if ok(v) => {}
+                Some(v) => return Err(format!("gflops.{d} must be positive, got {v}")),
+                None => return Err(format!("gflops.{d} is missing")),
+            }
+        }
+        if let Some(k) = self.gflops.keys().find(|k| DType::from_name(k).is_none()) {
+            return Err(format!("gflops.{k}: unknown dtype"));
+        }
+        Ok(())
+    }
+
+    /// The model as TOML, for saving a profile.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a device model always serialises")
+    }
+
+    fn peak(&self, dtype: DType) -> f64 {
+        self.gflops.get(dtype.name()).copied().unwrap_or(1.0)
+    }
+
+    /// Time of one kernel that moves `bytes` and does `flops` in `dtype`.
+    pub fn kernel_ns(&self, bytes: f64, flops: f64, dtype: DType) -> f64 {
+        let memory = bytes / self.bandwidth_gb_s; // bytes / (GB/s) = ns
+        let compute = flops / self.peak(dtype);
+        self.host_overhead_ns + self.launch_overhead_ns + memory.max(compute)
+    }
+
+    /// Time of one op run alone as one kernel (a view that needs no copy: host
+    /// overhead only).
+    pub fn op_ns(&self, trace: &Trace, op: OpId) -> f64 {
+        if is_free_view(trace, op) {
+            return self.host_overhead_ns;
+        }
+        let o = trace.op(op);
+        let bytes: usize = o
+            .input_values()
+            .chain(o.outputs.iter().copied())
+            .map(|v| trace.meta(v).bytes())
+            .sum();
+        self.kernel_ns(bytes as f64, op_flops(trace, op), compute_dtype(trace, op))
+    }
+
+    /// Time of `ops` fused into one kernel: one launch, boundary tensors moved
+    /// once, intermediates kept on chip.
+    pub fn fused_ns(&self, trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> f64 {
+        let set: HashSet<OpId> = ops.iter().copied().collect();
+        let mut defined: HashSet<ValueId> = HashSet::new();
+        let mut read: HashSet<ValueId> = HashSet::new();
+        let mut bytes = 0usize;
+        let mut flops = 0.0;
+        let mut dtype = DType::F32;
+        for &id in ops {
+            let op = trace.op(id);
+            defined.extend(op.outputs.iter().copied());
+            flops += op_flops(trace, id);
+            dtype = compute_dtype(trace, id);
+        }
+        for &id in ops {
+            for v in trace.op(id).input_values() {
+                if !defined.contains(&v) && read.insert(v) {
+                    bytes += trace.meta(v).bytes();
+                }
+            }
+        }
+        for &v in &defined {
+            let leaves = trace.outputs.contains(&v) || consumers[v.index()].iter().any(|u| !set.contains(u));
+            if leaves {
+                bytes += trace.meta(v).bytes();
+            }
+        }
+        self.kernel_ns(bytes as f64, flops, dtype)
+    }
+}
+
+/// Whether an op is a view that costs no copy (reshape of a contiguous value,
+/// transpose, slice, broadcast).
+pub fn is_free_view(trace: &Trace, op: OpId) -> bool {
+    let o = trace.op(op);
+    match o.kind {
+        OpKind::Transpose | OpKind::Slice | OpKind::Broadcast => true,
+        // Op outputs are contiguous, so only a reshape of a strided input copies.
+        OpKind::Reshape => o.input_values().all(|v| trace.meta(v).is_contiguous()),
+        _ => false,
+    }
+}
+
+/// The dtype an op computes in (its first tensor operand's, or its output's).
+fn compute_dtype(trace: &Trace, op: OpId) -> DType {
+    let o = trace.op(op);
+    o.input_values()
+        .next()
+        .or(o.outputs.first().copied())
+        .map(|v| trace.meta(v).dtype)
+        .unwrap_or(DType::F32)
+}
+
+/// Arithmetic of an op: 2·M·N·K per matmul, a few FLOPs per element for
+/// transcendental functions, one per element otherwise.
+pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
+    let o = trace.op(op);
+    let out = o
+        .outputs
+        .first()
+        .map(|v| trace.meta(*v).numel() as f64)
+        .unwrap_or(0.0);
+    match o.kind {
+        OpKind::Matmul => {
+            let k = o
+                .operands
+                .first()
+                .and_then(|x| x.value())
+                .map(|v| *trace.meta(v).shape.last().unwrap_or(&1))
+                .unwrap_or(1);
+            2.0 * out * k as f64
+        }
+        OpKind::Unary(
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Erf,
+        ) => 8.0 * out,
+        OpKind::Reduce(ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::Amax | ReduceOp::Amin) => {
+            o.input_values()
+                .next()
+                .map(|v| trace.meta(v).numel() as f64)
+                .unwrap_or(out)
+        }
+        OpKind::Reshape | OpKind::Transpose | OpKind::Slice | OpKind::Broadcast | OpKind::Cat => 0.0,
+        _ => out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::parse;
+
+    #[test]
+    fn builtins_validate_and_round_trip() {
+        for n in DeviceModel::BUILTIN {
+            let m = DeviceModel::builtin(n).unwrap();
+            m.validate().unwrap();
+            let back: DeviceModel = toml::from_str(&m.to_toml()).unwrap();
+            assert_eq!(back, m);
+        }
+    }
+
+    #[test]
+    fn views_cost_host_overhead_and_fusion_saves_traffic() {
+        let t = parse("input x: f32[1024, 1024]\na = transpose(x, perm=[1, 0])\nb = exp(a)\nc = mul(b, 2.0)\noutput c\n").unwrap();
+        let m = DeviceModel::cpu_default();
+        assert_eq!(m.op_ns(&t, OpId(0)), m.host_overhead_ns);
+        let separate = m.op_ns(&t, OpId(1)) + m.op_ns(&t, OpId(2));
+        let fused = m.fused_ns(&t, &[OpId(1), OpId(2)], &t.consumers());
+        // 4 MiB in + 4 MiB out once, against twice; and one launch instead of two.
+        assert!(fused < separate * 0.6, "{fused} vs {separate}");
+    }
+}

@@ -1,0 +1,503 @@
+//! The partitioner: assigns every op to an executor and cuts the trace into
+//! regions, comparing alternatives by cost and explaining each decision.
+//!
+//! 1. Composites that some enabled executor claims whole stay; the others are
+//!    decomposed, round by round.
+//! 2. Every executor is asked to claim every op. An op goes to the first fusion
+//!    executor that accepts it, else to its cheapest operator executor.
+//! 3. Regions form by a topological walk that keeps taking ready ops of the
+//!    current fusion executor: consumers of the region first (vertical), then
+//!    any ready op (horizontal, when enabled). Regions are runs of one
+//!    topological order, so the region graph can never have a cycle, and the
+//!    walk is O(n log n).
+//! 4. Each fusion region is offered to its executor's `refine`; ops handed back
+//!    go to their next claimant. A region that costs more fused than its ops cost
+//!    apart is dissolved; an op the fuser is worse at than its alternative is
+//!    split out when the pieces plus that op cost less. Per-launch and per-call
+//!    host overhead are part of every cost, so view-only regions dissolve.
+//!    Each op is banned from an executor at most once, so this ends.
+//!
+//! The same trace and config always give the same plan.
+
+use std::collections::{BTreeSet, HashSet};
+
+use serde::Serialize;
+
+use crate::cost::DeviceModel;
+use crate::error::{Error, Result};
+use crate::executor::{Availability, Claim, Context, ExecutorKind, ExecutorSet, Region};
+use crate::ir::{OpId, Trace, decompose_round};
+use crate::plan::{Plan, region_boundary};
+
+/// Partitioner options (`[partitioner]` in config).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartitionOptions {
+    /// Merge independent ops of one fusion executor into one region.
+    pub horizontal: bool,
+}
+
+impl Default for PartitionOptions {
+    fn default() -> Self {
+        PartitionOptions { horizontal: true }
+    }
+}
+
+/// One executor's answer for one op.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    /// Executor name.
+    pub executor: String,
+    /// Its claim: accepted with a cost, or rejected with a reason.
+    pub claim: Claim,
+}
+
+/// Why an op ended where it did.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpExplanation {
+    /// The op, as a statement with its line.
+    pub op: String,
+    /// Every enabled, available executor's claim.
+    pub candidates: Vec<Candidate>,
+    /// The executor that runs it.
+    pub chosen: String,
+    /// The region it is in.
+    pub region: usize,
+    /// What moved it, in order (handed back, dissolved, split out).
+    pub notes: Vec<String>,
+}
+
+/// Everything the partitioner decided, and why.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Explanation {
+    /// Executors skipped because they cannot run here, with the reason.
+    pub unavailable: Vec<(String, String)>,
+    /// Composites kept whole, with the executor that claimed them.
+    pub kept_whole: Vec<String>,
+    /// Composites decomposed because no executor claimed them whole.
+    pub decomposed: Vec<String>,
+    /// Per op of the lowered trace.
+    pub ops: Vec<OpExplanation>,
+    /// How many times regions were re-formed after refinement.
+    pub rounds: usize,
+}
+
+struct Exec {
+    index: usize,
+    name: String,
+    kind: ExecutorKind,
+}
+
+/// Partitions `trace` onto the executors of `set`.
+pub fn partition(
+    trace: &Trace,
+    set: &ExecutorSet,
+    device: &DeviceModel,
+    opts: &PartitionOptions,
+) -> Result<Plan> {
+    let mut explanation = Explanation::default();
+    let mut execs = Vec::new();
+    for (index, e) in set.executors.iter().enumerate() {
+        let info = e.info();
+        match e.availability() {
+            Availability::Available => execs.push(Exec {
+                index,
+                name: info.name,
+                kind: info.kind,
+            }),
+            Availability::Unavailable(reason) => explanation.unavailable.push((info.name, reason)),
+        }
+    }
+    let lowered = lower(trace, set, device, &execs, &mut explanation)?;
+    let consumers = lowered.consumers();
+    let cx_for = |k: usize| Context {
+        trace: &lowered,
+        device,
+        options: set.options_of(&execs[k].name),
+        consumers: &consumers,
+    };
+    let n = lowered.ops.len();
+    let claims: Vec<Vec<Claim>> = lowered
+        .ops_with_ids()
+        .map(|(id, _)| {
+            execs
+                .iter()
+                .enumerate()
+                .map(|(k, e)| set.executors[e.index].claim(id, &cx_for(k)))
+                .collect()
+        })
+        .collect();
+    let mut banned = vec![vec![false; execs.len()]; n];
+    let mut notes: Vec<Vec<String>> = vec![Vec::new(); n];
+
+    let pick = |op: usize, banned: &[Vec<bool>]| -> Option<usize> {
+        let open = |k: usize| !banned[op][k] && claims[op][k].cost().is_some();
+        if let Some(k) = (0..execs.len()).find(|&k| open(k) && execs[k].kind == ExecutorKind::Fusion) {
+            return Some(k);
+        }
+        best_operator(op, &claims, banned, &execs).map(|(k, _)| k)
+    };
+    let mut assign = vec![0usize; n];
+    let mut rounds = 0;
+    let regions = loop {
+        rounds += 1;
+        for (op, slot) in assign.iter_mut().enumerate() {
+            *slot = match pick(op, &banned) {
+                Some(k) => k,
+                None => return Err(unclaimed(&lowered, op, &claims, &notes, &execs, &explanation)),
+            };
+        }
+        let regions = cluster(&lowered, &assign, &consumers, &execs, opts.horizontal);
+        let mut changed = false;
+        for (k, ops) in regions
+            .iter()
+            .filter(|(k, _)| execs[*k].kind == ExecutorKind::Fusion)
+        {
+            let refinement = set.executors[execs[*k].index].refine(ops, &cx_for(*k));
+            for (op, reason) in refinement.handed_back {
+                if ops.contains(&op) && !banned[op.index()][*k] {
+                    banned[op.index()][*k] = true;
+                    notes[op.index()].push(format!("handed back by {}: {reason}", execs[*k].name));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            for (k, ops) in regions
+                .iter()
+                .filter(|(k, _)| execs[*k].kind == ExecutorKind::Fusion)
+            {
+                changed |= reconsider(
+                    *k,
+                    ops,
+                    &set.executors[execs[*k].index],
+                    &cx_for(*k),
+                    &claims,
+                    &mut banned,
+                    &mut notes,
+                    &execs,
+                );
+            }
+        }
+        if !changed {
+            break regions;
+        }
+    };
+    explanation.rounds = rounds;
+
+    let mut plan_regions = Vec::with_capacity(regions.len());
+    let mut estimates = Vec::with_capacity(regions.len());
+    let mut region_of = vec![0usize; n];
+    for (id, (k, ops)) in regions.into_iter().enumerate() {
+        let (inputs, outputs) = region_boundary(&lowered, &ops, &consumers);
+        estimates.push(set.executors[execs[k].index].cost(&ops, &cx_for(k)));
+        for op in &ops {
+            region_of[op.index()] = id;
+        }
+        plan_regions.push(Region {
+            id,
+            executor: execs[k].index,
+            ops,
+            inputs,
+            outputs,
+        });
+    }
+    explanation.ops = (0..n)
+        .map(|op| OpExplanation {
+            op: lowered.describe_op(OpId(op as u32)),
+            candidates: execs
+                .iter()
+                .zip(&claims[op])
+                .map(|(e, c)| Candidate {
+                    executor: e.name.clone(),
+                    claim: c.clone(),
+                })
+                .collect(),
+            chosen: execs[assign[op]].name.clone(),
+            region: region_of[op],
+            notes: std::mem::take(&mut notes[op]),
+        })
+        .collect();
+    Ok(Plan {
+        trace: lowered,
+        executors: set.executors.clone(),
+        options: set.options.clone(),
+        device: device.clone(),
+        regions: plan_regions,
+        estimates,
+        explanation,
+    })
+}
+
+/// Decomposes, round by round, the composites that no available executor claims whole.
+fn lower(
+    trace: &Trace,
+    set: &ExecutorSet,
+    device: &DeviceModel,
+    execs: &[Exec],
+    ex: &mut Explanation,
+) -> Result<Trace> {
+    let mut current = trace.clone();
+    loop {
+        let consumers = current.consumers();
+        let mut decompose = HashSet::new();
+        for (id, op) in current.ops_with_ids() {
+            if !op.kind.is_composite() {
+                continue;
+            }
+            let whole = execs.iter().find(|e| {
+                let cx = Context {
+                    trace: &current,
+                    device,
+                    options: set.options_of(&e.name),
+                    consumers: &consumers,
+                };
+                set.executors[e.index].claim(id, &cx).cost().is_some()
+            });
+            match whole {
+                Some(e) => ex.kept_whole.push(format!(
+                    "{}: claimed whole by {}",
+                    current.describe_op(id),
+                    e.name
+                )),
+                None => {
+                    ex.decomposed.push(format!(
+                        "{}: no enabled executor claims `{}` whole",
+                        current.describe_op(id),
+                        op.kind
+                    ));
+                    decompose.insert(id);
+                }
+            }
+        }
+        if decompose.is_empty() {
+            return Ok(current);
+        }
+        current = decompose_round(&current, &mut |_, id| decompose.contains(&id))?;
+    }
+}
+
+/// The cheapest operator executor that accepts `op` and has not been banned from it.
+fn best_operator(
+    op: usize,
+    claims: &[Vec<Claim>],
+    banned: &[Vec<bool>],
+    execs: &[Exec],
+) -> Option<(usize, f64)> {
+    let mut best: Option<(usize, f64)> = None;
+    for (k, e) in execs.iter().enumerate() {
+        if e.kind != ExecutorKind::Operator || banned[op][k] {
+            continue;
+        }
+        if let Some(c) = claims[op][k].cost()
+            && best.is_none_or(|(_, b)| c < b)
+        {
+            best = Some((k, c));
+        }
+    }
+    best
+}
+
+fn unclaimed(
+    trace: &Trace,
+    op: usize,
+    claims: &[Vec<Claim>],
+    notes: &[Vec<String>],
+    execs: &[Exec],
+    ex: &Explanation,
+) -> Error {
+    let mut reasons: Vec<String> = execs
+        .iter()
+        .zip(&claims[op])
+        .map(|(e, c)| match c {
+            Claim::Reject(r) => format!("{} rejects it: {r}", e.name),
+            Claim::Accept(_) => format!("{} accepted it but gave it up", e.name),
+        })
+        .collect();
+    reasons.extend(notes[op].iter().cloned());
+    reasons.extend(
+        ex.unavailable
+            .iter()
+            .map(|(n, r)| format!("{n} is unavailable: {r}")),
+    );
+    if reasons.is_empty() {
+        reasons.push("no executor is enabled".into());
+    }
+    Error::Unclaimed {
+        op: trace.describe_op(OpId(op as u32)),
+        reasons: reasons.join("; "),
+    }
+}
+
+/// Cuts the ops into regions by a topological walk (see the module docs).
+fn cluster(
+    trace: &Trace,
+    assign: &[usize],
+    consumers: &[Vec<OpId>],
+    execs: &[Exec],
+    horizontal: bool,
+) -> Vec<(usize, Vec<OpId>)> {
+    let n = trace.ops.len();
+    let producers = trace.producers();
+    let mut waiting = vec![0usize; n];
+    for (id, op) in trace.ops_with_ids() {
+        let mut seen: Vec<OpId> = op.input_values().filter_map(|v| producers[v.index()]).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        waiting[id.index()] = seen.len();
+    }
+    let mut ready_any: BTreeSet<OpId> = BTreeSet::new();
+    let mut ready_by: Vec<BTreeSet<OpId>> = vec![BTreeSet::new(); execs.len()];
+    for op in 0..n {
+        if waiting[op] == 0 {
+            ready_any.insert(OpId(op as u32));
+            ready_by[assign[op]].insert(OpId(op as u32));
+        }
+    }
+    let mut regions = Vec::new();
+    let mut done = vec![false; n];
+    // Takes `op`, and reports the ops it makes ready.
+    let mut take =
+        |op: OpId, ready_any: &mut BTreeSet<OpId>, ready_by: &mut Vec<BTreeSet<OpId>>| -> Vec<OpId> {
+            ready_any.remove(&op);
+            ready_by[assign[op.index()]].remove(&op);
+            done[op.index()] = true;
+            let mut newly = Vec::new();
+            let mut users: Vec<OpId> = trace
+                .op(op)
+                .outputs
+                .iter()
+                .flat_map(|v| consumers[v.index()].iter().copied())
+                .collect();
+            users.sort_unstable();
+            users.dedup();
+            for u in users {
+                waiting[u.index()] -= 1;
+                if waiting[u.index()] == 0 {
+                    ready_any.insert(u);
+                    ready_by[assign[u.index()]].insert(u);
+                    newly.push(u);
+                }
+            }
+            newly
+        };
+    while let Some(&start) = ready_any.first() {
+        let k = assign[start.index()];
+        let mut ops = vec![start];
+        let mut vertical: BTreeSet<OpId> = BTreeSet::new();
+        let newly = take(start, &mut ready_any, &mut ready_by);
+        if execs[k].kind == ExecutorKind::Fusion {
+            vertical.extend(newly.into_iter().filter(|u| assign[u.index()] == k));
+            loop {
+                let next = match vertical.pop_first() {
+                    Some(v) => Some(v),
+                    None if horizontal => ready_by[k].first().copied(),
+                    None => None,
+                };
+                let Some(next) = next else { break };
+                ops.push(next);
+                let newly = take(next, &mut ready_any, &mut ready_by);
+                vertical.extend(newly.into_iter().filter(|u| assign[u.index()] == k));
+            }
+        }
+        regions.push((k, ops));
+    }
+    regions
+}
+
+/// Dissolves a fusion region that costs more than its ops apart, or splits out
+/// the op whose removal saves the most. Returns whether anything changed.
+#[allow(clippy::too_many_arguments)]
+fn reconsider(
+    k: usize,
+    ops: &[OpId],
+    exec: &std::sync::Arc<dyn crate::executor::Executor>,
+    cx: &Context,
+    claims: &[Vec<Claim>],
+    banned: &mut [Vec<bool>],
+    notes: &mut [Vec<String>],
+    execs: &[Exec],
+) -> bool {
+    let fused = exec.cost(ops, cx);
+    let alternatives: Option<Vec<(usize, f64)>> = ops
+        .iter()
+        .map(|op| best_operator(op.index(), claims, banned, execs))
+        .collect();
+    if let Some(alt) = &alternatives {
+        let apart: f64 = alt.iter().map(|(_, c)| c).sum();
+        if apart < fused {
+            for op in ops {
+                banned[op.index()][k] = true;
+                notes[op.index()].push(format!(
+                    "region of {} ops dissolved: fused on {} {:.0} ns, apart {:.0} ns",
+                    ops.len(),
+                    execs[k].name,
+                    fused,
+                    apart
+                ));
+            }
+            return true;
+        }
+    }
+    // Ops the fuser prices above their best alternative are worth splitting out
+    // when the pieces left behind plus the op alone cost less than the region.
+    let mut best: Option<(OpId, f64, f64)> = None;
+    for &v in ops {
+        let Some(mine) = claims[v.index()][k].cost() else {
+            continue;
+        };
+        let Some((_, alone)) = best_operator(v.index(), claims, banned, execs) else {
+            continue;
+        };
+        if mine <= alone {
+            continue;
+        }
+        let pieces = components_without(cx.trace, ops, v, cx.consumers);
+        let split: f64 = pieces.iter().map(|p| exec.cost(p, cx)).sum::<f64>() + alone;
+        if split < fused && best.is_none_or(|(_, s, _)| split < s) {
+            best = Some((v, split, alone));
+        }
+    }
+    if let Some((v, split, _)) = best {
+        banned[v.index()][k] = true;
+        notes[v.index()].push(format!(
+            "split out of a {}-op region on {}: fused {:.0} ns, split {:.0} ns",
+            ops.len(),
+            execs[k].name,
+            fused,
+            split
+        ));
+        return true;
+    }
+    false
+}
+
+/// The dataflow-connected pieces of `ops` once `without` is removed.
+fn components_without(trace: &Trace, ops: &[OpId], without: OpId, consumers: &[Vec<OpId>]) -> Vec<Vec<OpId>> {
+    let mut sorted: Vec<OpId> = ops.iter().copied().filter(|&o| o != without).collect();
+    sorted.sort_unstable();
+    let pos = |o: OpId| sorted.binary_search(&o).ok();
+    let mut parent: Vec<usize> = (0..sorted.len()).collect();
+    fn find(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    for (i, &o) in sorted.iter().enumerate() {
+        for v in &trace.op(o).outputs {
+            for u in &consumers[v.index()] {
+                if let Some(j) = pos(*u) {
+                    let (a, b) = (find(&mut parent, i), find(&mut parent, j));
+                    parent[a] = b;
+                }
+            }
+        }
+    }
+    let mut groups: std::collections::BTreeMap<usize, Vec<OpId>> = std::collections::BTreeMap::new();
+    for (i, &o) in sorted.iter().enumerate() {
+        let r = find(&mut parent, i);
+        groups.entry(r).or_default().push(o);
+    }
+    groups.into_values().collect()
+}
