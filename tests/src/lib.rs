@@ -5,6 +5,7 @@
 //! trace on the fallback and compare tensors.
 #![deny(missing_docs)]
 
+pub mod fakes;
 pub mod workloads;
 
 use std::sync::Arc;

@@ -175,6 +175,7 @@ pub fn partition(
                     &mut banned,
                     &mut notes,
                     &execs,
+                    opts.horizontal,
                 );
             }
         }
@@ -416,31 +417,17 @@ fn reconsider(
     banned: &mut [Vec<bool>],
     notes: &mut [Vec<String>],
     execs: &[Exec],
+    horizontal: bool,
 ) -> bool {
     let fused = exec.cost(ops, cx);
-    let alternatives: Option<Vec<(usize, f64)>> = ops
+    // Three alternatives, and the cheapest wins: keep the region, dissolve it
+    // (every op on its best operator executor), or split out one op the fuser
+    // prices above its alternative.
+    let apart: Option<f64> = ops
         .iter()
-        .map(|op| best_operator(op.index(), claims, banned, execs))
-        .collect();
-    if let Some(alt) = &alternatives {
-        let apart: f64 = alt.iter().map(|(_, c)| c).sum();
-        if apart < fused {
-            for op in ops {
-                banned[op.index()][k] = true;
-                notes[op.index()].push(format!(
-                    "region of {} ops dissolved: fused on {} {:.0} ns, apart {:.0} ns",
-                    ops.len(),
-                    execs[k].name,
-                    fused,
-                    apart
-                ));
-            }
-            return true;
-        }
-    }
-    // Ops the fuser prices above their best alternative are worth splitting out
-    // when the pieces left behind plus the op alone cost less than the region.
-    let mut best: Option<(OpId, f64, f64)> = None;
+        .map(|op| best_operator(op.index(), claims, banned, execs).map(|(_, c)| c))
+        .sum();
+    let mut split: Option<(OpId, f64)> = None;
     for &v in ops {
         let Some(mine) = claims[v.index()][k].cost() else {
             continue;
@@ -451,24 +438,80 @@ fn reconsider(
         if mine <= alone {
             continue;
         }
-        let pieces = components_without(cx.trace, ops, v, cx.consumers);
-        let split: f64 = pieces.iter().map(|p| exec.cost(p, cx)).sum::<f64>() + alone;
-        if split < fused && best.is_none_or(|(_, s, _)| split < s) {
-            best = Some((v, split, alone));
+        let pieces = split_pieces(cx.trace, ops, v, cx.consumers, horizontal);
+        let cost: f64 = pieces.iter().map(|p| exec.cost(p, cx)).sum::<f64>() + alone;
+        if split.is_none_or(|(_, s)| cost < s) {
+            split = Some((v, cost));
         }
     }
-    if let Some((v, split, _)) = best {
-        banned[v.index()][k] = true;
-        notes[v.index()].push(format!(
-            "split out of a {}-op region on {}: fused {:.0} ns, split {:.0} ns",
-            ops.len(),
-            execs[k].name,
-            fused,
-            split
-        ));
-        return true;
+    let best_other = match (apart, split) {
+        (Some(a), Some((_, s))) => a.min(s),
+        (Some(a), None) => a,
+        (None, Some((_, s))) => s,
+        (None, None) => return false,
+    };
+    if best_other >= fused {
+        return false;
     }
-    false
+    match split {
+        Some((v, cost)) if apart.is_none_or(|a| cost <= a) => {
+            banned[v.index()][k] = true;
+            notes[v.index()].push(format!(
+                "split out of a {}-op region on {}: fused {:.0} ns, split {:.0} ns",
+                ops.len(),
+                execs[k].name,
+                fused,
+                cost
+            ));
+        }
+        _ => {
+            let apart = apart.unwrap_or(f64::INFINITY);
+            for op in ops {
+                banned[op.index()][k] = true;
+                notes[op.index()].push(format!(
+                    "region of {} ops dissolved: fused on {} {:.0} ns, apart {:.0} ns",
+                    ops.len(),
+                    execs[k].name,
+                    fused,
+                    apart
+                ));
+            }
+        }
+    }
+    true
+}
+
+/// The regions `ops` would fall into once `without` leaves them. With
+/// horizontal merging, everything not downstream of it re-merges, and so does
+/// everything downstream; without it, each dataflow-connected piece stands alone.
+fn split_pieces(
+    trace: &Trace,
+    ops: &[OpId],
+    without: OpId,
+    consumers: &[Vec<OpId>],
+    horizontal: bool,
+) -> Vec<Vec<OpId>> {
+    if !horizontal {
+        return components_without(trace, ops, without, consumers);
+    }
+    let inside: HashSet<OpId> = ops.iter().copied().collect();
+    let mut downstream: HashSet<OpId> = HashSet::new();
+    let mut stack = vec![without];
+    while let Some(o) = stack.pop() {
+        for v in &trace.op(o).outputs {
+            for &u in &consumers[v.index()] {
+                if inside.contains(&u) && downstream.insert(u) {
+                    stack.push(u);
+                }
+            }
+        }
+    }
+    let (after, before): (Vec<OpId>, Vec<OpId>) = ops
+        .iter()
+        .copied()
+        .filter(|&o| o != without)
+        .partition(|o| downstream.contains(o));
+    [before, after].into_iter().filter(|p| !p.is_empty()).collect()
 }
 
 /// The dataflow-connected pieces of `ops` once `without` is removed.

@@ -235,8 +235,7 @@ impl Trace {
         s.push_str(&outs.join(", "));
         s.push_str(" = ");
         s.push_str(op.kind.name());
-        s.push('(');
-        let args: Vec<String> = op
+        let mut parts: Vec<String> = op
             .operands
             .iter()
             .map(|o| match o {
@@ -244,10 +243,9 @@ impl Trace {
                 Operand::Scalar(c) => c.to_string(),
             })
             .collect();
-        s.push_str(&args.join(", "));
-        for (k, v) in op.attrs.iter() {
-            s.push_str(&format!(", {k}={v}"));
-        }
+        parts.extend(op.attrs.iter().map(|(k, v)| format!("{k}={v}")));
+        s.push('(');
+        s.push_str(&parts.join(", "));
         s.push(')');
         s
     }

@@ -1,0 +1,171 @@
+//! Executors for tests, with scripted claims, costs and hand-backs. They compile
+//! through the fallback, so every plan they take part in can be run and its
+//! results compared with the fallback's.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use switchyard_core::executor::{
+    Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Refinement, Region,
+};
+use switchyard_core::ir::{OpId, OpKind};
+use switchyard_core::{Device, Result};
+use switchyard_exec_fallback::FallbackExecutor;
+
+/// How a scripted executor answers for one op name.
+#[derive(Clone, Debug)]
+pub enum Script {
+    /// Accept; an operator executor charges this cost, a fusion executor adds
+    /// it as a penalty to any region holding the op.
+    Accept(f64),
+    /// Accept at the device model's cost.
+    AcceptModel,
+    /// Reject with this reason.
+    Reject(String),
+}
+
+/// A scripted executor.
+#[derive(Clone, Debug)]
+pub struct Scripted {
+    /// Its name.
+    pub name: String,
+    /// Fusion or operator.
+    pub kind: ExecutorKind,
+    /// Answers by op name (`relu`, `cat`, `softmax`, ...).
+    pub script: BTreeMap<String, Script>,
+    /// The answer for op names not in the script.
+    pub default: Script,
+    /// Op names that `refine` hands back.
+    pub hand_back: Vec<String>,
+    /// Unavailable, with this reason.
+    pub unavailable: Option<String>,
+}
+
+impl Scripted {
+    /// A fusion executor that accepts every primitive at no penalty.
+    pub fn fuser(name: &str) -> Scripted {
+        Scripted {
+            name: name.into(),
+            kind: ExecutorKind::Fusion,
+            script: BTreeMap::new(),
+            default: Script::Accept(0.0),
+            hand_back: vec![],
+            unavailable: None,
+        }
+    }
+
+    /// An operator executor that rejects everything until scripted.
+    pub fn operator(name: &str) -> Scripted {
+        Scripted {
+            name: name.into(),
+            kind: ExecutorKind::Operator,
+            script: BTreeMap::new(),
+            default: Script::Reject("not scripted".into()),
+            hand_back: vec![],
+            unavailable: None,
+        }
+    }
+
+    /// Scripts the answer for one op name.
+    pub fn with(mut self, op: &str, s: Script) -> Scripted {
+        self.script.insert(op.into(), s);
+        self
+    }
+
+    /// Sets the answer for unscripted ops.
+    pub fn otherwise(mut self, s: Script) -> Scripted {
+        self.default = s;
+        self
+    }
+
+    /// As a shared executor.
+    pub fn arc(self) -> Arc<dyn Executor> {
+        Arc::new(self)
+    }
+
+    fn answer(&self, kind: OpKind) -> &Script {
+        self.script.get(kind.name()).unwrap_or(&self.default)
+    }
+}
+
+impl Executor for Scripted {
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo {
+            name: self.name.clone(),
+            version: "test".into(),
+            kind: self.kind,
+            devices: vec!["cpu".into()],
+        }
+    }
+
+    fn availability(&self) -> Availability {
+        match &self.unavailable {
+            Some(r) => Availability::Unavailable(r.clone()),
+            None => Availability::Available,
+        }
+    }
+
+    fn claim(&self, op: OpId, cx: &Context) -> Claim {
+        let o = cx.trace.op(op);
+        if o.kind.is_composite() && !self.script.contains_key(o.kind.name()) {
+            return Claim::Reject("composites only when scripted".into());
+        }
+        if o.outputs.iter().any(|v| cx.trace.meta(*v).device != Device::Cpu) {
+            return Claim::Reject("cpu only".into());
+        }
+        match self.answer(o.kind) {
+            Script::Accept(c) if self.kind == ExecutorKind::Operator => Claim::Accept(*c),
+            // A fuser's claim is the op's share of a fused kernel: its arithmetic,
+            // plus any scripted penalty.
+            Script::Accept(penalty) => Claim::Accept(
+                cx.device.fused_ns(cx.trace, &[op], cx.consumers)
+                    - cx.device.launch_overhead_ns
+                    - cx.device.host_overhead_ns
+                    + penalty,
+            ),
+            Script::AcceptModel => Claim::Accept(cx.device.op_ns(cx.trace, op)),
+            Script::Reject(r) => Claim::Reject(r.clone()),
+        }
+    }
+
+    fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
+        Refinement {
+            handed_back: region
+                .iter()
+                .filter(|&&op| self.hand_back.iter().any(|n| n == cx.trace.op(op).kind.name()))
+                .map(|&op| {
+                    (
+                        op,
+                        format!("{} hands back {}", self.name, cx.trace.op(op).kind.name()),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
+        match self.kind {
+            ExecutorKind::Operator => region
+                .iter()
+                .map(|&op| match self.answer(cx.trace.op(op).kind) {
+                    Script::Accept(c) => *c,
+                    _ => cx.device.op_ns(cx.trace, op),
+                })
+                .sum(),
+            ExecutorKind::Fusion => {
+                let penalty: f64 = region
+                    .iter()
+                    .map(|&op| match self.answer(cx.trace.op(op).kind) {
+                        Script::Accept(p) => *p,
+                        _ => 0.0,
+                    })
+                    .sum();
+                cx.device.fused_ns(cx.trace, region, cx.consumers) + penalty
+            }
+        }
+    }
+
+    fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
+        FallbackExecutor.compile(region, cx)
+    }
+}

@@ -1,0 +1,351 @@
+//! The partitioner with scripted executors: claims, rejections, refinement,
+//! cost-based dissolving and splitting, composites, availability; and, on random
+//! DAGs with random claim tables, the invariants every plan must keep.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::{Executor, ExecutorSet};
+use switchyard_core::io::random_inputs;
+use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::plan::Plan;
+use switchyard_core::text::parse;
+use switchyard_core::{Error, Trace};
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_tests::fakes::{Script, Scripted};
+use switchyard_tests::{assert_close, run, run_plan};
+
+fn plan_with(trace: &Trace, executors: Vec<Arc<dyn Executor>>, horizontal: bool) -> Result<Plan, Error> {
+    partition(
+        trace,
+        &ExecutorSet::new(executors),
+        &DeviceModel::cpu_default(),
+        &PartitionOptions { horizontal },
+    )
+}
+
+fn fallback() -> Arc<dyn Executor> {
+    Arc::new(FallbackExecutor)
+}
+
+/// Every op is in exactly one region, and every region reads only trace inputs
+/// and values of earlier regions, so the region graph has no cycle.
+fn check_invariants(plan: &Plan) {
+    let mut seen = HashSet::new();
+    for r in &plan.regions {
+        for op in &r.ops {
+            assert!(seen.insert(*op), "op {op:?} is in two regions");
+        }
+    }
+    assert_eq!(seen.len(), plan.trace.ops.len(), "some op is in no region");
+    let producers = plan.trace.producers();
+    let mut region_of = vec![usize::MAX; plan.trace.ops.len()];
+    for r in &plan.regions {
+        for op in &r.ops {
+            region_of[op.index()] = r.id;
+        }
+    }
+    for r in &plan.regions {
+        for v in &r.inputs {
+            if let Some(p) = producers[v.index()] {
+                assert!(
+                    region_of[p.index()] < r.id,
+                    "region {} reads a value of later region {}",
+                    r.id,
+                    region_of[p.index()]
+                );
+            }
+        }
+    }
+}
+
+/// Runs a plan and the fallback-only plan and compares every output exactly.
+fn same_results(trace: &Trace, plan: Plan) {
+    let inputs = random_inputs(trace, 7);
+    let want = run(trace, &inputs).unwrap();
+    let got = run_plan(plan, &inputs).unwrap();
+    for (g, w) in got.outputs.iter().zip(&want.outputs) {
+        assert_close(g, &w.to_f64_vec(), 0.0);
+    }
+}
+
+fn executor_of_op(plan: &Plan, name: &str) -> String {
+    let v = plan.trace.find_value(name).unwrap();
+    let r = plan
+        .regions
+        .iter()
+        .find(|r| r.ops.iter().any(|o| plan.trace.op(*o).outputs.contains(&v)))
+        .unwrap();
+    plan.executor_name(r)
+}
+
+fn notes_of(plan: &Plan, name: &str) -> Vec<String> {
+    let v = plan.trace.find_value(name).unwrap();
+    let op = plan
+        .trace
+        .ops
+        .iter()
+        .position(|o| o.outputs.contains(&v))
+        .unwrap();
+    plan.explanation.ops[op].notes.clone()
+}
+
+/// The rotate-half core of RoPE (workload 3): slice, neg, cat between fusible ops.
+const ROPE: &str = "input x: f32[8, 64]
+input c: f32[8, 64]
+input s: f32[8, 64]
+a = mul(x, 2.0)
+x1 = slice(a, start=[0, 0], end=[8, 32])
+x2 = slice(a, start=[0, 32], end=[8, 64])
+n = neg(x2)
+r = cat(n, x1, dim=1)
+m1 = mul(a, c)
+m2 = mul(r, s)
+y = add(m1, m2)
+z = exp(y)
+output z
+";
+
+#[test]
+fn a_fuser_that_rejects_cat_hands_it_to_another_executor() {
+    let t = parse(ROPE).unwrap();
+    let fuser = Scripted::fuser("fuser").with("cat", Script::Reject("poor at cat".into()));
+    let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(executor_of_op(&plan, "r"), "fallback");
+    assert_eq!(executor_of_op(&plan, "z"), "fuser");
+    let fused = plan
+        .regions
+        .iter()
+        .filter(|r| plan.executor_name(r) == "fuser")
+        .count();
+    assert_eq!(
+        fused,
+        2,
+        "one fusion before cat, one after:\n{}",
+        switchyard_core::report::render_plan(&plan, true)
+    );
+    same_results(&t, plan);
+}
+
+#[test]
+fn cat_stays_fused_when_that_is_cheaper() {
+    // A small penalty for cat: splitting around it would cost two more launches
+    // and a round trip of the intermediates through memory.
+    let t = parse(ROPE).unwrap();
+    let fuser = Scripted::fuser("fuser").with("cat", Script::Accept(500.0));
+    let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(
+        plan.regions.len(),
+        1,
+        "{}",
+        switchyard_core::report::render_plan(&plan, true)
+    );
+    assert_eq!(executor_of_op(&plan, "r"), "fuser");
+    same_results(&t, plan);
+}
+
+#[test]
+fn cat_is_split_out_when_fusing_it_costs_more() {
+    let t = parse(ROPE).unwrap();
+    let fuser = Scripted::fuser("fuser").with("cat", Script::Accept(1e6));
+    let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(executor_of_op(&plan, "r"), "fallback");
+    assert!(
+        notes_of(&plan, "r")
+            .iter()
+            .any(|n| n.starts_with("split out of a")),
+        "{:?}",
+        notes_of(&plan, "r")
+    );
+    same_results(&t, plan);
+}
+
+#[test]
+fn a_region_of_views_alone_is_dissolved() {
+    // Fused, the views would be a copy kernel with launch and host overhead;
+    // apart, each is a zero-copy view costing host overhead only.
+    let t = parse("input x: f32[64, 64]\nt = transpose(x, perm=[1, 0])\ns = slice(t, start=[0, 0], end=[32, 64])\noutput s\n").unwrap();
+    let plan = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "fallback"));
+    assert!(
+        notes_of(&plan, "s")[0].starts_with("region of 2 ops dissolved"),
+        "{:?}",
+        notes_of(&plan, "s")
+    );
+    same_results(&t, plan);
+}
+
+#[test]
+fn views_next_to_compute_stay_in_the_fusion() {
+    let t =
+        parse("input x: f32[64, 64]\nt = transpose(x, perm=[1, 0])\ne = exp(t)\nm = mul(e, 3.0)\noutput m\n")
+            .unwrap();
+    let plan = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], true).unwrap();
+    assert_eq!(plan.regions.len(), 1);
+    same_results(&t, plan);
+}
+
+#[test]
+fn composites_are_claimed_whole_or_decomposed() {
+    let src = "input x: f32[4, 8]\ny = softmax(x)\nz = relu(y)\noutput z\n";
+    let t = parse(src).unwrap();
+    let attn = Scripted::operator("attn").with("softmax", Script::Accept(10.0));
+    let plan = plan_with(&t, vec![attn.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(plan.trace.ops.len(), 2, "softmax kept whole");
+    assert_eq!(executor_of_op(&plan, "y"), "attn");
+    assert!(plan.explanation.kept_whole[0].contains("claimed whole by attn"));
+    let plan = plan_with(&t, vec![fallback()], true).unwrap();
+    assert!(plan.trace.ops.len() > 2, "softmax decomposed");
+    assert!(plan.explanation.decomposed[0].contains("no enabled executor claims `softmax` whole"));
+}
+
+#[test]
+fn an_unavailable_executor_is_skipped_with_its_reason() {
+    let t = parse(ROPE).unwrap();
+    let mut gpu = Scripted::fuser("gpu");
+    gpu.unavailable = Some("no CUDA driver found".into());
+    let plan = plan_with(&t, vec![gpu.arc(), fallback()], true).unwrap();
+    assert_eq!(
+        plan.explanation.unavailable,
+        vec![("gpu".to_string(), "no CUDA driver found".to_string())]
+    );
+    assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "fallback"));
+}
+
+#[test]
+fn an_op_nobody_claims_is_an_error_listing_every_reason() {
+    let t = parse("input x: f32[4]\ny = relu(x)\noutput y\n").unwrap();
+    let mut gone = Scripted::fuser("gpu");
+    gone.unavailable = Some("no device".into());
+    let e = plan_with(&t, vec![Scripted::operator("picky").arc(), gone.arc()], true).unwrap_err();
+    let m = e.to_string();
+    assert!(matches!(e, Error::Unclaimed { .. }), "{m}");
+    assert!(
+        m.contains("y = relu(x)")
+            && m.contains("picky rejects it: not scripted")
+            && m.contains("gpu is unavailable: no device"),
+        "{m}"
+    );
+}
+
+#[test]
+fn refine_hands_ops_back_to_their_next_claimant() {
+    let t = parse(ROPE).unwrap();
+    let mut fuser = Scripted::fuser("fuser");
+    fuser.hand_back = vec!["exp".into()];
+    let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(executor_of_op(&plan, "z"), "fallback");
+    assert_eq!(
+        notes_of(&plan, "z"),
+        vec!["handed back by fuser: fuser hands back exp".to_string()]
+    );
+    same_results(&t, plan);
+}
+
+#[test]
+fn horizontal_merging_can_be_turned_off() {
+    let t = parse(
+        "input x: f32[16]\ninput y: f32[16]\na = relu(x)\nb = exp(a)\nc = relu(y)\nd = exp(c)\noutput b, d\n",
+    )
+    .unwrap();
+    let on = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], true).unwrap();
+    let off = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], false).unwrap();
+    assert_eq!((on.regions.len(), off.regions.len()), (1, 2));
+    check_invariants(&off);
+}
+
+#[test]
+fn a_cheaper_operator_executor_wins_its_op() {
+    // The fuser can fuse matmul but is poor at it; a library executor runs it fast.
+    let t = parse(
+        "input a: f32[64, 64]\ninput b: f32[64, 64]\nr = relu(a)\nm = matmul(r, b)\ne = exp(m)\noutput e\n",
+    )
+    .unwrap();
+    let fuser = Scripted::fuser("fuser").with("matmul", Script::Accept(1e6));
+    let blas = Scripted::operator("blas").with("matmul", Script::Accept(100.0));
+    let plan = plan_with(&t, vec![fuser.arc(), blas.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(executor_of_op(&plan, "m"), "blas");
+    same_results(&t, plan);
+}
+
+#[test]
+fn plans_are_deterministic() {
+    let t = switchyard_tests::workloads::llama(1, switchyard_tests::workloads::BlockSize::SMALL).unwrap();
+    let ex = || {
+        vec![
+            Scripted::fuser("fuser").with("cat", Script::Accept(2e3)).arc(),
+            fallback(),
+        ]
+    };
+    let a = plan_with(&t, ex(), true).unwrap();
+    let b = plan_with(&t, ex(), true).unwrap();
+    assert_eq!(a.regions, b.regions);
+    check_invariants(&a);
+    same_results(&t, a);
+}
+
+/// A random DAG over f32[4, 4] and f32[4, 1] values.
+fn random_trace(steps: &[(usize, usize, usize)]) -> Trace {
+    use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
+    let mut b = switchyard_core::TraceBuilder::new();
+    let mut vals = vec![
+        b.input("x", switchyard_core::DType::F32, &[4, 4]).unwrap(),
+        b.input("y", switchyard_core::DType::F32, &[4, 1]).unwrap(),
+    ];
+    for &(kind, i, j) in steps {
+        let (p, q) = (vals[i % vals.len()], vals[j % vals.len()]);
+        let v = match kind % 8 {
+            0 => b.unary(UnaryOp::Relu, p),
+            1 => b.unary(UnaryOp::Tanh, p),
+            2 => b.binary(BinaryOp::Add, p, q),
+            3 => b.binary(BinaryOp::Mul, p, q),
+            4 => b.transpose(p, &[1, 0]),
+            5 => b.reduce(ReduceOp::Sum, p, Some(&[1]), true),
+            6 => b.matmul(p, q),
+            _ => b.mul(p, 0.5),
+        };
+        if let Ok(v) = v {
+            vals.push(v);
+        }
+    }
+    let outs: Vec<_> = vals[2..].iter().rev().take(2).copied().collect();
+    b.output(if outs.is_empty() { &vals[..1] } else { &outs });
+    b.finish().unwrap()
+}
+
+const OPS: [&str; 7] = ["relu", "tanh", "add", "mul", "transpose", "sum", "matmul"];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_plans_keep_the_invariants_and_the_results(
+        steps in proptest::collection::vec((0usize..8, any::<usize>(), any::<usize>()), 1..30),
+        fuser_table in proptest::collection::vec(prop_oneof![Just(None), (0.0f64..5e3).prop_map(Some)], 7),
+        op_table in proptest::collection::vec(prop_oneof![Just(None), (0.0f64..5e4).prop_map(Some)], 7),
+        hand_back in proptest::collection::vec(any::<bool>(), 7),
+        horizontal in any::<bool>(),
+    ) {
+        let t = random_trace(&steps);
+        let mut fuser = Scripted::fuser("fuser");
+        let mut oper = Scripted::operator("oper");
+        for (k, name) in OPS.iter().enumerate() {
+            fuser = fuser.with(name, match fuser_table[k] { Some(p) => Script::Accept(p), None => Script::Reject("scripted".into()) });
+            oper = oper.with(name, match op_table[k] { Some(c) => Script::Accept(c), None => Script::Reject("scripted".into()) });
+            if hand_back[k] {
+                fuser.hand_back.push(name.to_string());
+            }
+        }
+        let plan = plan_with(&t, vec![fuser.arc(), oper.arc(), fallback()], horizontal).unwrap();
+        check_invariants(&plan);
+        same_results(&t, plan);
+    }
+}
