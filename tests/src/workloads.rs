@@ -318,3 +318,46 @@ pub fn examples() -> Result<Vec<(&'static str, Trace)>> {
         ("sliced_attention.trace", sliced_attention(8, 64, 32)?),
     ])
 }
+
+/// A random trace of about `n` ops for planning benchmarks: chains of
+/// elementwise ops, views, reductions and matmuls over f32[32, 32] values, each
+/// op reading recent values so the graph has both depth and width.
+pub fn random_ops(n: usize, seed: u64) -> Result<Trace> {
+    use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
+    let mut b = TraceBuilder::new();
+    let mut vals = vec![
+        b.input("x", DType::F32, &[32, 32])?,
+        b.input("w", DType::F32, &[32, 32])?,
+    ];
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize
+    };
+    while b.trace().ops.len() < n {
+        let window = vals.len().min(16);
+        let p = vals[vals.len() - 1 - next() % window];
+        let q = vals[vals.len() - 1 - next() % window];
+        let v = match next() % 10 {
+            0 | 1 => b.unary(UnaryOp::Relu, p)?,
+            2 => b.unary(UnaryOp::Exp, p)?,
+            3 | 4 => b.binary(BinaryOp::Add, p, q)?,
+            5 => b.binary(BinaryOp::Mul, p, q)?,
+            6 => b.transpose(p, &[1, 0])?,
+            7 => {
+                let s = b.reduce(ReduceOp::Sum, p, Some(&[1]), true)?;
+                b.binary(BinaryOp::Sub, p, s)?
+            }
+            8 => b.matmul(p, q)?,
+            _ => b.mul(p, 0.5)?,
+        };
+        vals.push(v);
+    }
+    let last = *vals.last().expect("values exist");
+    b.output(&[last]);
+    b.finish()
+}

@@ -7,6 +7,8 @@
 //! linker keeps their link-time registrations.
 #![deny(missing_docs)]
 
+mod calibrate;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -48,6 +50,16 @@ enum Command {
     Plan(PlanArgs),
     /// List the registered executors with version, kind and availability.
     Executors,
+    /// Measure this CPU (bandwidth, FLOP/s per dtype, per-call overheads) and
+    /// write a cost-model profile that `[cost] profile = "FILE"` can name.
+    Calibrate {
+        /// Where to write the profile (TOML); printed when not given.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Smaller problems: faster, less precise.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Parse and validate a trace; print it back in canonical form with --print,
     /// or as JSON with --json.
     Check {
@@ -324,6 +336,21 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Plan(args) => plan(args),
         Command::Executors => executors(),
+        Command::Calibrate { output, quick } => calibrate::measure(quick).and_then(|m| {
+            match output {
+                Some(path) => {
+                    std::fs::write(&path, m.to_toml())
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    println!(
+                        "wrote {} (use it with [cost] profile = \"{}\")",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                None => print!("{}", m.to_toml()),
+            }
+            Ok(())
+        }),
         Command::Check { trace, print, json } => read_trace(&trace).and_then(|t| {
             if json {
                 println!("{}", t.to_json()?);

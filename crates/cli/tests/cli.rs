@@ -243,3 +243,141 @@ fn json_traces_run_like_text_ones() {
     let e = fails(bin().arg("run").arg(&path).output().unwrap());
     assert!(e.contains("mlp.json") && e.contains("json"), "{e}");
 }
+
+#[test]
+fn plan_explains_and_draws() {
+    let s = ok(bin()
+        .arg("plan")
+        .arg(example("mlp.trace"))
+        .arg("--explain")
+        .output()
+        .unwrap());
+    assert!(s.contains("11 ops in 11 regions on cpu"), "{s}");
+    assert!(
+        s.contains("decomposed: line 7: h = linear(x, w1, b1): no enabled executor claims `linear` whole"),
+        "{s}"
+    );
+    assert!(s.contains("fallback: accepts,"), "{s}");
+    let dot = scratch("plan.dot");
+    let s = ok(bin()
+        .arg("plan")
+        .arg(example("mlp.trace"))
+        .arg("--json")
+        .arg("--dot")
+        .arg(&dot)
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    for key in [
+        "regions",
+        "peak_bytes",
+        "peak_bytes_with_inputs",
+        "estimated_ns",
+        "cache",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert!(v["regions"][0]["estimated_ns"].as_u64().is_some());
+    let d = std::fs::read_to_string(&dot).unwrap();
+    assert!(
+        d.starts_with("digraph plan {") && d.contains("subgraph cluster_0") && d.contains("->"),
+        "{d}"
+    );
+}
+
+#[test]
+fn executors_lists_the_registry() {
+    let s = ok(bin().arg("executors").output().unwrap());
+    assert!(
+        s.contains("fallback") && s.contains("operator") && s.contains("available"),
+        "{s}"
+    );
+}
+
+#[test]
+fn config_files_choose_executors_and_cost_model() {
+    let cfg = scratch("c.toml");
+    std::fs::write(&cfg, "[cost]\nprofile = \"h200\"\n").unwrap();
+    let s = ok(bin()
+        .arg("plan")
+        .arg(example("mlp.trace"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap());
+    assert!(s.contains("regions on h200"), "{s}");
+    std::fs::write(&cfg, "enable = [\"nope\"]\n").unwrap();
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(example("mlp.trace"))
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("`enable`: unknown executor `nope` (known: fallback)"),
+        "{e}"
+    );
+    std::fs::write(&cfg, "[options.fallback]\nthreads = 2\n").unwrap();
+    let e = fails(
+        bin()
+            .arg("plan")
+            .arg(example("mlp.trace"))
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("`options.fallback`: unknown option `threads`"), "{e}");
+    std::fs::write(&cfg, "disable = [\"fallback\"]\n").unwrap();
+    let e = fails(
+        bin()
+            .arg("plan")
+            .arg(example("mlp.trace"))
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("no executor is left enabled"), "{e}");
+    std::fs::write(&cfg, "[partitioner\n").unwrap();
+    let e = fails(
+        bin()
+            .arg("plan")
+            .arg(example("mlp.trace"))
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("c.toml"), "{e}");
+}
+
+#[test]
+fn calibrate_writes_a_profile_config_can_use() {
+    let profile = scratch("cpu.toml");
+    ok(bin()
+        .args(["calibrate", "--quick", "--output"])
+        .arg(&profile)
+        .output()
+        .unwrap());
+    let m = switchyard_core::cost::DeviceModel::load(profile.to_str().unwrap()).unwrap();
+    assert_eq!(m.name, "cpu-calibrated");
+    assert!(m.bandwidth_gb_s > 0.0 && m.gflops["f32"] > 0.0);
+    let cfg = scratch("cal.toml");
+    std::fs::write(
+        &cfg,
+        format!("[cost]\nprofile = {:?}\n", profile.display().to_string()),
+    )
+    .unwrap();
+    let s = ok(bin()
+        .arg("plan")
+        .arg(example("mlp.trace"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap());
+    assert!(s.contains("regions on cpu-calibrated"), "{s}");
+}

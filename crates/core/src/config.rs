@@ -173,6 +173,8 @@ impl Config {
                 message: "must be at least 1".into(),
             });
         }
+        // Load the profile now, so a bad one is reported with the config.
+        self.device_model()?;
         Ok(())
     }
 
@@ -266,4 +268,68 @@ pub fn executor_statuses() -> Vec<(crate::executor::ExecutorInfo, Availability)>
             (e.info(), e.availability())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "t.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_every_section() {
+        let c = Config::parse(
+            "enable = [\"a\"]\ndisable = [\"b\"]\n[options.a]\nx = 1\n[partitioner]\nhorizontal = false\n[scheduler]\nstrategy = \"program\"\n[cache]\ncapacity = 8\n[cost]\nprofile = \"h200\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.enable, vec!["a"]);
+        assert!(!c.partitioner.horizontal);
+        assert_eq!(c.cache.capacity, 8);
+        assert_eq!(c.device_model().unwrap().name, "h200");
+        assert_eq!(Config::parse("", "t.toml").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn bad_keys_and_values_name_the_key() {
+        let e = err("executor = [\"fallback\"]\n");
+        assert!(
+            e.contains("unknown field `executor`") && e.contains("executors"),
+            "{e}"
+        );
+        let e = err("[partitioner]\nhorizontal = 3\n");
+        assert!(
+            e.contains("t.toml") && e.contains("invalid type: integer `3`, expected a boolean"),
+            "{e}"
+        );
+        let e = err("[scheduler]\nstrategy = \"sideways\"\n");
+        assert!(
+            e.contains("`scheduler.strategy`: unknown strategy `sideways`"),
+            "{e}"
+        );
+        let e = err("[cache]\ncapacity = 0\n");
+        assert!(e.contains("`cache.capacity`"), "{e}");
+        let e = err("[cost]\nprofile = \"tpu9\"\n");
+        assert!(
+            e.contains("`cost.profile`: `tpu9` is neither a built-in device model (cpu, h100, h200, a100)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn profiles_round_trip_through_files() {
+        let dir = std::env::temp_dir().join(format!("sy-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.toml");
+        let mut m = DeviceModel::cpu_default();
+        m.name = "measured".into();
+        std::fs::write(&path, m.to_toml()).unwrap();
+        assert_eq!(DeviceModel::load(path.to_str().unwrap()).unwrap(), m);
+        std::fs::write(&path, "name = \"x\"\nbandwidth_gb_s = -1.0\nlaunch_overhead_ns = 1.0\nhost_overhead_ns = 1.0\n[gflops]\nf32 = 1.0\n").unwrap();
+        let e = DeviceModel::load(path.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("bandwidth_gb_s must be positive"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

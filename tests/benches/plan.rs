@@ -1,0 +1,48 @@
+//! Criterion: time to partition random traces of 1 000, 10 000 and 100 000 ops,
+//! with the fallback alone and with a fusion executor in front of it (which
+//! exercises refinement, dissolving and splitting). Growth between sizes shows
+//! whether planning stays near O(n log n).
+//!
+//! `cargo bench -p switchyard-tests --bench plan`
+
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::{Executor, ExecutorSet};
+use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_tests::fakes::{Script, Scripted};
+use switchyard_tests::workloads::random_ops;
+
+fn plan_time(c: &mut Criterion) {
+    let device = DeviceModel::cpu_default();
+    let sets: [(&str, Vec<Arc<dyn Executor>>); 2] = [
+        ("fallback", vec![Arc::new(FallbackExecutor)]),
+        (
+            "fuser+fallback",
+            vec![
+                Scripted::fuser("fuser")
+                    .with("matmul", Script::Reject("no matmul".into()))
+                    .arc(),
+                Arc::new(FallbackExecutor),
+            ],
+        ),
+    ];
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10);
+    for n in [1_000usize, 10_000, 100_000] {
+        let trace = random_ops(n, 1).unwrap();
+        g.throughput(Throughput::Elements(trace.ops.len() as u64));
+        for (name, execs) in &sets {
+            let set = ExecutorSet::new(execs.clone());
+            g.bench_with_input(BenchmarkId::new(*name, n), &trace, |b, t| {
+                b.iter(|| partition(t, &set, &device, &PartitionOptions::default()).unwrap())
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(plan, plan_time);
+criterion_main!(plan);
