@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 use switchyard_core::config::{Config, executor_statuses};
 use switchyard_core::executor::Availability;
 use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors};
-use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::partition::{PartitionOptions, partition_owned};
 use switchyard_core::plan::Plan;
 use switchyard_core::report::{
     CacheReport, OutputReport, RunReport, human_ns, plan_dot, plan_report, region_reports, render_plan,
@@ -87,7 +87,7 @@ struct Planning {
 }
 
 impl Planning {
-    fn plan(&self, trace: &Trace) -> Result<Plan> {
+    fn plan(&self, trace: Trace) -> Result<Plan> {
         let config = match &self.config {
             Some(p) => Config::from_file(p)?,
             None => Config::default(),
@@ -97,7 +97,7 @@ impl Planning {
         let opts = PartitionOptions {
             horizontal: config.partitioner.horizontal,
         };
-        Ok(partition(trace, &set, &device, &opts)?)
+        Ok(partition_owned(trace, &set, &device, &opts)?)
     }
 }
 
@@ -171,11 +171,13 @@ fn human_bytes(b: usize) -> String {
 
 fn run(args: RunArgs) -> Result<()> {
     let trace = read_trace(&args.trace)?;
-    let plan = args.planning.plan(&trace)?;
+    let plan = args.planning.plan(trace)?;
     let compiled = CompiledPlan::compile(plan)?;
+    // Lowering keeps the inputs, so the plan's trace names them as the file did.
+    let trace = &compiled.plan().trace;
     let inputs = match &args.inputs {
-        Some(path) => load_inputs(path, &trace)?,
-        None => random_inputs(&trace, args.seed),
+        Some(path) => load_inputs(path, trace)?,
+        None => random_inputs(trace, args.seed),
     };
     let opts = RunOptions { profile: args.json };
     let mut times = Vec::with_capacity(args.repeat as usize);
@@ -287,8 +289,7 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 fn plan(args: PlanArgs) -> Result<()> {
-    let trace = read_trace(&args.trace)?;
-    let plan = args.planning.plan(&trace)?;
+    let plan = args.planning.plan(read_trace(&args.trace)?)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -54,8 +54,8 @@ pub struct Candidate {
 /// Why an op ended where it did.
 #[derive(Clone, Debug, Serialize)]
 pub struct OpExplanation {
-    /// The op, as a statement with its line.
-    pub op: String,
+    /// The op, in the plan's (lowered) trace.
+    pub op: OpId,
     /// Every enabled, available executor's claim.
     pub candidates: Vec<Candidate>,
     /// The executor that runs it.
@@ -94,6 +94,16 @@ pub fn partition(
     device: &DeviceModel,
     opts: &PartitionOptions,
 ) -> Result<Plan> {
+    partition_owned(trace.clone(), set, device, opts)
+}
+
+/// [`partition`], taking the trace by value so that it need not be copied.
+pub fn partition_owned(
+    trace: Trace,
+    set: &ExecutorSet,
+    device: &DeviceModel,
+    opts: &PartitionOptions,
+) -> Result<Plan> {
     let mut explanation = Explanation::default();
     let mut execs = Vec::new();
     for (index, e) in set.executors.iter().enumerate() {
@@ -107,7 +117,9 @@ pub fn partition(
             Availability::Unavailable(reason) => explanation.unavailable.push((info.name, reason)),
         }
     }
+    let t0 = std::time::Instant::now();
     let lowered = lower(trace, set, device, &execs, &mut explanation)?;
+    let t_lower = t0.elapsed();
     let consumers = lowered.consumers();
     let cx_for = |k: usize| Context {
         trace: &lowered,
@@ -126,6 +138,7 @@ pub fn partition(
                 .collect()
         })
         .collect();
+    let t_claims = t0.elapsed();
     let mut banned = vec![vec![false; execs.len()]; n];
     let mut notes: Vec<Vec<String>> = vec![Vec::new(); n];
 
@@ -184,6 +197,7 @@ pub fn partition(
         }
     };
     explanation.rounds = rounds;
+    let t_regions = t0.elapsed();
 
     let mut plan_regions = Vec::with_capacity(regions.len());
     let mut estimates = Vec::with_capacity(regions.len());
@@ -204,7 +218,7 @@ pub fn partition(
     }
     explanation.ops = (0..n)
         .map(|op| OpExplanation {
-            op: lowered.describe_op(OpId(op as u32)),
+            op: OpId(op as u32),
             candidates: execs
                 .iter()
                 .zip(&claims[op])
@@ -218,6 +232,16 @@ pub fn partition(
             notes: std::mem::take(&mut notes[op]),
         })
         .collect();
+    tracing::debug!(
+        ops = n,
+        regions = plan_regions.len(),
+        rounds,
+        lower_ms = t_lower.as_secs_f64() * 1e3,
+        claims_ms = (t_claims - t_lower).as_secs_f64() * 1e3,
+        regions_ms = (t_regions - t_claims).as_secs_f64() * 1e3,
+        report_ms = (t0.elapsed() - t_regions).as_secs_f64() * 1e3,
+        "partitioned"
+    );
     Ok(Plan {
         trace: lowered,
         executors: set.executors.clone(),
@@ -231,14 +255,17 @@ pub fn partition(
 
 /// Decomposes, round by round, the composites that no available executor claims whole.
 fn lower(
-    trace: &Trace,
+    trace: Trace,
     set: &ExecutorSet,
     device: &DeviceModel,
     execs: &[Exec],
     ex: &mut Explanation,
 ) -> Result<Trace> {
-    let mut current = trace.clone();
+    let mut current = trace;
     loop {
+        if !current.ops.iter().any(|op| op.kind.is_composite()) {
+            return Ok(current);
+        }
         let consumers = current.consumers();
         let mut decompose = HashSet::new();
         for (id, op) in current.ops_with_ids() {

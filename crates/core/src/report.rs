@@ -82,7 +82,59 @@ pub struct PlanReport {
     pub device: String,
     /// Why each op went where it did (with `--explain`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub explanation: Option<crate::partition::Explanation>,
+    pub explanation: Option<ExplanationReport>,
+}
+
+/// [`crate::partition::Explanation`] with each op written out as a statement.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExplanationReport {
+    /// Executors skipped because they cannot run here, with the reason.
+    pub unavailable: Vec<(String, String)>,
+    /// Composites kept whole, with the executor that claimed them.
+    pub kept_whole: Vec<String>,
+    /// Composites decomposed because no executor claimed them whole.
+    pub decomposed: Vec<String>,
+    /// Per op: its statement, candidates, choice, region and notes.
+    pub ops: Vec<OpExplanationReport>,
+    /// Rounds of region forming.
+    pub rounds: usize,
+}
+
+/// One op's explanation, for reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpExplanationReport {
+    /// The op, as a statement with its line.
+    pub op: String,
+    /// Every enabled, available executor's claim.
+    pub candidates: Vec<crate::partition::Candidate>,
+    /// The executor that runs it.
+    pub chosen: String,
+    /// Its region.
+    pub region: usize,
+    /// What moved it.
+    pub notes: Vec<String>,
+}
+
+/// The explanation of a plan, for reports.
+pub fn explanation_report(plan: &Plan) -> ExplanationReport {
+    let ex = &plan.explanation;
+    ExplanationReport {
+        unavailable: ex.unavailable.clone(),
+        kept_whole: ex.kept_whole.clone(),
+        decomposed: ex.decomposed.clone(),
+        ops: ex
+            .ops
+            .iter()
+            .map(|o| OpExplanationReport {
+                op: plan.trace.describe_op(o.op),
+                candidates: o.candidates.clone(),
+                chosen: o.chosen.clone(),
+                region: o.region,
+                notes: o.notes.clone(),
+            })
+            .collect(),
+        rounds: ex.rounds,
+    }
 }
 
 /// The regions of a plan as report entries (without times).
@@ -110,7 +162,7 @@ pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
         estimated_ns: Some(plan.estimated_ns().round() as u64),
         cache: CacheReport::default(),
         device: plan.device.name.clone(),
-        explanation: explain.then(|| plan.explanation.clone()),
+        explanation: explain.then(|| explanation_report(plan)),
     }
 }
 
@@ -168,7 +220,13 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
         let _ = writeln!(s, "  decomposed: {d}");
     }
     for op in &ex.ops {
-        let _ = writeln!(s, "  {} -> {} (region {})", op.op, op.chosen, op.region);
+        let _ = writeln!(
+            s,
+            "  {} -> {} (region {})",
+            plan.trace.describe_op(op.op),
+            op.chosen,
+            op.region
+        );
         for c in &op.candidates {
             let claim = match &c.claim {
                 crate::executor::Claim::Accept(ns) => format!("accepts, {}", human_ns(*ns)),
