@@ -37,6 +37,19 @@ fn check(name: &str, got: &str) {
     }
 }
 
+/// The `plan --explain` text of an example trace on `set`.
+fn explain(file: &str, set: &ExecutorSet) -> String {
+    let src = std::fs::read_to_string(repo_path(&format!("examples/traces/{file}.trace"))).unwrap();
+    let plan = partition(
+        &parse(&src).unwrap(),
+        set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )
+    .unwrap();
+    render_plan(&plan, true)
+}
+
 #[test]
 fn examples_with_the_registered_executors() {
     // Referencing the fallback keeps its registration linked into this test.
@@ -50,21 +63,12 @@ fn examples_with_the_registered_executors() {
         "parallel_paths_efficient",
         "sliced_attention",
     ] {
-        let src = std::fs::read_to_string(repo_path(&format!("examples/traces/{file}.trace"))).unwrap();
-        let plan = partition(
-            &parse(&src).unwrap(),
-            &set,
-            &DeviceModel::cpu_default(),
-            &PartitionOptions::default(),
-        )
-        .unwrap();
-        check(file, &render_plan(&plan, true));
+        check(file, &explain(file, &set));
     }
 }
 
 #[test]
 fn transformer_block_with_a_fuser_poor_at_cat() {
-    let src = std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap();
     let fuser = Scripted::fuser("fuser")
         .with("cat", Script::Accept(3e3))
         .with("matmul", Script::Reject("no matmul".into()));
@@ -72,12 +76,5 @@ fn transformer_block_with_a_fuser_poor_at_cat() {
         fuser.arc(),
         std::sync::Arc::new(switchyard_exec_fallback::FallbackExecutor),
     ]);
-    let plan = partition(
-        &parse(&src).unwrap(),
-        &set,
-        &DeviceModel::cpu_default(),
-        &PartitionOptions::default(),
-    )
-    .unwrap();
-    check("transformer_block.fuser", &render_plan(&plan, true));
+    check("transformer_block.fuser", &explain("transformer_block", &set));
 }

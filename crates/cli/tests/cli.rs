@@ -294,65 +294,45 @@ fn executors_lists_the_registry() {
     );
 }
 
-#[test]
-fn config_files_choose_executors_and_cost_model() {
-    let cfg = scratch("c.toml");
-    std::fs::write(&cfg, "[cost]\nprofile = \"h200\"\n").unwrap();
-    let s = ok(bin()
-        .arg("plan")
+/// Runs `COMMAND mlp.trace --config FILE` with `config` written to FILE.
+fn with_config(command: &str, config: &str) -> Output {
+    let cfg = scratch(&format!("{command}-{}.toml", config.len()));
+    std::fs::write(&cfg, config).unwrap();
+    bin()
+        .arg(command)
         .arg(example("mlp.trace"))
         .arg("--config")
         .arg(&cfg)
         .output()
-        .unwrap());
+        .unwrap()
+}
+
+#[test]
+fn config_files_choose_executors_and_cost_model() {
+    let s = ok(with_config("plan", "[cost]\nprofile = \"h200\"\n"));
     assert!(s.contains("regions on h200"), "{s}");
-    std::fs::write(&cfg, "enable = [\"nope\"]\n").unwrap();
-    let e = fails(
-        bin()
-            .arg("run")
-            .arg(example("mlp.trace"))
-            .arg("--config")
-            .arg(&cfg)
-            .output()
-            .unwrap(),
-    );
-    assert!(
-        e.contains("`enable`: unknown executor `nope` (known: fallback)"),
-        "{e}"
-    );
-    std::fs::write(&cfg, "[options.fallback]\nthreads = 2\n").unwrap();
-    let e = fails(
-        bin()
-            .arg("plan")
-            .arg(example("mlp.trace"))
-            .arg("--config")
-            .arg(&cfg)
-            .output()
-            .unwrap(),
-    );
-    assert!(e.contains("`options.fallback`: unknown option `threads`"), "{e}");
-    std::fs::write(&cfg, "disable = [\"fallback\"]\n").unwrap();
-    let e = fails(
-        bin()
-            .arg("plan")
-            .arg(example("mlp.trace"))
-            .arg("--config")
-            .arg(&cfg)
-            .output()
-            .unwrap(),
-    );
-    assert!(e.contains("no executor is left enabled"), "{e}");
-    std::fs::write(&cfg, "[partitioner\n").unwrap();
-    let e = fails(
-        bin()
-            .arg("plan")
-            .arg(example("mlp.trace"))
-            .arg("--config")
-            .arg(&cfg)
-            .output()
-            .unwrap(),
-    );
-    assert!(e.contains("c.toml"), "{e}");
+    let cases = [
+        (
+            "run",
+            "enable = [\"nope\"]\n",
+            "`enable`: unknown executor `nope` (known: fallback)",
+        ),
+        (
+            "plan",
+            "[options.fallback]\nthreads = 2\n",
+            "`options.fallback`: unknown option `threads`",
+        ),
+        (
+            "plan",
+            "disable = [\"fallback\"]\n",
+            "no executor is left enabled",
+        ),
+        ("plan", "[partitioner\n", ".toml"),
+    ];
+    for (command, config, want) in cases {
+        let e = fails(with_config(command, config));
+        assert!(e.contains(want), "{config:?}: {e}");
+    }
 }
 
 #[test]

@@ -225,9 +225,14 @@ impl ExecutorSet {
 
     /// The options of an executor (empty when none are configured).
     pub fn options_of(&self, name: &str) -> &toml::Table {
-        static EMPTY: std::sync::OnceLock<toml::Table> = std::sync::OnceLock::new();
-        self.options
-            .get(name)
-            .unwrap_or_else(|| EMPTY.get_or_init(toml::Table::new))
+        options_in(&self.options, name)
     }
+}
+
+/// `options[name]`, or an empty table when that executor has no options.
+pub fn options_in<'a>(options: &'a BTreeMap<String, toml::Table>, name: &str) -> &'a toml::Table {
+    static EMPTY: std::sync::OnceLock<toml::Table> = std::sync::OnceLock::new();
+    options
+        .get(name)
+        .unwrap_or_else(|| EMPTY.get_or_init(toml::Table::new))
 }

@@ -85,10 +85,7 @@ impl Plan {
 
     /// The options of an executor by name.
     pub fn options_of(&self, name: &str) -> &toml::Table {
-        static EMPTY: std::sync::OnceLock<toml::Table> = std::sync::OnceLock::new();
-        self.options
-            .get(name)
-            .unwrap_or_else(|| EMPTY.get_or_init(toml::Table::new))
+        crate::executor::options_in(&self.options, name)
     }
 
     /// Calls `f` with the context a region's executor works in.
