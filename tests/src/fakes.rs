@@ -39,6 +39,9 @@ pub struct Scripted {
     pub hand_back: Vec<String>,
     /// Unavailable, with this reason.
     pub unavailable: Option<String>,
+    /// Runs its regions on this device (its kernels insist their inputs are
+    /// there), instead of where the trace puts the values.
+    pub placement: Option<Device>,
 }
 
 impl Scripted {
@@ -51,6 +54,7 @@ impl Scripted {
             default: Script::Accept(0.0),
             hand_back: vec![],
             unavailable: None,
+            placement: None,
         }
     }
 
@@ -63,6 +67,7 @@ impl Scripted {
             default: Script::Reject("not scripted".into()),
             hand_back: vec![],
             unavailable: None,
+            placement: None,
         }
     }
 
@@ -110,8 +115,13 @@ impl Executor for Scripted {
         if o.kind.is_composite() && !self.script.contains_key(o.kind.name()) {
             return Claim::Reject("composites only when scripted".into());
         }
-        if o.outputs.iter().any(|v| cx.trace.meta(*v).device != Device::Cpu) {
-            return Claim::Reject("cpu only".into());
+        let home = self.placement.unwrap_or(Device::Cpu);
+        if let Some(v) = o
+            .outputs
+            .iter()
+            .find(|v| ![Device::Cpu, home].contains(&cx.trace.meta(**v).device))
+        {
+            return Claim::Reject(format!("cannot reach {}", cx.trace.meta(*v).device));
         }
         match self.answer(o.kind) {
             Script::Accept(c) if self.kind == ExecutorKind::Operator => Claim::Accept(*c),
@@ -165,7 +175,53 @@ impl Executor for Scripted {
         }
     }
 
+    fn placement(&self, region: &[OpId], cx: &Context) -> Device {
+        match self.placement {
+            Some(d) => d,
+            None => region
+                .first()
+                .and_then(|&op| cx.trace.op(op).outputs.first())
+                .map(|&v| cx.trace.meta(v).device)
+                .unwrap_or(Device::Cpu),
+        }
+    }
+
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
-        FallbackExecutor.compile(region, cx)
+        // A fallback kernel, run on the host: devices other than the CPU must
+        // be ones a test layer simulates (with host memory underneath).
+        let inner = FallbackExecutor.compile(region, &Context { ..*cx })?;
+        Ok(Box::new(PlacedKernel {
+            inner,
+            device: region.device,
+        }))
+    }
+}
+
+/// Runs a host kernel for a region placed on a (simulated) device: checks that
+/// the runtime delivered every input there, and leaves the outputs there.
+struct PlacedKernel {
+    inner: Box<dyn Kernel>,
+    device: Device,
+}
+
+impl Kernel for PlacedKernel {
+    fn run(&self, inputs: &[&switchyard_core::Tensor]) -> Result<Vec<switchyard_core::Tensor>> {
+        use switchyard_core::device::move_to;
+        if let Some(t) = inputs.iter().find(|t| t.device() != self.device) {
+            return Err(switchyard_core::Error::Tensor {
+                name: "<input>".into(),
+                message: format!("reached a kernel on {} while on {}", self.device, t.device()),
+            });
+        }
+        let host: Vec<switchyard_core::Tensor> = inputs
+            .iter()
+            .map(|t| move_to(t, Device::Cpu))
+            .collect::<Result<_>>()?;
+        let refs: Vec<&switchyard_core::Tensor> = host.iter().collect();
+        self.inner
+            .run(&refs)?
+            .iter()
+            .map(|t| move_to(t, self.device))
+            .collect()
     }
 }

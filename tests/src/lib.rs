@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod fakes;
+pub mod simdevice;
 pub mod workloads;
 
 use std::sync::Arc;
@@ -46,7 +47,7 @@ pub fn run_text(src: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 /// Asserts that `got` holds `want` (in logical order) within `tol`, relative to
 /// max(1, |want|); NaNs must match NaNs.
 pub fn assert_close(got: &Tensor, want: &[f64], tol: f64) {
-    let g = got.to_f64_vec();
+    let g = got.to_f64_vec().expect("outputs are returned in host memory");
     assert_eq!(g.len(), want.len(), "element count: got {g:?}, want {want:?}");
     for (i, (a, b)) in g.iter().zip(want).enumerate() {
         let ok = if b.is_nan() {

@@ -9,7 +9,7 @@ use switchyard_tests::{assert_close, run_text};
 
 fn rand(shape: &[usize], stream: u64) -> (Tensor, Vec<f64>) {
     let t = random_tensor(&TensorMeta::new(DType::F64, shape.to_vec()), 42, stream);
-    let v = t.to_f64_vec();
+    let v = t.to_f64_vec().unwrap();
     (t, v)
 }
 

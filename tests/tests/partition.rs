@@ -67,7 +67,7 @@ fn same_results(trace: &Trace, plan: Plan) {
     let want = run(trace, &inputs).unwrap();
     let got = run_plan(plan, &inputs).unwrap();
     for (g, w) in got.outputs.iter().zip(&want.outputs) {
-        assert_close(g, &w.to_f64_vec(), 0.0);
+        assert_close(g, &w.to_f64_vec().unwrap(), 0.0);
     }
 }
 

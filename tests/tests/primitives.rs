@@ -562,13 +562,13 @@ fn creation_ops() {
     assert_eq!(out[2].to_vec::<i64>().unwrap(), vec![1, 3, 5, 1, 3, 5]);
     let src = "u = uniform(shape=[20000], low=2.0, high=4.0, seed=5)\nv = uniform(shape=[20000], low=2.0, high=4.0, seed=5)\nw = uniform(shape=[20000], low=2.0, high=4.0, seed=6)\nn = normal(shape=[20000], mean=1.0, std=2.0, seed=1, dtype=f64)\noutput u, v, w, n\n";
     let out = run_text(src, &[]).unwrap();
-    let u = out[0].to_f64_vec();
-    assert_eq!(u, out[1].to_f64_vec(), "same seed, same numbers");
-    assert_ne!(u, out[2].to_f64_vec(), "another seed, other numbers");
+    let u = out[0].to_f64_vec().unwrap();
+    assert_eq!(u, out[1].to_f64_vec().unwrap(), "same seed, same numbers");
+    assert_ne!(u, out[2].to_f64_vec().unwrap(), "another seed, other numbers");
     assert!(u.iter().all(|&x| (2.0..4.0).contains(&x)));
     let mean = u.iter().sum::<f64>() / u.len() as f64;
     assert!((mean - 3.0).abs() < 0.02, "{mean}");
-    let n = out[3].to_f64_vec();
+    let n = out[3].to_f64_vec().unwrap();
     let m = n.iter().sum::<f64>() / n.len() as f64;
     let sd = (n.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n.len() as f64).sqrt();
     assert!((m - 1.0).abs() < 0.05 && (sd - 2.0).abs() < 0.05, "{m} {sd}");
@@ -591,7 +591,7 @@ fn half_matmul_accumulates_in_f32() {
         let src = format!(
             "input a: f32[1, {k}]\ninput b: f32[{k}, 1]\nx = cast(a, dtype={dt})\ny = cast(b, dtype={dt})\nc = matmul(x, y)\noutput c\n"
         );
-        let got = run_text(&src, &[a, b]).unwrap()[0].to_f64_vec()[0];
+        let got = run_text(&src, &[a, b]).unwrap()[0].to_f64_vec().unwrap()[0];
         // One final rounding to f16 (spacing 2^-6 at 10) or bf16 (2^-3 at 10).
         let tol = if dt == "f16" { 2f64.powi(-6) } else { 2f64.powi(-3) };
         assert!((got - exact).abs() <= tol, "{dt}: {got} vs {exact}");

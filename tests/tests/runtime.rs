@@ -84,6 +84,9 @@ fn runs_are_deterministic() {
     let inputs = random_inputs(&t, 3);
     let a = run(&t, &inputs).unwrap();
     let b = run(&t, &inputs).unwrap();
-    assert_eq!(a.outputs[0].to_f64_vec(), b.outputs[0].to_f64_vec());
+    assert_eq!(
+        a.outputs[0].to_f64_vec().unwrap(),
+        b.outputs[0].to_f64_vec().unwrap()
+    );
     assert_eq!(a.peak_bytes, b.peak_bytes);
 }

@@ -150,7 +150,7 @@ fn inputs_and_outputs_through_safetensors() {
         .unwrap());
     let a = read_safetensors(&out_a).unwrap();
     let b = read_safetensors(&out_b).unwrap();
-    assert_eq!(a["y"].to_f64_vec(), b["y"].to_f64_vec());
+    assert_eq!(a["y"].to_f64_vec().unwrap(), b["y"].to_f64_vec().unwrap());
     assert_eq!(a["y"].shape(), &[32, 128]);
 
     // A missing tensor and a wrong shape are clear errors.

@@ -82,6 +82,12 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A plan puts a tensor on a device that no linked device layer serves.
+    #[error("no device layer serving {device} is linked into this program, so tensors cannot be moved there")]
+    NoDeviceLayer {
+        /// The device.
+        device: String,
+    },
     /// Reading or writing a file.
     #[error("{path}: {source}")]
     Io {

@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::ir::{OpId, Trace, ValueId};
+use crate::meta::Device;
 use crate::tensor::Tensor;
 
 /// How an executor runs ops.
@@ -104,6 +105,8 @@ pub struct Region {
     pub inputs: Vec<ValueId>,
     /// Values the region defines that are used after it, returned, or never read.
     pub outputs: Vec<ValueId>,
+    /// Where its kernel takes its inputs and leaves its outputs.
+    pub device: Device,
 }
 
 /// Compiled code for one region.
@@ -152,6 +155,17 @@ pub trait Executor: Send + Sync {
             ExecutorKind::Operator => region.iter().map(|&op| cx.device.op_ns(cx.trace, op)).sum(),
             ExecutorKind::Fusion => cx.device.fused_ns(cx.trace, region, cx.consumers),
         }
+    }
+
+    /// Where the kernel of `region` runs: its inputs are moved there first, and
+    /// its outputs stay there until something else needs them. By default, the
+    /// device the trace puts the region's values on.
+    fn placement(&self, region: &[OpId], cx: &Context) -> Device {
+        region
+            .first()
+            .and_then(|&op| cx.trace.op(op).outputs.first())
+            .map(|&v| cx.trace.meta(v).device)
+            .unwrap_or(Device::Cpu)
     }
 
     /// Compiles a region into a kernel.

@@ -58,10 +58,10 @@ fn storage_from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
     }
 }
 
-fn bytes_of(t: &Tensor) -> Vec<u8> {
-    let t = t.contiguous();
+fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
+    let t = crate::device::move_to(t, crate::Device::Cpu)?.contiguous()?;
     let mut out = Vec::with_capacity(t.numel() * t.dtype().size());
-    match t.storage() {
+    match t.host()? {
         Storage::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         Storage::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         Storage::F16(v) => v
@@ -74,7 +74,7 @@ fn bytes_of(t: &Tensor) -> Vec<u8> {
         Storage::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         Storage::Bool(v) => v.iter().for_each(|&x| out.push(u8::from(x))),
     }
-    out
+    Ok(out)
 }
 
 /// Reads every tensor of a safetensors file.
@@ -108,8 +108,8 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let data: Vec<(String, Vec<u8>, DType, Vec<usize>)> = tensors
         .iter()
-        .map(|(n, t)| (n.clone(), bytes_of(t), t.dtype(), t.shape().to_vec()))
-        .collect();
+        .map(|(n, t)| Ok((n.clone(), bytes_of(t)?, t.dtype(), t.shape().to_vec())))
+        .collect::<Result<_>>()?;
     let bad = |message: String| Error::SafeTensors {
         path: path.to_path_buf(),
         message,
@@ -192,7 +192,10 @@ pub fn random_inputs(trace: &Trace, seed: u64) -> Vec<Tensor> {
 
 /// A short human rendering of a tensor: dtype, shape, the first few values.
 pub fn preview(t: &Tensor, max: usize) -> String {
-    let vals: Vec<String> = with_storage!(t.storage(), data, T => {
+    let Some(storage) = t.storage() else {
+        return format!("{}{} on {}", t.dtype(), ShapeDisplay(t.shape()), t.device());
+    };
+    let vals: Vec<String> = with_storage!(storage, data, T => {
         t.offsets().take(max).map(|o| fmt_elem(data[o].to_f64(), t.dtype())).collect()
     });
     let more = if t.numel() > max { ", ..." } else { "" };
@@ -239,7 +242,7 @@ mod tests {
             let b = &back[n];
             assert_eq!(b.dtype(), t.dtype());
             assert_eq!(b.shape(), t.shape());
-            assert_eq!(b.to_f64_vec(), t.to_f64_vec());
+            assert_eq!(b.to_f64_vec().unwrap(), t.to_f64_vec().unwrap());
         }
         std::fs::write(&path, b"not a safetensors file").unwrap();
         let e = read_safetensors(&path).unwrap_err().to_string();

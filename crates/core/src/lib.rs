@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod cost;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod executor;

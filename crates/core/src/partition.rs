@@ -208,12 +208,14 @@ pub fn partition_owned(
         for op in &ops {
             region_of[op.index()] = id;
         }
+        let device = set.executors[execs[k].index].placement(&ops, &cx_for(k));
         plan_regions.push(Region {
             id,
             executor: execs[k].index,
             ops,
             inputs,
             outputs,
+            device,
         });
     }
     explanation.ops = (0..n)

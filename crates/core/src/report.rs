@@ -11,6 +11,8 @@ pub struct RegionReport {
     pub id: usize,
     /// The executor that runs it.
     pub executor: String,
+    /// The device its kernel runs on.
+    pub device: String,
     /// The ops it holds, as statements.
     pub ops: Vec<String>,
     /// The cost model's estimate; `None` until a cost model is configured.
@@ -145,6 +147,7 @@ pub fn region_reports(plan: &Plan) -> Vec<RegionReport> {
         .map(|(r, est)| RegionReport {
             id: r.id,
             executor: plan.executor_name(r),
+            device: r.device.to_string(),
             ops: r.ops.iter().map(|&o| plan.trace.describe_op(o)).collect(),
             estimated_ns: Some(est.round() as u64),
             time_ns: None,
@@ -194,9 +197,14 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
         peak
     );
     for (r, est) in plan.regions.iter().zip(&plan.estimates) {
+        let place = if r.device == crate::meta::Device::Cpu {
+            String::new()
+        } else {
+            format!(" at {}", r.device)
+        };
         let _ = writeln!(
             s,
-            "region {} on {} ({}):",
+            "region {} on {}{place} ({}):",
             r.id,
             plan.executor_name(r),
             human_ns(*est)

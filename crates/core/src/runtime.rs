@@ -8,9 +8,11 @@
 
 use std::time::Instant;
 
+use crate::device::{move_to, transfer_for};
 use crate::error::{Error, Result};
 use crate::executor::Kernel;
 use crate::ir::ValueId;
+use crate::meta::Device;
 use crate::plan::Plan;
 use crate::tensor::Tensor;
 
@@ -18,6 +20,7 @@ struct Step {
     inputs: Vec<ValueId>,
     outputs: Vec<ValueId>,
     free_after: Vec<ValueId>,
+    device: Device,
 }
 
 /// A plan with every region compiled, ready to run.
@@ -113,6 +116,15 @@ impl CompiledPlan {
             kernels.push(plan.with_context(region, &consumers, |cx| exec.compile(region, cx))?);
         }
         let trace = &plan.trace;
+        // Every device the plan puts a tensor on needs a layer to move it there.
+        let devices = plan
+            .regions
+            .iter()
+            .map(|r| r.device)
+            .chain(trace.values.iter().map(|v| v.meta.device));
+        for d in devices.filter(|d| *d != Device::Cpu) {
+            transfer_for(d)?;
+        }
         // The last region that reads each value.
         let mut last_read: Vec<Option<usize>> = vec![None; trace.values.len()];
         for (i, r) in plan.regions.iter().enumerate() {
@@ -128,6 +140,7 @@ impl CompiledPlan {
                 inputs: r.inputs.clone(),
                 outputs: r.outputs.clone(),
                 free_after: Vec::new(),
+                device: r.device,
             })
             .collect();
         for (i, r) in plan.regions.iter().enumerate() {
@@ -204,8 +217,9 @@ impl CompiledPlan {
         for (&id, t) in trace.inputs.iter().zip(inputs) {
             let v = trace.value(id);
             t.check_meta(&v.name, &v.meta)?;
-            live.acquire(t, true);
-            slots[id.index()] = Some(t.clone());
+            let t = move_to(t, v.meta.device)?;
+            live.acquire(&t, true);
+            slots[id.index()] = Some(t);
         }
         live.record_peak();
         for &id in &self.unread_inputs {
@@ -215,6 +229,19 @@ impl CompiledPlan {
         }
         let mut region_ns = Vec::new();
         for (i, (step, kernel)) in self.steps.iter().zip(&self.kernels).enumerate() {
+            // Inputs on another device than the region's are moved there; the
+            // copy replaces the value (and is counted: it is an allocation).
+            for v in &step.inputs {
+                let slot = &mut slots[v.index()];
+                if let Some(t) = slot.as_ref().filter(|t| t.device() != step.device) {
+                    let moved = move_to(t, step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;
+                    live.acquire(&moved, false);
+                    live.record_peak();
+                    if let Some(old) = slot.replace(moved) {
+                        live.release(&old);
+                    }
+                }
+            }
             let args: Vec<&Tensor> = step
                 .inputs
                 .iter()
@@ -253,14 +280,17 @@ impl CompiledPlan {
                 }
             }
         }
+        // Outputs are returned on the device the trace declares them on.
         let outputs = trace
             .outputs
             .iter()
             .map(|v| {
-                slots[v.index()].clone().ok_or_else(|| Error::Tensor {
-                    name: trace.value(*v).name.clone(),
+                let value = trace.value(*v);
+                let t = slots[v.index()].as_ref().ok_or_else(|| Error::Tensor {
+                    name: value.name.clone(),
                     message: "was never computed".into(),
-                })
+                })?;
+                move_to(t, value.meta.device)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(RunResult {

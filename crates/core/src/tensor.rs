@@ -1,4 +1,5 @@
-//! Host tensors: a shared, typed buffer plus a strided view of it.
+//! Tensors: a shared buffer plus a strided view of it. The buffer is host
+//! memory ([`Storage`]) or a device layer's memory ([`DeviceBuffer`]).
 //!
 //! Views (reshape, transpose, slice, broadcast) share the buffer, so the runtime
 //! can tell a new allocation from a view by the buffer's identity.
@@ -7,9 +8,10 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use crate::device::DeviceBuffer;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::meta::{ShapeDisplay, TensorMeta, contiguous_strides, is_contiguous, numel};
+use crate::meta::{Device, ShapeDisplay, TensorMeta, contiguous_strides, is_contiguous, numel};
 
 /// A typed, dense buffer of elements.
 #[derive(Clone, Debug, PartialEq)]
@@ -149,10 +151,26 @@ stored!(i32, I32);
 stored!(i64, I64);
 stored!(bool, Bool);
 
+/// Where a tensor's elements are.
+#[derive(Clone, Debug)]
+enum Buffer {
+    Host(Arc<Storage>),
+    Device(Arc<dyn DeviceBuffer>),
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Host(s) => s.len(),
+            Buffer::Device(d) => d.len(),
+        }
+    }
+}
+
 /// A strided view of a shared buffer.
 #[derive(Clone, Debug)]
 pub struct Tensor {
-    storage: Arc<Storage>,
+    buffer: Buffer,
     shape: Vec<usize>,
     strides: Vec<isize>,
     offset: usize,
@@ -172,7 +190,27 @@ impl Tensor {
             });
         }
         Ok(Tensor {
-            storage: Arc::new(storage),
+            buffer: Buffer::Host(Arc::new(storage)),
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            offset: 0,
+        })
+    }
+
+    /// A contiguous tensor in a device layer's memory.
+    pub fn from_device(buffer: Arc<dyn DeviceBuffer>, shape: &[usize]) -> Result<Tensor> {
+        if buffer.len() != numel(shape) {
+            return Err(Error::Tensor {
+                name: "<new>".into(),
+                message: format!(
+                    "{} elements cannot have shape {}",
+                    buffer.len(),
+                    ShapeDisplay(shape)
+                ),
+            });
+        }
+        Ok(Tensor {
+            buffer: Buffer::Device(buffer),
             strides: contiguous_strides(shape),
             shape: shape.to_vec(),
             offset: 0,
@@ -187,7 +225,7 @@ impl Tensor {
     /// A scalar (rank-0) tensor.
     pub fn scalar<T: Stored>(v: T) -> Tensor {
         Tensor {
-            storage: Arc::new(T::into_storage(vec![v])),
+            buffer: Buffer::Host(Arc::new(T::into_storage(vec![v]))),
             shape: vec![],
             strides: vec![],
             offset: 0,
@@ -211,17 +249,17 @@ impl Tensor {
                 }
                 max += (d as isize - 1) * s;
             }
-            if max as usize >= self.storage.len() {
+            if max as usize >= self.buffer.len() {
                 return Err(bad(format!(
                     "view {} with strides {} at offset {offset} reaches element {max} of a buffer of {}",
                     ShapeDisplay(&shape),
                     ShapeDisplay(&strides),
-                    self.storage.len()
+                    self.buffer.len()
                 )));
             }
         }
         Ok(Tensor {
-            storage: Arc::clone(&self.storage),
+            buffer: self.buffer.clone(),
             shape,
             strides,
             offset,
@@ -230,7 +268,26 @@ impl Tensor {
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        self.storage.dtype()
+        match &self.buffer {
+            Buffer::Host(s) => s.dtype(),
+            Buffer::Device(d) => d.dtype(),
+        }
+    }
+
+    /// Where the elements are.
+    pub fn device(&self) -> Device {
+        match &self.buffer {
+            Buffer::Host(_) => Device::Cpu,
+            Buffer::Device(d) => d.device(),
+        }
+    }
+
+    /// The device layer's buffer, for a tensor off the host.
+    pub fn device_buffer(&self) -> Option<&Arc<dyn DeviceBuffer>> {
+        match &self.buffer {
+            Buffer::Host(_) => None,
+            Buffer::Device(d) => Some(d),
+        }
     }
 
     /// Sizes of the dims.
@@ -258,19 +315,33 @@ impl Tensor {
         numel(&self.shape)
     }
 
-    /// The buffer.
-    pub fn storage(&self) -> &Storage {
-        &self.storage
+    /// The host buffer (`None` for a tensor on a device).
+    pub fn storage(&self) -> Option<&Storage> {
+        match &self.buffer {
+            Buffer::Host(s) => Some(s),
+            Buffer::Device(_) => None,
+        }
+    }
+
+    /// The host buffer, or an error naming the device the tensor is on.
+    pub fn host(&self) -> Result<&Storage> {
+        self.storage().ok_or_else(|| Error::Tensor {
+            name: "<tensor>".into(),
+            message: format!("is on {}, not in host memory", self.device()),
+        })
     }
 
     /// Identity of the buffer: equal for views of one allocation.
     pub fn storage_id(&self) -> usize {
-        Arc::as_ptr(&self.storage) as usize
+        match &self.buffer {
+            Buffer::Host(s) => Arc::as_ptr(s) as usize,
+            Buffer::Device(d) => Arc::as_ptr(d) as *const u8 as usize,
+        }
     }
 
     /// Bytes of the whole buffer this tensor keeps alive.
     pub fn storage_bytes(&self) -> usize {
-        self.storage.byte_size()
+        self.buffer.len() * self.dtype().size()
     }
 
     /// Whether the view is row-major and dense.
@@ -280,7 +351,7 @@ impl Tensor {
 
     /// The elements in buffer order when the tensor is one dense, whole buffer.
     pub fn contiguous_data<T: Stored>(&self) -> Option<&[T]> {
-        let data = T::slice(&self.storage)?;
+        let data = T::slice(self.storage()?)?;
         if self.is_contiguous() {
             data.get(self.offset..self.offset + self.numel())
         } else {
@@ -290,7 +361,7 @@ impl Tensor {
 
     /// The whole buffer as a slice of `T` (views index into it with their strides).
     pub fn buffer<T: Stored>(&self) -> Option<&[T]> {
-        T::slice(&self.storage)
+        T::slice(self.storage()?)
     }
 
     /// Buffer offsets of every element, in row-major logical order.
@@ -303,30 +374,32 @@ impl Tensor {
         if let Some(d) = self.contiguous_data::<T>() {
             return Some(d.to_vec());
         }
-        let data = T::slice(&self.storage)?;
+        let data = T::slice(self.storage()?)?;
         Some(self.offsets().map(|o| data[o]).collect())
     }
 
-    /// The elements in logical order, converted to f64.
-    pub fn to_f64_vec(&self) -> Vec<f64> {
-        with_storage!(&*self.storage, data, T => self.offsets().map(|o| data[o].to_f64()).collect())
+    /// The elements in logical order, converted to f64 (a tensor on a device
+    /// must be copied to the host first).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(with_storage!(self.host()?, data, T => self.offsets().map(|o| data[o].to_f64()).collect()))
     }
 
-    /// A dense copy, or this tensor if it already is one whole buffer.
-    pub fn contiguous(&self) -> Tensor {
-        if self.is_contiguous() && self.offset == 0 && self.storage.len() == self.numel() {
-            return self.clone();
+    /// A dense host copy, or this tensor if it already is one whole host buffer.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        let host = self.host()?;
+        if self.is_contiguous() && self.offset == 0 && host.len() == self.numel() {
+            return Ok(self.clone());
         }
-        let storage = with_storage!(&*self.storage, data, T => {
+        let storage = with_storage!(host, data, T => {
             let v: Vec<T> = self.offsets().map(|o| data[o]).collect();
             T::into_storage(v)
         });
-        Tensor {
-            storage: Arc::new(storage),
+        Ok(Tensor {
+            buffer: Buffer::Host(Arc::new(storage)),
             strides: contiguous_strides(&self.shape),
             shape: self.shape.clone(),
             offset: 0,
-        }
+        })
     }
 
     /// Checks dtype and shape against declared metadata.
@@ -412,7 +485,7 @@ mod tests {
         assert_eq!(tt.storage_id(), t.storage_id());
         assert!(!tt.is_contiguous());
         assert_eq!(
-            tt.contiguous().to_vec::<f32>().unwrap(),
+            tt.contiguous().unwrap().to_vec::<f32>().unwrap(),
             vec![0., 3., 1., 4., 2., 5.]
         );
     }

@@ -75,11 +75,11 @@ pub(crate) fn cat(xs: &[&Tensor], dim: usize, out_shape: &[usize]) -> Result<Sto
         Ok(T::into_storage(out))
     }
     let total: usize = out_shape.iter().product();
-    with_storage!(first.storage(), _d, T => go::<T>(&dense, outer, total))
+    with_storage!(first.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&dense, outer, total))
 }
 
 fn indices(idx: &Tensor) -> Result<Vec<i64>, String> {
-    match idx.storage() {
+    match idx.host().map_err(|e| e.to_string())? {
         Storage::I32(_) => Ok(idx
             .to_vec::<i32>()
             .ok_or("bad index")?
@@ -120,7 +120,7 @@ pub(crate) fn index_select(x: &Tensor, idx: &Tensor, dim: usize) -> Result<Stora
         }
         T::into_storage(out)
     }
-    Ok(with_storage!(x.storage(), _d, T => go::<T>(&x, &ids, outer, inner, size)))
+    Ok(with_storage!(x.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&x, &ids, outer, inner, size)))
 }
 
 /// `gather(x, idx, dim)`: `out[p] = x[p with p[dim] = idx[p]]`.
@@ -156,5 +156,5 @@ pub(crate) fn gather(x: &Tensor, idx: &Tensor, dim: usize) -> Result<Storage, St
         }
         Ok(T::into_storage(out))
     }
-    with_storage!(x.storage(), _d, T => go::<T>(x, &ids, &shape, dim, size))
+    with_storage!(x.host().map_err(|e| e.to_string())?, _d, T => go::<T>(x, &ids, &shape, dim, size))
 }

@@ -1,0 +1,78 @@
+//! The interface between the runtime and device layers (CUDA, ...): device
+//! memory that tensors can hold, and the copies between it and the host.
+//!
+//! A device layer implements [`DeviceBuffer`] for its memory and registers a
+//! [`Transfer`] with `inventory::submit!(TransferFactory { .. })`. The runtime
+//! then moves tensors wherever a plan runs a region on another device than the
+//! one its inputs are on, and returns outputs on the device the trace declares.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::meta::Device;
+use crate::tensor::Tensor;
+
+/// Memory on a device, holding `len` elements of one dtype, densely.
+pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
+    /// The device it is on.
+    fn device(&self) -> Device;
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// Whether it holds no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For the layer that made it, to get its own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Copies tensors between the host and the devices one layer serves.
+pub trait Transfer: Send + Sync {
+    /// Whether this layer serves `device`.
+    fn serves(&self, device: Device) -> bool;
+    /// A copy of a host tensor on `device` (dense, same dtype and shape).
+    fn to_device(&self, tensor: &Tensor, device: Device) -> Result<Tensor>;
+    /// A host copy of a tensor on one of this layer's devices.
+    fn to_host(&self, tensor: &Tensor) -> Result<Tensor>;
+}
+
+/// A link-time registration of a device layer's [`Transfer`].
+pub struct TransferFactory {
+    /// The layer's name, for messages.
+    pub name: &'static str,
+    /// Creates the transfer.
+    pub create: fn() -> Arc<dyn Transfer>,
+}
+
+inventory::collect!(TransferFactory);
+
+/// The registered layer that serves `device`.
+pub fn transfer_for(device: Device) -> Result<Arc<dyn Transfer>> {
+    inventory::iter::<TransferFactory>
+        .into_iter()
+        .map(|f| (f.create)())
+        .find(|t| t.serves(device))
+        .ok_or_else(|| Error::NoDeviceLayer {
+            device: device.to_string(),
+        })
+}
+
+/// `tensor`, on `device`: itself if already there, else a copy through the host.
+pub fn move_to(tensor: &Tensor, device: Device) -> Result<Tensor> {
+    let from = tensor.device();
+    if from == device {
+        return Ok(tensor.clone());
+    }
+    let host = match from {
+        Device::Cpu => tensor.clone(),
+        d => transfer_for(d)?.to_host(tensor)?,
+    };
+    match device {
+        Device::Cpu => Ok(host),
+        d => transfer_for(d)?.to_device(&host, d),
+    }
+}

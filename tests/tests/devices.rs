@@ -1,0 +1,106 @@
+//! Device-aware execution: plans whose regions run on another device than their
+//! inputs are on get copies inserted by the runtime, outputs come back on the
+//! device the trace declares, and a device no layer serves is a clear error.
+//! A simulated layer (host memory labelled `cuda:7`) stands in for a GPU.
+
+use std::sync::atomic::Ordering;
+
+use switchyard_core::executor::Executor;
+use switchyard_core::io::random_inputs;
+use switchyard_core::runtime::CompiledPlan;
+use switchyard_core::text::parse;
+use switchyard_core::{Device, Trace};
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_tests::fakes::{Script, Scripted};
+use switchyard_tests::simdevice::{COPIES, SIM};
+use switchyard_tests::{assert_close, plan_on, run, run_plan};
+
+const ROPE: &str = "input x: f32[8, 64]
+input c: f32[8, 64]
+input s: f32[8, 64]
+a = mul(x, 2.0)
+x1 = slice(a, start=[0, 0], end=[8, 32])
+x2 = slice(a, start=[0, 32], end=[8, 64])
+n = neg(x2)
+r = cat(n, x1, dim=1)
+m1 = mul(a, c)
+m2 = mul(r, s)
+y = add(m1, m2)
+z = exp(y)
+output z
+";
+
+fn placed_fuser(device: Device) -> std::sync::Arc<dyn Executor> {
+    let mut f = Scripted::fuser("gpu").with("cat", Script::Reject("poor at cat".into()));
+    f.placement = Some(device);
+    f.arc()
+}
+
+fn compare(trace: &Trace, got: &[switchyard_core::Tensor]) {
+    let want = run(trace, &random_inputs(trace, 5)).unwrap();
+    for (g, w) in got.iter().zip(&want.outputs) {
+        assert_close(g, &w.to_f64_vec().unwrap(), 0.0);
+    }
+}
+
+#[test]
+fn copies_are_inserted_where_regions_change_device() {
+    let t = parse(ROPE).unwrap();
+    let plan = plan_on(&t, vec![placed_fuser(SIM), std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    let devices: Vec<Device> = plan.regions.iter().map(|r| r.device).collect();
+    assert!(
+        devices.contains(&SIM) && devices.contains(&Device::Cpu),
+        "{devices:?}"
+    );
+    assert!(switchyard_core::report::render_plan(&plan, false).contains("on gpu at cuda:7"));
+    let before = COPIES.load(Ordering::Relaxed);
+    let r = run_plan(plan, &random_inputs(&t, 5)).unwrap();
+    assert!(COPIES.load(Ordering::Relaxed) > before, "no copy was made");
+    assert_eq!(
+        r.outputs[0].device(),
+        Device::Cpu,
+        "outputs come back where the trace declares them"
+    );
+    compare(&t, &r.outputs);
+}
+
+#[test]
+fn values_declared_on_a_device_stay_there() {
+    let src = "input x: f32[4, 4] cuda:7\ny = relu(x)\nz = mul(y, 3.0)\noutput z\n";
+    let t = parse(src).unwrap();
+    let plan = plan_on(&t, vec![placed_fuser(SIM), std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    assert!(plan.regions.iter().all(|r| r.device == SIM));
+    // The caller hands over a host tensor; the runtime moves it to cuda:7.
+    let host_input = random_inputs(&parse(&src.replace(" cuda:7", "")).unwrap(), 5);
+    let r = run_plan(plan, &host_input).unwrap();
+    assert_eq!(r.outputs[0].device(), SIM);
+    let back = switchyard_core::device::move_to(&r.outputs[0], Device::Cpu).unwrap();
+    let want: Vec<f64> = host_input[0]
+        .to_f64_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v.max(0.0) * 3.0)
+        .collect();
+    assert_close(&back, &want, 1e-6);
+}
+
+#[test]
+fn a_device_no_layer_serves_is_an_error() {
+    let t = parse(ROPE).unwrap();
+    let plan = plan_on(
+        &t,
+        vec![
+            placed_fuser(Device::Cuda(3)),
+            std::sync::Arc::new(FallbackExecutor),
+        ],
+    )
+    .unwrap();
+    let e = CompiledPlan::compile(plan)
+        .err()
+        .expect("compiling must fail")
+        .to_string();
+    assert!(
+        e.contains("no device layer serving cuda:3 is linked into this program"),
+        "{e}"
+    );
+}
