@@ -16,6 +16,23 @@ fn named(
     Ok(b.op_named(&[name], kind, &ops, attrs)?[0])
 }
 
+/// The rotate-half core of RoPE (workload 3): slice, neg and cat between
+/// fusible ops, small enough to read in a plan.
+pub const ROPE_CORE: &str = "input x: f32[8, 64]
+input c: f32[8, 64]
+input s: f32[8, 64]
+a = mul(x, 2.0)
+x1 = slice(a, start=[0, 0], end=[8, 32])
+x2 = slice(a, start=[0, 32], end=[8, 64])
+n = neg(x2)
+r = cat(n, x1, dim=1)
+m1 = mul(a, c)
+m2 = mul(r, s)
+y = add(m1, m2)
+z = exp(y)
+output z
+";
+
 /// Workload 1: `n` parallel relu/matmul/relu paths folded into `a`, all f32[size, size].
 /// `efficient` is the depth-first program order, otherwise breadth-first.
 pub fn parallel_paths(n: usize, size: usize, efficient: bool) -> Result<Trace> {

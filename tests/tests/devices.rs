@@ -13,22 +13,8 @@ use switchyard_core::{Device, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
 use switchyard_tests::simdevice::{COPIES, SIM};
+use switchyard_tests::workloads::ROPE_CORE as ROPE;
 use switchyard_tests::{assert_close, plan_on, run, run_plan};
-
-const ROPE: &str = "input x: f32[8, 64]
-input c: f32[8, 64]
-input s: f32[8, 64]
-a = mul(x, 2.0)
-x1 = slice(a, start=[0, 0], end=[8, 32])
-x2 = slice(a, start=[0, 32], end=[8, 64])
-n = neg(x2)
-r = cat(n, x1, dim=1)
-m1 = mul(a, c)
-m2 = mul(r, s)
-y = add(m1, m2)
-z = exp(y)
-output z
-";
 
 fn placed_fuser(device: Device) -> std::sync::Arc<dyn Executor> {
     let mut f = Scripted::fuser("gpu").with("cat", Script::Reject("poor at cat".into()));

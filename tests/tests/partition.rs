@@ -15,6 +15,7 @@ use switchyard_core::text::parse;
 use switchyard_core::{Error, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
+use switchyard_tests::workloads::ROPE_CORE as ROPE;
 use switchyard_tests::{assert_close, run, run_plan};
 
 fn plan_with(trace: &Trace, executors: Vec<Arc<dyn Executor>>, horizontal: bool) -> Result<Plan, Error> {
@@ -91,22 +92,6 @@ fn notes_of(plan: &Plan, name: &str) -> Vec<String> {
         .unwrap();
     plan.explanation.ops[op].notes.clone()
 }
-
-/// The rotate-half core of RoPE (workload 3): slice, neg, cat between fusible ops.
-const ROPE: &str = "input x: f32[8, 64]
-input c: f32[8, 64]
-input s: f32[8, 64]
-a = mul(x, 2.0)
-x1 = slice(a, start=[0, 0], end=[8, 32])
-x2 = slice(a, start=[0, 32], end=[8, 64])
-n = neg(x2)
-r = cat(n, x1, dim=1)
-m1 = mul(a, c)
-m2 = mul(r, s)
-y = add(m1, m2)
-z = exp(y)
-output z
-";
 
 #[test]
 fn a_fuser_that_rejects_cat_hands_it_to_another_executor() {
