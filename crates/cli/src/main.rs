@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use switchyard_core::cache::KernelCache;
 use switchyard_core::config::{Config, executor_statuses};
 use switchyard_core::executor::Availability;
 use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors};
@@ -87,11 +88,14 @@ struct Planning {
 }
 
 impl Planning {
-    fn plan(&self, trace: Trace) -> Result<Plan> {
-        let config = match &self.config {
+    fn config(&self) -> Result<Config> {
+        Ok(match &self.config {
             Some(p) => Config::from_file(p)?,
             None => Config::default(),
-        };
+        })
+    }
+
+    fn plan(&self, trace: Trace, config: &Config) -> Result<Plan> {
         let set = config.executor_set(self.executors.as_deref())?;
         let device = config.device_model()?;
         let opts = PartitionOptions {
@@ -171,8 +175,10 @@ fn human_bytes(b: usize) -> String {
 
 fn run(args: RunArgs) -> Result<()> {
     let trace = read_trace(&args.trace)?;
-    let plan = args.planning.plan(trace)?;
-    let compiled = CompiledPlan::compile(plan)?;
+    let config = args.planning.config()?;
+    let plan = args.planning.plan(trace, &config)?;
+    let cache = KernelCache::new(config.cache.capacity);
+    let compiled = CompiledPlan::compile_with(plan, &cache)?;
     // Lowering keeps the inputs, so the plan's trace names them as the file did.
     let trace = &compiled.plan().trace;
     let inputs = match &args.inputs {
@@ -223,9 +229,9 @@ fn run(args: RunArgs) -> Result<()> {
             peak_bytes_with_inputs: result.peak_bytes_with_inputs,
             estimated_ns: Some(plan.estimated_ns().round() as u64),
             cache: CacheReport {
-                hits: 0,
-                misses: 0,
-                compiled: compiled.kernel_count() as u64,
+                hits: compiled.cache_stats().hits,
+                misses: compiled.cache_stats().misses,
+                compiled: compiled.cache_stats().compiled,
             },
             outputs: out_names
                 .iter()
@@ -289,7 +295,8 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 fn plan(args: PlanArgs) -> Result<()> {
-    let plan = args.planning.plan(read_trace(&args.trace)?)?;
+    let config = args.planning.config()?;
+    let plan = args.planning.plan(read_trace(&args.trace)?, &config)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
     }

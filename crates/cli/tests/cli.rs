@@ -97,7 +97,19 @@ fn run_json_has_the_report_fields() {
         assert!(r["time_ns"].as_u64().is_some());
         assert!(r.get("id").is_some() && r.get("estimated_ns").is_some());
     }
-    assert_eq!(v["cache"]["compiled"].as_u64().unwrap() as usize, regions.len());
+    let cache = &v["cache"];
+    let (hits, misses, compiled) = (
+        cache["hits"].as_u64().unwrap(),
+        cache["misses"].as_u64().unwrap(),
+        cache["compiled"].as_u64().unwrap(),
+    );
+    assert_eq!((hits + misses) as usize, regions.len());
+    assert_eq!(compiled, misses);
+    assert!(
+        compiled < regions.len() as u64,
+        "identical ops share kernels: {compiled} for {} regions",
+        regions.len()
+    );
     assert_eq!(v["outputs"][0]["name"], "l0.out");
     assert_eq!(v["outputs"][0]["dtype"], "f32");
     assert_eq!(v["outputs"][0]["shape"], serde_json::json!([16, 64]));

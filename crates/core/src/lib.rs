@@ -17,6 +17,7 @@
 //! each value after its last use and measuring peak memory.
 #![deny(missing_docs)]
 
+pub mod cache;
 pub mod config;
 pub mod cost;
 pub mod device;

@@ -8,6 +8,9 @@
 
 use std::time::Instant;
 
+use std::sync::Arc;
+
+use crate::cache::{CacheStats, KernelCache, RegionKey};
 use crate::device::{move_to, transfer_for};
 use crate::error::{Error, Result};
 use crate::executor::Kernel;
@@ -26,11 +29,12 @@ struct Step {
 /// A plan with every region compiled, ready to run.
 pub struct CompiledPlan {
     plan: Plan,
-    kernels: Vec<Box<dyn Kernel>>,
+    kernels: Vec<Arc<dyn Kernel>>,
     steps: Vec<Step>,
     /// Inputs that no region reads; their accounting ends at once.
     unread_inputs: Vec<ValueId>,
     compile_ns: u64,
+    cache_stats: CacheStats,
 }
 
 /// Options for one run.
@@ -104,17 +108,43 @@ impl LiveBuffers {
 }
 
 impl CompiledPlan {
-    /// Compiles every region with its executor.
+    /// Compiles every region with its executor, through a cache of its own.
     pub fn compile(plan: Plan) -> Result<CompiledPlan> {
+        let cache = KernelCache::new(crate::config::CacheConfig::default().capacity);
+        CompiledPlan::compile_with(plan, &cache)
+    }
+
+    /// Compiles every region with its executor; regions whose canonical form
+    /// is already in `cache` reuse its kernel.
+    pub fn compile_with(plan: Plan, cache: &KernelCache) -> Result<CompiledPlan> {
         let start = Instant::now();
+        let before = cache.stats();
         let mut kernels = Vec::with_capacity(plan.regions.len());
         let consumers = plan.trace.consumers();
         for region in &plan.regions {
             let exec = plan.executor_of(region);
-            let _span =
-                tracing::debug_span!("compile", region = region.id, executor = exec.info().name).entered();
-            kernels.push(plan.with_context(region, &consumers, |cx| exec.compile(region, cx))?);
+            let info = exec.info();
+            let _span = tracing::debug_span!("compile", region = region.id, executor = info.name).entered();
+            let key = RegionKey::new(
+                &plan.trace,
+                region,
+                &info.name,
+                &info.version,
+                plan.options_of(&info.name),
+            );
+            let kernel = cache.get_or_compile(key, || {
+                plan.with_context(region, &consumers, |cx| exec.compile(region, cx))
+            })?;
+            kernels.push(kernel);
         }
+        let after = cache.stats();
+        let cache_stats = CacheStats {
+            hits: after.hits - before.hits,
+            misses: after.misses - before.misses,
+            compiled: after.compiled - before.compiled,
+            evicted: after.evicted - before.evicted,
+            compile_ns: after.compile_ns - before.compile_ns,
+        };
         let trace = &plan.trace;
         // Every device the plan puts a tensor on needs a layer to move it there.
         let devices = plan
@@ -170,7 +200,13 @@ impl CompiledPlan {
             steps,
             unread_inputs,
             compile_ns: start.elapsed().as_nanos() as u64,
+            cache_stats,
         })
+    }
+
+    /// What compiling this plan did in the kernel cache.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache_stats
     }
 
     /// The plan this was compiled from.
@@ -183,7 +219,7 @@ impl CompiledPlan {
         self.compile_ns
     }
 
-    /// Number of kernels compiled.
+    /// Number of regions, each with its kernel (shared between identical regions).
     pub fn kernel_count(&self) -> usize {
         self.kernels.len()
     }
@@ -252,7 +288,10 @@ impl CompiledPlan {
                 })
                 .collect::<Result<_>>()?;
             let t0 = opts.profile.then(Instant::now);
-            let outs = kernel.run(&args)?;
+            let outs = kernel.run(&args).map_err(|e| match e {
+                Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
+                other => self.kernel_error(i, other.to_string()),
+            })?;
             if let Some(t0) = t0 {
                 region_ns.push(t0.elapsed().as_nanos() as u64);
             }

@@ -134,7 +134,13 @@ fn compile_op(
     slot_of: &impl Fn(switchyard_core::ir::ValueId) -> usize,
 ) -> Result<CompiledOp, Error> {
     let op = trace.op(id);
-    let describe = trace.describe_op(id);
+    // The kernel may be shared by every region of the same shape (the cache),
+    // so its messages describe the op, not this region's value names; the
+    // runtime adds which region failed.
+    let mut describe = op.kind.name().to_string();
+    for (k, v) in op.attrs.iter() {
+        describe.push_str(&format!(" {k}={v}"));
+    }
     let fail = |message: String| Error::Compile {
         op: describe.clone(),
         message,
