@@ -24,7 +24,7 @@ fn twenty_thousand_ops_plan() {
         &t,
         &set,
         &DeviceModel::cpu_default(),
-        &PartitionOptions::default(),
+        &PartitionOptions { horizontal: true },
     )
     .unwrap();
     let n: usize = plan.regions.iter().map(|r| r.ops.len()).sum();

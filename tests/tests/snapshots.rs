@@ -38,23 +38,25 @@ fn check(name: &str, got: &str) {
 }
 
 /// The `plan --explain` text of an example trace on `set`.
-fn explain(file: &str, set: &ExecutorSet) -> String {
+fn explain(file: &str, set: &ExecutorSet, opts: &PartitionOptions) -> String {
     let src = std::fs::read_to_string(repo_path(&format!("examples/traces/{file}.trace"))).unwrap();
-    let plan = partition(
-        &parse(&src).unwrap(),
-        set,
-        &DeviceModel::cpu_default(),
-        &PartitionOptions::default(),
-    )
-    .unwrap();
+    let plan = partition(&parse(&src).unwrap(), set, &DeviceModel::cpu_default(), opts).unwrap();
     render_plan(&plan, true)
 }
 
 #[test]
 fn examples_with_the_registered_executors() {
-    // Referencing the fallback keeps its registration linked into this test.
-    let _ = switchyard_exec_fallback::FallbackExecutor;
+    // Referencing the built-in executors keeps their registrations linked into this test.
+    let _ = (
+        switchyard_exec_fallback::FallbackExecutor,
+        switchyard_exec_fuser::FuserExecutor,
+    );
     let set = Config::default().executor_set(None).unwrap();
+    assert_eq!(
+        set.executors.len(),
+        2,
+        "the fuser and the fallback are registered"
+    );
     for file in [
         "tiny",
         "mlp",
@@ -63,7 +65,8 @@ fn examples_with_the_registered_executors() {
         "parallel_paths_efficient",
         "sliced_attention",
     ] {
-        check(file, &explain(file, &set));
+        // The defaults of `switchyard plan`.
+        check(file, &explain(file, &set, &PartitionOptions::default()));
     }
 }
 
@@ -76,5 +79,8 @@ fn transformer_block_with_a_fuser_poor_at_cat() {
         fuser.arc(),
         std::sync::Arc::new(switchyard_exec_fallback::FallbackExecutor),
     ]);
-    check("transformer_block.fuser", &explain("transformer_block", &set));
+    check(
+        "transformer_block.fuser",
+        &explain("transformer_block", &set, &PartitionOptions { horizontal: true }),
+    );
 }

@@ -30,6 +30,7 @@ use switchyard_core::{Trace, text};
 /// crates this binary would otherwise never reference.
 fn link_builtin_executors() {
     let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
+    let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
 }
 
 #[derive(Parser)]

@@ -12,7 +12,7 @@
 //! tile = 64
 //!
 //! [partitioner]
-//! horizontal = true
+//! horizontal = false       # merge independent ops into one fusion (raises peak memory)
 //!
 //! [scheduler]
 //! strategy = "program"
@@ -41,17 +41,13 @@ use crate::executor::{self, Availability, ExecutorSet};
 pub const SCHEDULES: &[&str] = &["program"];
 
 /// `[partitioner]`
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PartitionerConfig {
-    /// Merge independent ops of one fusion executor into one region.
+    /// Merge independent ops of one fusion executor into one region. Off by
+    /// default: merging independent chains keeps all their intermediates live
+    /// at once, and the partitioner does not yet weigh that against peak memory.
     pub horizontal: bool,
-}
-
-impl Default for PartitionerConfig {
-    fn default() -> Self {
-        PartitionerConfig { horizontal: true }
-    }
 }
 
 /// `[scheduler]`
@@ -287,6 +283,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.enable, vec!["a"]);
         assert!(!c.partitioner.horizontal);
+        assert!(!Config::default().partitioner.horizontal);
         assert_eq!(c.cache.capacity, 8);
         assert_eq!(c.device_model().unwrap().name, "h200");
         assert_eq!(Config::parse("", "t.toml").unwrap(), Config::default());

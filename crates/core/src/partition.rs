@@ -37,8 +37,11 @@ pub struct PartitionOptions {
 }
 
 impl Default for PartitionOptions {
+    /// The defaults of `[partitioner]` in config.
     fn default() -> Self {
-        PartitionOptions { horizontal: true }
+        PartitionOptions {
+            horizontal: crate::config::PartitionerConfig::default().horizontal,
+        }
     }
 }
 
