@@ -1,0 +1,68 @@
+//! Criterion, workload by workload:
+//! - plan-and-compile time of the transformer block for L = 1, 8 and 32 layers
+//!   (with the kernel cache, identical layers compile once);
+//! - per-call time of the small einsums of workload 2, with the fuser and with
+//!   the fallback alone.
+//!
+//! `cargo bench -p switchyard-tests --bench workloads`
+
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use switchyard_core::cache::KernelCache;
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::{Executor, ExecutorSet};
+use switchyard_core::io::random_inputs;
+use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_fuser::FuserExecutor;
+use switchyard_tests::workloads::{BlockSize, llama, small_einsums};
+
+fn both() -> Vec<Arc<dyn Executor>> {
+    vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]
+}
+
+fn plan_and_compile(c: &mut Criterion) {
+    let mut g = c.benchmark_group("plan_compile_block");
+    g.sample_size(10);
+    let device = DeviceModel::cpu_default();
+    let set = ExecutorSet::new(both());
+    for layers in [1usize, 8, 32] {
+        let t = llama(layers, BlockSize::SMALL).unwrap();
+        g.bench_with_input(BenchmarkId::from_parameter(layers), &t, |b, t| {
+            b.iter(|| {
+                let plan = partition(t, &set, &device, &PartitionOptions::default()).unwrap();
+                CompiledPlan::compile_with(plan, &KernelCache::new(1024)).unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn einsums(c: &mut Criterion) {
+    let mut g = c.benchmark_group("small_einsums");
+    let device = DeviceModel::cpu_default();
+    let t = small_einsums(16).unwrap();
+    let inputs = random_inputs(&t, 0);
+    for (name, execs) in [
+        ("fuser", both()),
+        ("fallback", vec![Arc::new(FallbackExecutor) as Arc<dyn Executor>]),
+    ] {
+        let plan = partition(
+            &t,
+            &ExecutorSet::new(execs),
+            &device,
+            &PartitionOptions::default(),
+        )
+        .unwrap();
+        let compiled = CompiledPlan::compile(plan).unwrap();
+        g.bench_function(name, |b| {
+            b.iter(|| compiled.run(&inputs, RunOptions::default()).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(workloads, plan_and_compile, einsums);
+criterion_main!(workloads);
