@@ -39,7 +39,7 @@ pub use dtype::{DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use ir::{Trace, TraceBuilder};
 pub use meta::{Device, TensorMeta};
-pub use tensor::{Storage, Stored, Tensor};
+pub use tensor::{FloatStored, Storage, Stored, Tensor};
 
 /// Re-exported so executors name the same `half` types as core.
 pub use half;

@@ -167,6 +167,36 @@ impl Buffer {
     }
 }
 
+/// A float storage type and the type its arithmetic runs in: f32 for f16,
+/// bf16 and f32, f64 for f64, so half-precision values round once per result.
+pub trait FloatStored: Stored {
+    /// The type arithmetic runs in.
+    type Compute: num_traits::Float + Send + Sync + 'static;
+    /// Widens to the compute type (exact).
+    fn to_compute(self) -> Self::Compute;
+    /// Rounds back from the compute type.
+    fn from_compute(c: Self::Compute) -> Self;
+}
+
+macro_rules! float_stored {
+    ($t:ty, $c:ty, $to:expr, $from:expr) => {
+        impl FloatStored for $t {
+            type Compute = $c;
+            fn to_compute(self) -> $c {
+                $to(self)
+            }
+            fn from_compute(c: $c) -> Self {
+                $from(c)
+            }
+        }
+    };
+}
+
+float_stored!(f32, f32, |x| x, |c| c);
+float_stored!(f64, f64, |x| x, |c| c);
+float_stored!(f16, f32, |x: f16| x.to_f32(), f16::from_f32);
+float_stored!(bf16, f32, |x: bf16| x.to_f32(), bf16::from_f32);
+
 /// A strided view of a shared buffer.
 #[derive(Clone, Debug)]
 pub struct Tensor {

@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use num_traits::{Float, One, WrappingAdd, WrappingMul, WrappingNeg, WrappingSub, Zero};
 use switchyard_core::ir::{BinaryOp, UnaryOp};
 use switchyard_core::meta::broadcast_strides;
-use switchyard_core::{DType, Element, Storage, Stored, Tensor};
+use switchyard_core::{DType, Element, FloatStored, Storage, Stored, Tensor};
 
 use crate::walk::{map1, map2, map3};
 
@@ -35,52 +35,9 @@ impl Real for f64 {
     }
 }
 
-/// A stored float type and the type it computes in.
-pub(crate) trait FloatLike: Stored {
-    type C: Real;
-    fn to_c(self) -> Self::C;
-    fn from_c(c: Self::C) -> Self;
-}
-
-impl FloatLike for f32 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self
-    }
-    fn from_c(c: f32) -> Self {
-        c
-    }
-}
-
-impl FloatLike for f64 {
-    type C = f64;
-    fn to_c(self) -> f64 {
-        self
-    }
-    fn from_c(c: f64) -> Self {
-        c
-    }
-}
-
-impl FloatLike for f16 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_c(c: f32) -> Self {
-        f16::from_f32(c)
-    }
-}
-
-impl FloatLike for bf16 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_c(c: f32) -> Self {
-        bf16::from_f32(c)
-    }
-}
+/// A stored float type whose compute type has everything the kernels use.
+pub(crate) trait FloatLike: FloatStored<Compute: Real> {}
+impl<T: FloatStored<Compute: Real>> FloatLike for T {}
 
 /// A stored integer type.
 pub(crate) trait IntLike:
@@ -118,28 +75,37 @@ macro_rules! op2 {
 
 fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Storage, String> {
     let xs = operand::<T>(x, shape)?;
-    let one = T::C::one();
-    let zero = T::C::zero();
-    let f =
-        |g: fn(T::C) -> T::C| T::into_storage(op1!(shape, xs.clone(), move |v: T| T::from_c(g(v.to_c()))));
+    let one = <T::Compute>::one();
+    let zero = <T::Compute>::zero();
+    let f = |g: fn(T::Compute) -> T::Compute| {
+        T::into_storage(op1!(shape, xs.clone(), move |v: T| T::from_compute(g(
+            v.to_compute()
+        ))))
+    };
     Ok(match op {
         UnaryOp::Neg => f(|v| -v),
         UnaryOp::Abs => f(|v| v.abs()),
         UnaryOp::Exp => f(|v| v.exp()),
         UnaryOp::Log => f(|v| v.ln()),
         UnaryOp::Sqrt => f(|v| v.sqrt()),
-        UnaryOp::Rsqrt => f(|v| T::C::one() / v.sqrt()),
-        UnaryOp::Reciprocal => f(|v| T::C::one() / v),
+        UnaryOp::Rsqrt => f(|v| <T::Compute>::one() / v.sqrt()),
+        UnaryOp::Reciprocal => f(|v| <T::Compute>::one() / v),
         UnaryOp::Tanh => f(|v| v.tanh()),
-        UnaryOp::Sigmoid => f(|v| T::C::one() / (T::C::one() + (-v).exp())),
+        UnaryOp::Sigmoid => f(|v| <T::Compute>::one() / (<T::Compute>::one() + (-v).exp())),
         // `v < 0` is false for NaN, so NaN passes through as in PyTorch.
-        UnaryOp::Relu => f(|v| if v < T::C::zero() { T::C::zero() } else { v }),
+        UnaryOp::Relu => f(|v| {
+            if v < <T::Compute>::zero() {
+                <T::Compute>::zero()
+            } else {
+                v
+            }
+        }),
         UnaryOp::Sin => f(|v| v.sin()),
         UnaryOp::Cos => f(|v| v.cos()),
         UnaryOp::Erf => f(|v| v.erf()),
         UnaryOp::LogicalNot => {
             let _ = one;
-            Storage::Bool(op1!(shape, xs, move |v: T| v.to_c() == zero))
+            Storage::Bool(op1!(shape, xs, move |v: T| v.to_compute() == zero))
         }
     })
 }
@@ -212,15 +178,15 @@ fn float_binary<T: FloatLike>(
 ) -> Result<Storage, String> {
     let av = operand::<T>(a, shape)?;
     let bv = operand::<T>(b, shape)?;
-    let arith = |g: fn(T::C, T::C) -> T::C| {
-        T::into_storage(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| T::from_c(
-            g(x.to_c(), y.to_c())
-        )))
+    let arith = |g: fn(T::Compute, T::Compute) -> T::Compute| {
+        T::into_storage(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| {
+            T::from_compute(g(x.to_compute(), y.to_compute()))
+        }))
     };
-    let pred = |g: fn(T::C, T::C) -> bool| {
+    let pred = |g: fn(T::Compute, T::Compute) -> bool| {
         Storage::Bool(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| g(
-            x.to_c(),
-            y.to_c()
+            x.to_compute(),
+            y.to_compute()
         )))
     };
     Ok(match op {
@@ -237,8 +203,8 @@ fn float_binary<T: FloatLike>(
         BinaryOp::Le => pred(|x, y| x <= y),
         BinaryOp::Gt => pred(|x, y| x > y),
         BinaryOp::Ge => pred(|x, y| x >= y),
-        BinaryOp::LogicalAnd => pred(|x, y| x != T::C::zero() && y != T::C::zero()),
-        BinaryOp::LogicalOr => pred(|x, y| x != T::C::zero() || y != T::C::zero()),
+        BinaryOp::LogicalAnd => pred(|x, y| x != <T::Compute>::zero() && y != <T::Compute>::zero()),
+        BinaryOp::LogicalOr => pred(|x, y| x != <T::Compute>::zero() || y != <T::Compute>::zero()),
     })
 }
 

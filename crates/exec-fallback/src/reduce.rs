@@ -221,18 +221,39 @@ where
 
 fn float_reduce<T: FloatLike>(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage, String> {
     let count: usize = dims.iter().map(|&d| x.shape()[d]).product();
-    let inv = T::C::one() / <T::C as Real>::from_f64(count as f64);
-    let to = |v: T| v.to_c();
+    let inv = <T::Compute>::one() / <T::Compute as Real>::from_f64(count as f64);
+    let to = |v: T| v.to_compute();
     let out = match op {
-        ReduceOp::Sum => reduce_with(x, dims, fold(T::C::zero(), to, |a, b| a + b, T::from_c))?,
+        ReduceOp::Sum => reduce_with(
+            x,
+            dims,
+            fold(<T::Compute>::zero(), to, |a, b| a + b, T::from_compute),
+        )?,
         ReduceOp::Mean => reduce_with(
             x,
             dims,
-            fold(T::C::zero(), to, |a, b| a + b, move |a| T::from_c(a * inv)),
+            fold(
+                <T::Compute>::zero(),
+                to,
+                |a, b| a + b,
+                move |a| T::from_compute(a * inv),
+            ),
         )?,
-        ReduceOp::Prod => reduce_with(x, dims, fold(T::C::one(), to, |a, b| a * b, T::from_c))?,
-        ReduceOp::Amax => reduce_with(x, dims, fold(T::C::neg_infinity(), to, nan_max, T::from_c))?,
-        ReduceOp::Amin => reduce_with(x, dims, fold(T::C::infinity(), to, nan_min, T::from_c))?,
+        ReduceOp::Prod => reduce_with(
+            x,
+            dims,
+            fold(<T::Compute>::one(), to, |a, b| a * b, T::from_compute),
+        )?,
+        ReduceOp::Amax => reduce_with(
+            x,
+            dims,
+            fold(<T::Compute>::neg_infinity(), to, nan_max, T::from_compute),
+        )?,
+        ReduceOp::Amin => reduce_with(
+            x,
+            dims,
+            fold(<T::Compute>::infinity(), to, nan_min, T::from_compute),
+        )?,
     };
     Ok(T::into_storage(out))
 }

@@ -10,7 +10,7 @@ use num_traits::Float;
 use rayon::prelude::*;
 use switchyard_core::ir::{BinaryOp, UnaryOp};
 use switchyard_core::meta::broadcast_strides;
-use switchyard_core::{DType, Stored, Tensor};
+use switchyard_core::{DType, FloatStored, Tensor};
 
 use crate::program::{Instr, Program};
 
@@ -22,7 +22,7 @@ const PAR_MIN: usize = 1 << 15;
 pub(crate) const MAX_RANK: usize = 8;
 
 /// The type a program computes in.
-pub(crate) trait Compute: Float + Send + Sync + 'static {
+pub(crate) trait Arith: Float + Send + Sync + 'static {
     fn from_f64(v: f64) -> Self;
     fn erf(self) -> Self;
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
@@ -107,7 +107,7 @@ thread_local! {
     static SCRATCH_F64: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
 }
 
-impl Compute for f32 {
+impl Arith for f32 {
     fn from_f64(v: f64) -> Self {
         v as f32
     }
@@ -136,7 +136,7 @@ impl Compute for f32 {
     }
 }
 
-impl Compute for f64 {
+impl Arith for f64 {
     fn from_f64(v: f64) -> Self {
         v
     }
@@ -154,49 +154,9 @@ impl Compute for f64 {
     }
 }
 
-/// A stored float type and the type it computes in.
-pub(crate) trait Elem: Stored {
-    type C: Compute;
-    fn to_c(self) -> Self::C;
-    fn from_c(c: Self::C) -> Self;
-}
-
-impl Elem for f32 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self
-    }
-    fn from_c(c: f32) -> Self {
-        c
-    }
-}
-impl Elem for f64 {
-    type C = f64;
-    fn to_c(self) -> f64 {
-        self
-    }
-    fn from_c(c: f64) -> Self {
-        c
-    }
-}
-impl Elem for f16 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_c(c: f32) -> Self {
-        f16::from_f32(c)
-    }
-}
-impl Elem for bf16 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_c(c: f32) -> Self {
-        bf16::from_f32(c)
-    }
-}
+/// A stored float type whose compute type has the arithmetic the kernels use.
+pub(crate) trait Elem: FloatStored<Compute: Arith> {}
+impl<T: FloatStored<Compute: Arith>> Elem for T {}
 
 /// An input as the program reads it: buffer, strides over the iteration
 /// space, offset, and whether those strides are the dense ones.
@@ -214,12 +174,12 @@ unsafe impl<T: Send> Send for OutPtr<T> {}
 // SAFETY: as above; the pointer itself is never mutated.
 unsafe impl<T: Send> Sync for OutPtr<T> {}
 
-fn load<T: Elem>(src: &Source<T>, shape: &[usize], start: usize, dst: &mut [T::C]) {
+fn load<T: Elem>(src: &Source<T>, shape: &[usize], start: usize, dst: &mut [T::Compute]) {
     if src.dense {
         let s = (src.offset as usize) + start;
         let n = dst.len();
         for (d, &v) in dst.iter_mut().zip(&src.data[s..s + n]) {
-            *d = v.to_c();
+            *d = v.to_compute();
         }
         return;
     }
@@ -233,7 +193,7 @@ fn load<T: Elem>(src: &Source<T>, shape: &[usize], start: usize, dst: &mut [T::C
         off += idx[d] as isize * src.strides[d];
     }
     for slot in dst.iter_mut() {
-        *slot = src.data[off as usize].to_c();
+        *slot = src.data[off as usize].to_compute();
         // Advance the odometer, innermost dim first.
         let mut d = rank;
         while d > 0 {
@@ -249,7 +209,7 @@ fn load<T: Elem>(src: &Source<T>, shape: &[usize], start: usize, dst: &mut [T::C
     }
 }
 
-fn unary<C: Compute>(op: UnaryOp, a: &[C], dst: &mut [C]) {
+fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
     let zero = C::zero();
     let one = C::one();
     let map = |dst: &mut [C], f: &dyn Fn(C) -> C| dst.iter_mut().zip(a).for_each(|(d, &x)| *d = f(x));
@@ -275,7 +235,7 @@ fn unary<C: Compute>(op: UnaryOp, a: &[C], dst: &mut [C]) {
     }
 }
 
-fn binary<C: Compute>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
+fn binary<C: Arith>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
     let it = dst.iter_mut().zip(a.iter().zip(b));
     match op {
         BinaryOp::Add => it.for_each(|(d, (&x, &y))| *d = x + y),
@@ -340,7 +300,7 @@ pub(crate) fn run<T: Elem>(program: &Program, inputs: &[&Tensor]) -> Result<Vec<
     let tile = |t: usize| {
         let start = t * TILE;
         let len = TILE.min(n - start);
-        T::C::with_scratch(regs * TILE, |scratch| {
+        <T::Compute>::with_scratch(regs * TILE, |scratch| {
             for ins in &program.instrs {
                 match *ins {
                     Instr::Load { input, dst } => load(
@@ -350,7 +310,7 @@ pub(crate) fn run<T: Elem>(program: &Program, inputs: &[&Tensor]) -> Result<Vec<
                         &mut scratch[dst * TILE..dst * TILE + len],
                     ),
                     Instr::Const { value, dst } => {
-                        scratch[dst * TILE..dst * TILE + len].fill(T::C::from_f64(value))
+                        scratch[dst * TILE..dst * TILE + len].fill(<T::Compute>::from_f64(value))
                     }
                     Instr::Unary { op, a, dst } => {
                         let (a, d) = two(scratch, a, dst);
@@ -367,7 +327,7 @@ pub(crate) fn run<T: Elem>(program: &Program, inputs: &[&Tensor]) -> Result<Vec<
                 for (i, &v) in reg.iter().enumerate() {
                     // SAFETY: `start + i < n`, within the capacity of this output,
                     // and no other tile writes this index.
-                    unsafe { p.0.add(start + i).write(T::from_c(v)) };
+                    unsafe { p.0.add(start + i).write(T::from_compute(v)) };
                 }
             }
         })
