@@ -139,3 +139,44 @@ proptest! {
         check(&t, 9);
     }
 }
+
+#[test]
+fn workloads_get_no_view_only_regions() {
+    // Workloads 2, 3 and 4 with the default executors and options: no region is
+    // made only of view ops (each would be a copy kernel paying launch and host
+    // overhead), and `cat`, which the fuser does not take yet, is not fused.
+    use switchyard_core::config::Config;
+    use switchyard_core::cost::DeviceModel;
+    use switchyard_core::partition::{PartitionOptions, partition};
+    use switchyard_tests::workloads::{BlockSize, llama, small_einsums};
+    let _ = (FuserExecutor, FallbackExecutor);
+    let set = Config::default().executor_set(None).unwrap();
+    for t in [
+        small_einsums(16).unwrap(),
+        llama(1, BlockSize::SMALL).unwrap(),
+        llama(4, BlockSize::SMALL).unwrap(),
+    ] {
+        let plan = partition(
+            &t,
+            &set,
+            &DeviceModel::cpu_default(),
+            &PartitionOptions::default(),
+        )
+        .unwrap();
+        let mut fused = 0;
+        for r in &plan.regions {
+            let kinds: Vec<_> = r.ops.iter().map(|&o| plan.trace.op(o).kind).collect();
+            if plan.executor_name(r) == "fuser" {
+                fused += 1;
+                assert!(
+                    !kinds.iter().all(|k| k.is_view()),
+                    "a fused region of views only: {kinds:?}"
+                );
+                assert!(!kinds.contains(&switchyard_core::ir::OpKind::Cat));
+            }
+        }
+        if t.ops.len() > 10 {
+            assert!(fused > 0, "the transformer block has elementwise chains to fuse");
+        }
+    }
+}
