@@ -107,6 +107,22 @@ thread_local! {
     static SCRATCH_F64: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Runs `f` on the first `len` elements of this thread's scratch buffer,
+/// growing it first if needed; the buffer outlives the call.
+fn grown<C: Copy + Default + 'static, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<C>>>,
+    len: usize,
+    f: impl FnOnce(&mut [C]) -> R,
+) -> R {
+    key.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            s.resize(len, C::default());
+        }
+        f(&mut s[..len])
+    })
+}
+
 impl Arith for f32 {
     fn from_f64(v: f64) -> Self {
         v as f32
@@ -126,13 +142,7 @@ impl Arith for f32 {
         libm::erff(self)
     }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
-        SCRATCH_F32.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.len() < len {
-                s.resize(len, 0.0);
-            }
-            f(&mut s[..len])
-        })
+        grown(&SCRATCH_F32, len, f)
     }
 }
 
@@ -144,13 +154,7 @@ impl Arith for f64 {
         libm::erf(self)
     }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
-        SCRATCH_F64.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.len() < len {
-                s.resize(len, 0.0);
-            }
-            f(&mut s[..len])
-        })
+        grown(&SCRATCH_F64, len, f)
     }
 }
 
