@@ -128,7 +128,7 @@ impl Executor for Scripted {
             // A fuser's claim is the op's share of a fused kernel: its arithmetic,
             // plus any scripted penalty.
             Script::Accept(penalty) => Claim::Accept(
-                cx.device.fused_ns(cx.trace, &[op], cx.consumers)
+                cx.device.fused_ns(cx.trace, &[op], cx.uses)
                     - cx.device.launch_overhead_ns
                     - cx.device.host_overhead_ns
                     + penalty,
@@ -170,7 +170,7 @@ impl Executor for Scripted {
                         _ => 0.0,
                     })
                     .sum();
-                cx.device.fused_ns(cx.trace, region, cx.consumers) + penalty
+                cx.device.fused_ns(cx.trace, region, cx.uses) + penalty
             }
         }
     }

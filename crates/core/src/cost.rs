@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{OpId, OpKind, ReduceOp, Trace, UnaryOp, ValueId};
+use crate::ir::{OpId, OpKind, ReduceOp, Trace, UnaryOp, Uses, ValueId};
 
 /// The figures that make up a device's cost model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -205,7 +205,7 @@ impl DeviceModel {
 
     /// Time of `ops` fused into one kernel: one launch, boundary tensors moved
     /// once, intermediates kept on chip.
-    pub fn fused_ns(&self, trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> f64 {
+    pub fn fused_ns(&self, trace: &Trace, ops: &[OpId], uses: &Uses) -> f64 {
         let set: HashSet<OpId> = ops.iter().copied().collect();
         let mut defined: HashSet<ValueId> = HashSet::new();
         let mut read: HashSet<ValueId> = HashSet::new();
@@ -226,8 +226,7 @@ impl DeviceModel {
             }
         }
         for &v in &defined {
-            let leaves = trace.outputs.contains(&v) || consumers[v.index()].iter().any(|u| !set.contains(u));
-            if leaves {
+            if uses.escapes(v, |u| set.contains(&u)) {
                 bytes += trace.meta(v).bytes();
             }
         }
@@ -317,7 +316,7 @@ mod tests {
         let m = DeviceModel::cpu_default();
         assert_eq!(m.op_ns(&t, OpId(0)), m.host_overhead_ns);
         let separate = m.op_ns(&t, OpId(1)) + m.op_ns(&t, OpId(2));
-        let fused = m.fused_ns(&t, &[OpId(1), OpId(2)], &t.consumers());
+        let fused = m.fused_ns(&t, &[OpId(1), OpId(2)], &t.uses());
         // 4 MiB in + 4 MiB out once, against twice; and one launch instead of two.
         assert!(fused < separate * 0.6, "{fused} vs {separate}");
     }

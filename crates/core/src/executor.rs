@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
-use crate::ir::{OpId, Trace, ValueId};
+use crate::ir::{OpId, Trace, Uses, ValueId};
 use crate::meta::Device;
 use crate::tensor::Tensor;
 
@@ -88,8 +88,8 @@ pub struct Context<'a> {
     pub device: &'a DeviceModel,
     /// This executor's `[options.NAME]` table.
     pub options: &'a toml::Table,
-    /// For each value, the ops that read it ([`Trace::consumers`]).
-    pub consumers: &'a [Vec<OpId>],
+    /// How each value is used ([`Trace::uses`]).
+    pub uses: &'a Uses,
 }
 
 /// A set of ops that one executor runs.
@@ -153,7 +153,7 @@ pub trait Executor: Send + Sync {
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
         match self.info().kind {
             ExecutorKind::Operator => region.iter().map(|&op| cx.device.op_ns(cx.trace, op)).sum(),
-            ExecutorKind::Fusion => cx.device.fused_ns(cx.trace, region, cx.consumers),
+            ExecutorKind::Fusion => cx.device.fused_ns(cx.trace, region, cx.uses),
         }
     }
 

@@ -123,12 +123,13 @@ pub fn partition_owned(
     let t0 = std::time::Instant::now();
     let lowered = lower(trace, set, device, &execs, &mut explanation)?;
     let t_lower = t0.elapsed();
-    let consumers = lowered.consumers();
+    let uses = lowered.uses();
+    let consumers = &uses.consumers;
     let cx_for = |k: usize| Context {
         trace: &lowered,
         device,
         options: set.options_of(&execs[k].name),
-        consumers: &consumers,
+        uses: &uses,
     };
     let n = lowered.ops.len();
     let claims: Vec<Vec<Claim>> = lowered
@@ -162,7 +163,7 @@ pub fn partition_owned(
                 None => return Err(unclaimed(&lowered, op, &claims, &notes, &execs, &explanation)),
             };
         }
-        let regions = cluster(&lowered, &assign, &consumers, &execs, opts.horizontal);
+        let regions = cluster(&lowered, &assign, consumers, &execs, opts.horizontal);
         let mut changed = false;
         for (k, ops) in regions
             .iter()
@@ -206,7 +207,7 @@ pub fn partition_owned(
     let mut estimates = Vec::with_capacity(regions.len());
     let mut region_of = vec![0usize; n];
     for (id, (k, ops)) in regions.into_iter().enumerate() {
-        let (inputs, outputs) = region_boundary(&lowered, &ops, &consumers);
+        let (inputs, outputs) = region_boundary(&lowered, &ops, &uses);
         estimates.push(set.executors[execs[k].index].cost(&ops, &cx_for(k)));
         for op in &ops {
             region_of[op.index()] = id;
@@ -271,7 +272,7 @@ fn lower(
         if !current.ops.iter().any(|op| op.kind.is_composite()) {
             return Ok(current);
         }
-        let consumers = current.consumers();
+        let uses = current.uses();
         let mut decompose = HashSet::new();
         for (id, op) in current.ops_with_ids() {
             if !op.kind.is_composite() {
@@ -282,7 +283,7 @@ fn lower(
                     trace: &current,
                     device,
                     options: set.options_of(&e.name),
-                    consumers: &consumers,
+                    uses: &uses,
                 };
                 set.executors[e.index].claim(id, &cx).cost().is_some()
             });
@@ -470,7 +471,7 @@ fn reconsider(
         if mine <= alone {
             continue;
         }
-        let pieces = split_pieces(cx.trace, ops, v, cx.consumers, horizontal);
+        let pieces = split_pieces(cx.trace, ops, v, &cx.uses.consumers, horizontal);
         let cost: f64 = pieces.iter().map(|p| exec.cost(p, cx)).sum::<f64>() + alone;
         if split.is_none_or(|(_, s)| cost < s) {
             split = Some((v, cost));

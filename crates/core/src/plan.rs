@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::cost::{DeviceModel, is_free_view};
 use crate::executor::{Context, Executor, Region};
-use crate::ir::{OpId, Trace, ValueId};
+use crate::ir::{OpId, Trace, Uses, ValueId};
 use crate::partition::Explanation;
 
 /// A trace ready to compile: composites lowered, every op in exactly one region.
@@ -43,13 +43,13 @@ impl std::fmt::Debug for Plan {
 
 /// Computes a region's inputs and outputs from its ops.
 ///
-/// `consumers` is [`Trace::consumers`]. A value the region defines is an output
-/// when the trace returns it, when an op outside the region reads it, or when
-/// nothing reads it (it is still produced, and must be accounted for).
-pub fn region_boundary(trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> (Vec<ValueId>, Vec<ValueId>) {
+/// `uses` is [`Trace::uses`]. A value the region defines is an output when the
+/// trace returns it, when an op outside the region reads it, or when nothing
+/// reads it (it is still produced, and must be accounted for).
+pub fn region_boundary(trace: &Trace, ops: &[OpId], uses: &Uses) -> (Vec<ValueId>, Vec<ValueId>) {
     let mut sorted = ops.to_vec();
     sorted.sort_unstable();
-    let inside = |o: &OpId| sorted.binary_search(o).is_ok();
+    let inside = |o: OpId| sorted.binary_search(&o).is_ok();
     let mut defined = std::collections::HashSet::new();
     let mut seen = std::collections::HashSet::new();
     let mut inputs = Vec::new();
@@ -63,8 +63,7 @@ pub fn region_boundary(trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> 
         }
         for &v in &op.outputs {
             defined.insert(v);
-            let users = &consumers[v.index()];
-            if trace.outputs.contains(&v) || users.is_empty() || users.iter().any(|u| !inside(u)) {
+            if uses.escapes(v, inside) {
                 outputs.push(v);
             }
         }
@@ -89,18 +88,13 @@ impl Plan {
     }
 
     /// Calls `f` with the context a region's executor works in.
-    pub fn with_context<R>(
-        &self,
-        region: &Region,
-        consumers: &[Vec<OpId>],
-        f: impl FnOnce(&Context) -> R,
-    ) -> R {
+    pub fn with_context<R>(&self, region: &Region, uses: &Uses, f: impl FnOnce(&Context) -> R) -> R {
         let name = self.executor_name(region);
         let cx = Context {
             trace: &self.trace,
             device: &self.device,
             options: self.options_of(&name),
-            consumers,
+            uses,
         };
         f(&cx)
     }
@@ -116,6 +110,7 @@ impl Plan {
     /// Zero-copy views count nothing.
     pub fn planned_peak_bytes(&self) -> (usize, usize) {
         let producers = self.trace.producers();
+        let is_output = self.trace.uses().is_output;
         let n = self.trace.values.len();
         let mut last_read = vec![None; n];
         for (i, r) in self.regions.iter().enumerate() {
@@ -131,7 +126,7 @@ impl Plan {
         let mut input_frees: Vec<Vec<ValueId>> = vec![Vec::new(); self.regions.len()];
         for (i, r) in self.regions.iter().enumerate() {
             for &v in &r.outputs {
-                if !self.trace.outputs.contains(&v) {
+                if !is_output[v.index()] {
                     frees[last_read[v.index()].unwrap_or(i)].push(v);
                 }
             }
@@ -140,7 +135,7 @@ impl Plan {
         for &v in &self.trace.inputs {
             if let Some(i) = last_read[v.index()] {
                 inputs_live += bytes_of(v);
-                if !self.trace.outputs.contains(&v) {
+                if !is_output[v.index()] {
                     input_frees[i].push(v);
                 }
             }

@@ -120,7 +120,7 @@ impl CompiledPlan {
         let start = Instant::now();
         let before = cache.stats();
         let mut kernels = Vec::with_capacity(plan.regions.len());
-        let consumers = plan.trace.consumers();
+        let uses = plan.trace.uses();
         for region in &plan.regions {
             let exec = plan.executor_of(region);
             let info = exec.info();
@@ -133,7 +133,7 @@ impl CompiledPlan {
                 plan.options_of(&info.name),
             );
             let kernel = cache.get_or_compile(key, || {
-                plan.with_context(region, &consumers, |cx| exec.compile(region, cx))
+                plan.with_context(region, &uses, |cx| exec.compile(region, cx))
             })?;
             kernels.push(kernel);
         }
@@ -162,7 +162,7 @@ impl CompiledPlan {
                 last_read[v.index()] = Some(i);
             }
         }
-        let is_output = |v: ValueId| trace.outputs.contains(&v);
+        let is_output = |v: ValueId| uses.is_output[v.index()];
         let mut steps: Vec<Step> = plan
             .regions
             .iter()

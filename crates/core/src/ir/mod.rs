@@ -153,6 +153,25 @@ pub struct HintSpan {
     pub hints: Attrs,
 }
 
+/// How the values of a trace are used, indexed by [`ValueId`]: computed once
+/// per trace so that passes ask in O(1).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Uses {
+    /// The ops that read each value, in program order ([`Trace::consumers`]).
+    pub consumers: Vec<Vec<OpId>>,
+    /// Whether the trace returns each value.
+    pub is_output: Vec<bool>,
+}
+
+impl Uses {
+    /// Whether `v` leaves a region made of the ops `inside` says are in it:
+    /// the trace returns it, nothing reads it, or an op outside reads it.
+    pub fn escapes(&self, v: ValueId, inside: impl Fn(OpId) -> bool) -> bool {
+        let users = &self.consumers[v.index()];
+        self.is_output[v.index()] || users.is_empty() || users.iter().any(|&u| !inside(u))
+    }
+}
+
 /// A tensor program: inputs, ops in program order, outputs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Trace {
@@ -291,6 +310,18 @@ impl Trace {
             }
         }
         users
+    }
+
+    /// How each value is used: its readers, and whether the trace returns it.
+    pub fn uses(&self) -> Uses {
+        let mut is_output = vec![false; self.values.len()];
+        for v in &self.outputs {
+            is_output[v.index()] = true;
+        }
+        Uses {
+            consumers: self.consumers(),
+            is_output,
+        }
     }
 
     /// For each value, the last op that reads it (`None` if no op reads it).
