@@ -343,7 +343,7 @@ fn config_files_choose_executors_and_cost_model() {
         (
             "plan",
             "disable = [\"fallback\"]\n",
-            "no enabled executor can run line 7: h.1 = transpose(w1, perm=[1, 0]): fuser rejects it",
+            "no enabled executor can run line 7: h.2 = matmul(x, h.1): fuser rejects it: `matmul` is not in the fuser's kernel IR",
         ),
         ("plan", "[partitioner\n", ".toml"),
     ];

@@ -116,6 +116,28 @@ pub trait Kernel: Send + Sync {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>>;
 }
 
+/// What a fusion executor allows the partitioner to do with its regions,
+/// read from its options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusionLimits {
+    /// Whether independent ops may share one of its regions (when
+    /// `[partitioner] horizontal` allows it too).
+    pub horizontal: bool,
+    /// Fuse only the first this many regions of the plan, in plan order; the
+    /// ops of the others go to their next claimant. For bisecting a wrong
+    /// result down to one fusion.
+    pub fuel: Option<usize>,
+}
+
+impl Default for FusionLimits {
+    fn default() -> Self {
+        FusionLimits {
+            horizontal: true,
+            fuel: None,
+        }
+    }
+}
+
 /// An executor: claims ops, prices regions, compiles them into kernels.
 pub trait Executor: Send + Sync {
     /// Name, version, kind and devices.
@@ -155,6 +177,13 @@ pub trait Executor: Send + Sync {
             ExecutorKind::Operator => region.iter().map(|&op| cx.device.op_ns(cx.trace, op)).sum(),
             ExecutorKind::Fusion => cx.device.fused_ns(cx.trace, region, cx.uses),
         }
+    }
+
+    /// What the partitioner may do with this executor's regions, given its
+    /// options. By default: anything.
+    fn fusion_limits(&self, options: &toml::Table) -> FusionLimits {
+        let _ = options;
+        FusionLimits::default()
     }
 
     /// Where the kernel of `region` runs: its inputs are moved there first, and

@@ -88,6 +88,10 @@ struct Exec {
     index: usize,
     name: String,
     kind: ExecutorKind,
+    /// Whether its regions may merge independent ops.
+    horizontal: bool,
+    /// How many of its regions may stay fused.
+    fuel: Option<usize>,
 }
 
 /// Partitions `trace` onto the executors of `set`.
@@ -112,11 +116,16 @@ pub fn partition_owned(
     for (index, e) in set.executors.iter().enumerate() {
         let info = e.info();
         match e.availability() {
-            Availability::Available => execs.push(Exec {
-                index,
-                name: info.name,
-                kind: info.kind,
-            }),
+            Availability::Available => {
+                let limits = e.fusion_limits(set.options_of(&info.name));
+                execs.push(Exec {
+                    index,
+                    name: info.name,
+                    kind: info.kind,
+                    horizontal: opts.horizontal && limits.horizontal,
+                    fuel: limits.fuel,
+                })
+            }
             Availability::Unavailable(reason) => explanation.unavailable.push((info.name, reason)),
         }
     }
@@ -163,7 +172,7 @@ pub fn partition_owned(
                 None => return Err(unclaimed(&lowered, op, &claims, &notes, &execs, &explanation)),
             };
         }
-        let regions = cluster(&lowered, &assign, consumers, &execs, opts.horizontal);
+        let regions = cluster(&lowered, &assign, consumers, &execs);
         let mut changed = false;
         for (k, ops) in regions
             .iter()
@@ -192,9 +201,11 @@ pub fn partition_owned(
                     &mut banned,
                     &mut notes,
                     &execs,
-                    opts.horizontal,
                 );
             }
+        }
+        if !changed {
+            changed = spend_fuel(&regions, &execs, &mut banned, &mut notes);
         }
         if !changed {
             break regions;
@@ -368,7 +379,6 @@ fn cluster(
     assign: &[usize],
     consumers: &[Vec<OpId>],
     execs: &[Exec],
-    horizontal: bool,
 ) -> Vec<(usize, Vec<OpId>)> {
     let n = trace.ops.len();
     let producers = trace.producers();
@@ -420,15 +430,41 @@ fn cluster(
         let mut vertical: BTreeSet<OpId> = BTreeSet::new();
         let newly = take(start, &mut ready_any, &mut ready_by);
         if execs[k].kind == ExecutorKind::Fusion {
+            // Consumers of the region on this executor still waiting for other operands.
+            let mut blocked: BTreeSet<OpId> = BTreeSet::new();
+            let note_consumers = |op: OpId, blocked: &mut BTreeSet<OpId>| {
+                for v in &trace.op(op).outputs {
+                    blocked.extend(consumers[v.index()].iter().filter(|u| assign[u.index()] == k));
+                }
+            };
+            note_consumers(start, &mut blocked);
             vertical.extend(newly.into_iter().filter(|u| assign[u.index()] == k));
             loop {
                 let next = match vertical.pop_first() {
                     Some(v) => Some(v),
-                    None if horizontal => ready_by[k].first().copied(),
-                    None => None,
+                    None => {
+                        // A ready sibling that a blocked consumer needs joins the
+                        // region, so that their consumer can join too (a cat of
+                        // two computed parts); only then independent ops, if
+                        // horizontal merging is on.
+                        let sibling = blocked.iter().find_map(|&u| {
+                            trace
+                                .op(u)
+                                .input_values()
+                                .filter_map(|v| producers[v.index()])
+                                .find(|p| ready_by[k].contains(p))
+                        });
+                        match sibling {
+                            Some(p) => Some(p),
+                            None if execs[k].horizontal => ready_by[k].first().copied(),
+                            None => None,
+                        }
+                    }
                 };
                 let Some(next) = next else { break };
                 ops.push(next);
+                blocked.remove(&next);
+                note_consumers(next, &mut blocked);
                 let newly = take(next, &mut ready_any, &mut ready_by);
                 vertical.extend(newly.into_iter().filter(|u| assign[u.index()] == k));
             }
@@ -450,8 +486,8 @@ fn reconsider(
     banned: &mut [Vec<bool>],
     notes: &mut [Vec<String>],
     execs: &[Exec],
-    horizontal: bool,
 ) -> bool {
+    let horizontal = execs[k].horizontal;
     let fused = exec.cost(ops, cx);
     // Three alternatives, and the cheapest wins: keep the region, dissolve it
     // (every op on its best operator executor), or split out one op the fuser
@@ -512,6 +548,34 @@ fn reconsider(
         }
     }
     true
+}
+
+/// Moves the ops of every fusion region past its executor's fuel to their
+/// next claimant. Returns whether anything changed.
+fn spend_fuel(
+    regions: &[(usize, Vec<OpId>)],
+    execs: &[Exec],
+    banned: &mut [Vec<bool>],
+    notes: &mut [Vec<String>],
+) -> bool {
+    let mut used = vec![0usize; execs.len()];
+    let mut changed = false;
+    for (k, ops) in regions {
+        let Some(fuel) = execs[*k].fuel else { continue };
+        used[*k] += 1;
+        if used[*k] <= fuel {
+            continue;
+        }
+        for op in ops {
+            banned[op.index()][*k] = true;
+            notes[op.index()].push(format!(
+                "{} fuses only its first {fuel} regions (`fuel`), and this is region {} of it",
+                execs[*k].name, used[*k]
+            ));
+        }
+        changed = true;
+    }
+    changed
 }
 
 /// The regions `ops` would fall into once `without` leaves them. With

@@ -1,65 +1,278 @@
 //! The kernel IR of a fused region: a register program over one iteration space.
 //!
-//! Every op of the region writes one register; registers hold a tile of
-//! elements in the compute type (f32, or f64 for f64 regions). Region inputs are
-//! loaded through their strides broadcast to the iteration space, so a
-//! transposed or broadcast input costs no copy, and only region outputs are
-//! stored. The IR says nothing of CPUs: a CUDA backend can emit the same
-//! program as a kernel body.
+//! A program iterates over `shape`. When it reduces, the dims in `reduced` are
+//! the reduction axes, and the rest are *kept*: a **full** register holds one
+//! element per point of the iteration space, a **row** register one element per
+//! point of the kept dims (a reduction's result, and elementwise ops on such
+//! results). Registers are virtual and written once; a backend maps them onto
+//! whatever storage it has (tiles in cache on CPU, registers on a GPU).
+//!
+//! Region inputs are read through [`Load`]s: the input, the zero-copy views the
+//! region applied to it (reshape, transpose, slice, broadcast), and an
+//! [`IndexMap`] from the iteration index to the viewed input's index. Views of
+//! computed values never appear: the lowering re-evaluates the value at the
+//! mapped index instead, so no intermediate is ever copied. `cat` selects,
+//! element by element, among parts evaluated under shifted maps; loads that
+//! could fall outside their part carry masks. Nothing here is CPU-specific.
 
 use switchyard_core::DType;
-use switchyard_core::ir::{BinaryOp, UnaryOp};
+use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
 
-/// One instruction; every instruction writes register `dst`.
+/// A virtual register: the result of one instruction.
+pub type Reg = usize;
+
+/// Where a register lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Space {
+    /// One element per point of the iteration space.
+    Full,
+    /// One element per point of the kept (unreduced) dims.
+    Row,
+}
+
+/// A zero-copy view applied to a region input before it is read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum View {
+    /// Reinterpret as this shape (a view when the strides allow, else read from a dense copy).
+    Reshape(Vec<usize>),
+    /// Permute the dims: result dim k is input dim `perm[k]`.
+    Transpose(Vec<usize>),
+    /// `(start, len, step)` per dim.
+    Slice(Vec<(usize, usize, usize)>),
+    /// Broadcast to this shape (numpy rules).
+    Broadcast(Vec<usize>),
+}
+
+/// How one dim of a viewed input is indexed from the iteration index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    /// `scale * i[dim] + offset`.
+    Iter {
+        /// Iteration dim.
+        dim: usize,
+        /// Multiplier (a slice's step).
+        scale: isize,
+        /// Added after scaling (a slice's start, or a cat part's shift).
+        offset: isize,
+    },
+    /// Always this index (a broadcast size-1 dim).
+    Fixed(isize),
+}
+
+/// A half-open range `lo..hi` of iteration dim `dim` outside which a load is
+/// not evaluated (its value there is never selected).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mask {
+    /// Iteration dim.
+    pub dim: usize,
+    /// First index inside.
+    pub lo: usize,
+    /// One past the last index inside.
+    pub hi: usize,
+}
+
+/// From the iteration index to a value's index: one [`Axis`] per dim of the
+/// value, plus the masks of the `cat` parts it sits in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IndexMap {
+    /// One entry per dim of the indexed value.
+    pub axes: Vec<Axis>,
+    /// Ranges outside which the value is not needed.
+    pub masks: Vec<Mask>,
+}
+
+/// A read of a region input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Load {
+    /// Position among the region's inputs.
+    pub input: usize,
+    /// Views applied to the input, in order.
+    pub views: Vec<View>,
+    /// Index of the viewed input for each iteration index (for a row
+    /// register, only kept dims appear).
+    pub map: IndexMap,
+}
+
+/// One instruction; every instruction writes register `dst`, whose space is
+/// `Program::spaces[dst]`. Operands of an instruction share its space, except
+/// for [`Instr::Reduce`] (full in, row out) and [`Instr::Expand`] (row in, full out).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Instr {
-    /// `dst = input[k]` at the current index.
+    /// `dst = input` at the mapped index.
     Load {
-        /// Position among the region's inputs.
-        input: usize,
+        /// What to read.
+        load: Load,
         /// Register written.
-        dst: usize,
+        dst: Reg,
     },
     /// `dst = value`.
     Const {
         /// The constant.
         value: f64,
         /// Register written.
-        dst: usize,
+        dst: Reg,
     },
-    /// `dst = op(a)`.
+    /// `dst = op(a)`; `logical_not` yields 0 or 1.
     Unary {
         /// The operation.
         op: UnaryOp,
         /// Register read.
-        a: usize,
+        a: Reg,
         /// Register written.
-        dst: usize,
+        dst: Reg,
     },
-    /// `dst = op(a, b)` (arithmetic only; predicates are not in the IR yet).
+    /// `dst = op(a, b)`; predicates yield 0 or 1.
     Binary {
         /// The operation.
         op: BinaryOp,
         /// First register read.
-        a: usize,
+        a: Reg,
         /// Second register read.
-        b: usize,
+        b: Reg,
         /// Register written.
-        dst: usize,
+        dst: Reg,
+    },
+    /// `dst = cond != 0 ? a : b`.
+    Where {
+        /// Condition register.
+        cond: Reg,
+        /// Taken where the condition holds.
+        a: Reg,
+        /// Taken elsewhere.
+        b: Reg,
+        /// Register written.
+        dst: Reg,
+    },
+    /// `dst = a` rounded to `to` (kept in the compute type).
+    Cast {
+        /// The dtype to round through.
+        to: DType,
+        /// Register read.
+        a: Reg,
+        /// Register written.
+        dst: Reg,
+    },
+    /// `dst[row] = op over the reduced dims of a` (full in, row out).
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// Full register read.
+        a: Reg,
+        /// Row register written.
+        dst: Reg,
+    },
+    /// `dst = a` broadcast along the reduced dims (row in, full out).
+    Expand {
+        /// Row register read.
+        a: Reg,
+        /// Full register written.
+        dst: Reg,
+    },
+    /// `dst = parts[k].2` where `parts[k].0 <= i[dim] < parts[k].1`.
+    Cat {
+        /// Iteration dim the parts tile.
+        dim: usize,
+        /// `(lo, hi, register)` in increasing order, covering the dim.
+        parts: Vec<(usize, usize, Reg)>,
+        /// Register written.
+        dst: Reg,
     },
 }
 
-/// A fused region, ready to run.
+impl Instr {
+    /// The register written.
+    pub fn dst(&self) -> Reg {
+        match *self {
+            Instr::Load { dst, .. }
+            | Instr::Const { dst, .. }
+            | Instr::Unary { dst, .. }
+            | Instr::Binary { dst, .. }
+            | Instr::Where { dst, .. }
+            | Instr::Cast { dst, .. }
+            | Instr::Reduce { dst, .. }
+            | Instr::Expand { dst, .. }
+            | Instr::Cat { dst, .. } => dst,
+        }
+    }
+
+    /// The registers read.
+    pub fn reads(&self) -> Vec<Reg> {
+        match self {
+            Instr::Load { .. } | Instr::Const { .. } => vec![],
+            Instr::Unary { a, .. }
+            | Instr::Cast { a, .. }
+            | Instr::Reduce { a, .. }
+            | Instr::Expand { a, .. } => {
+                vec![*a]
+            }
+            Instr::Binary { a, b, .. } => vec![*a, *b],
+            Instr::Where { cond, a, b, .. } => vec![*cond, *a, *b],
+            Instr::Cat { parts, .. } => parts.iter().map(|p| p.2).collect(),
+        }
+    }
+}
+
+/// A region output: which register, stored as which dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Store {
+    /// Register holding the output (full: the iteration shape; row: the kept dims).
+    pub reg: Reg,
+    /// The output's dtype.
+    pub dtype: DType,
+    /// The output's shape (a row output may keep its reduced dims as 1s).
+    pub shape: Vec<usize>,
+}
+
+/// A fused region, ready for a backend.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Program {
-    /// The iteration space: the shape every op of the region produces.
+    /// The iteration space.
     pub shape: Vec<usize>,
-    /// The storage dtype of every value in the region.
-    pub dtype: DType,
+    /// Iteration dims reduced by the program's reductions (sorted; empty when
+    /// nothing is reduced).
+    pub reduced: Vec<usize>,
+    /// The type registers hold: f64 if the region touches f64, else f32.
+    pub compute: DType,
+    /// The dtype of each region input.
+    pub inputs: Vec<DType>,
     /// Instructions in order.
     pub instrs: Vec<Instr>,
-    /// Registers used.
-    pub registers: usize,
-    /// The register holding each region output, in output order.
-    pub outputs: Vec<usize>,
+    /// The space of each register.
+    pub spaces: Vec<Space>,
+    /// Region outputs, in output order.
+    pub outputs: Vec<Store>,
+}
+
+impl Program {
+    /// Elements of the iteration space.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Elements of one row: the product of the reduced dims (1 without reductions).
+    pub fn row_len(&self) -> usize {
+        self.reduced.iter().map(|&d| self.shape[d]).product()
+    }
+
+    /// Arithmetic operations one run performs, counting re-evaluations (a cat
+    /// evaluates each part over the whole space) and loads as none.
+    pub fn flops(&self) -> f64 {
+        let rows = (self.numel() / self.row_len().max(1)) as f64;
+        let full = self.numel() as f64;
+        self.instrs
+            .iter()
+            .map(|i| {
+                let n = match self.spaces[i.dst()] {
+                    Space::Full => full,
+                    Space::Row => rows,
+                };
+                match i {
+                    Instr::Load { .. } | Instr::Const { .. } | Instr::Expand { .. } => 0.0,
+                    Instr::Reduce { .. } => full,
+                    Instr::Unary { op, .. } if op.float_only() => 8.0 * n,
+                    _ => n,
+                }
+            })
+            .sum()
+    }
 }

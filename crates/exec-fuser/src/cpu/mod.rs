@@ -1,0 +1,614 @@
+//! The CPU backend: runs a [`Program`] over tiles of the iteration space, in
+//! parallel.
+//!
+//! The iteration space is walked with the reduced dims innermost, so a tile
+//! holds whole rows: a reduction and everything that uses its result happen
+//! while the row is in cache. Without reductions a tile is [`TILE`] elements.
+//! Registers are mapped onto a few slots, reused once their value is dead;
+//! each thread keeps its slots (slots × tile elements) across calls, so
+//! intermediates never reach DRAM and a call allocates only its outputs.
+
+mod math;
+mod ops;
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+use switchyard_core::meta::{broadcast_strides, contiguous_strides, reshape_strides};
+use switchyard_core::{DType, Stored, Tensor};
+
+use crate::lower::MAX_RANK;
+use crate::program::{Axis, Instr, Program, Space, View};
+use math::Arith;
+
+/// Elements per tile of an elementwise program: its slots stay in L1/L2.
+const TILE: usize = 1024;
+/// Below this many elements, one thread does it all.
+const PAR_MIN: usize = 1 << 15;
+/// The longest row a tile holds: rows longer than this are not fused.
+pub(crate) const ROW_MAX: usize = 1 << 15;
+
+/// A program prepared for the CPU: its walk order and register slots.
+#[derive(Debug)]
+pub(crate) struct CpuKernel {
+    program: Program,
+    /// Iteration dims in walk order: kept dims, then reduced dims.
+    perm: Vec<usize>,
+    /// The iteration shape in walk order.
+    pshape: Vec<usize>,
+    rows: usize,
+    row_len: usize,
+    /// Rows per tile.
+    tile_rows: usize,
+    /// The slot of each register.
+    slots: Vec<usize>,
+    nslots: usize,
+}
+
+impl CpuKernel {
+    /// Orders the walk and assigns slots. Fails when a row is too long to hold.
+    pub(crate) fn new(program: Program) -> Result<CpuKernel, String> {
+        let rank = program.shape.len();
+        let mut perm: Vec<usize> = (0..rank).filter(|d| !program.reduced.contains(d)).collect();
+        perm.extend(&program.reduced);
+        let pshape: Vec<usize> = perm.iter().map(|&d| program.shape[d]).collect();
+        let row_len = program.row_len();
+        if row_len > ROW_MAX {
+            return Err(format!(
+                "rows of {row_len} elements are longer than a tile holds ({ROW_MAX})"
+            ));
+        }
+        // Counted from the kept dims, so that reducing an empty dim still
+        // gives each row its identity (0 for sum, 1 for prod, ...).
+        let rows: usize = pshape[..rank - program.reduced.len()].iter().product();
+        let tile_rows = (TILE / row_len.max(1)).max(1);
+        // Linear scan: a slot frees after its register's last read; the
+        // destination is taken before the operands free, so an instruction
+        // never writes a slot it reads.
+        let n = program.spaces.len();
+        let mut last = vec![None::<usize>; n];
+        for (i, ins) in program.instrs.iter().enumerate() {
+            for r in ins.reads() {
+                last[r] = Some(i);
+            }
+        }
+        for o in &program.outputs {
+            last[o.reg] = Some(usize::MAX);
+        }
+        let mut slots = vec![usize::MAX; n];
+        let mut free: Vec<usize> = Vec::new();
+        let mut nslots = 0;
+        for (i, ins) in program.instrs.iter().enumerate() {
+            let dst = ins.dst();
+            slots[dst] = free.pop().unwrap_or_else(|| {
+                nslots += 1;
+                nslots - 1
+            });
+            let mut dead: Vec<usize> = ins.reads().into_iter().filter(|&r| last[r] == Some(i)).collect();
+            if last[dst].is_none() {
+                dead.push(dst);
+            }
+            dead.sort_unstable();
+            dead.dedup();
+            free.extend(dead.iter().map(|&r| slots[r]));
+        }
+        Ok(CpuKernel {
+            program,
+            perm,
+            pshape,
+            rows,
+            row_len,
+            tile_rows,
+            slots,
+            nslots,
+        })
+    }
+
+    /// Runs the program on `inputs`.
+    pub(crate) fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        match self.program.compute {
+            DType::F64 => self.run_in::<f64>(inputs),
+            _ => self.run_in::<f32>(inputs),
+        }
+    }
+
+    fn run_in<C: Arith>(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let p = &self.program;
+        if inputs.len() != p.inputs.len() {
+            return Err(format!(
+                "expected {} inputs, got {}",
+                p.inputs.len(),
+                inputs.len()
+            ));
+        }
+        for (k, (t, &d)) in inputs.iter().zip(&p.inputs).enumerate() {
+            if t.dtype() != d || t.storage().is_none() {
+                return Err(format!(
+                    "input {k} is {} on {}, expected host {d}",
+                    t.dtype(),
+                    t.device()
+                ));
+            }
+        }
+        let mut sources = vec![None; p.instrs.len()];
+        for (i, ins) in p.instrs.iter().enumerate() {
+            if let Instr::Load { load, .. } = ins {
+                sources[i] = Some(self.source(inputs[load.input], &load.views, &load.map)?);
+            }
+        }
+        let n = p.numel();
+        let mut outs: Vec<OutBuf> = p
+            .outputs
+            .iter()
+            .map(|s| {
+                let len = match p.spaces[s.reg] {
+                    Space::Full => n,
+                    Space::Row => self.rows,
+                };
+                OutBuf::new(s.dtype, len)
+            })
+            .collect::<Result<_, _>>()?;
+        let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutBuf::ptr).collect();
+        // Full outputs are dense in the iteration shape; walk their strides in walk order.
+        let dense = contiguous_strides(&p.shape);
+        let out_strides: Vec<isize> = self.perm.iter().map(|&d| dense[d]).collect();
+        let identity = self.perm.iter().enumerate().all(|(k, &d)| k == d);
+        let slot_len = self.tile_rows * self.row_len.max(1);
+        let tiles = self.rows.div_ceil(self.tile_rows);
+        let tile = |t: usize| {
+            let r0 = t * self.tile_rows;
+            let nr = self.tile_rows.min(self.rows - r0);
+            let start = r0 * self.row_len;
+            let len = nr * self.row_len;
+            C::with_scratch(self.nslots * slot_len, |scratch| {
+                let base = scratch.as_mut_ptr();
+                let reg = |r: usize| -> *mut C {
+                    // SAFETY: slots are `slot_len` apart within the scratch.
+                    unsafe { base.add(self.slots[r] * slot_len) }
+                };
+                let space_len = |r: usize| match p.spaces[r] {
+                    Space::Full => len,
+                    Space::Row => nr,
+                };
+                // SAFETY (for the slices below): a register's slot holds
+                // `slot_len >= len >= nr` elements, and the slot allocator
+                // never gives an instruction's destination the slot of a
+                // register it reads, so `dst` never aliases an operand.
+                let rd = |r: usize| unsafe { std::slice::from_raw_parts(reg(r) as *const C, space_len(r)) };
+                for (i, ins) in p.instrs.iter().enumerate() {
+                    let d = ins.dst();
+                    let dst = unsafe { std::slice::from_raw_parts_mut(reg(d), space_len(d)) };
+                    match ins {
+                        Instr::Load { .. } => {
+                            let src = sources[i].as_ref().expect("every load has a source");
+                            src.load(&self.pshape, start, dst);
+                        }
+                        Instr::Const { value, .. } => dst.fill(C::from_f64(*value)),
+                        Instr::Unary { op, a, .. } => ops::unary(*op, rd(*a), dst),
+                        Instr::Binary { op, a, b, .. } => ops::binary(*op, rd(*a), rd(*b), dst),
+                        Instr::Where { cond, a, b, .. } => ops::select(rd(*cond), rd(*a), rd(*b), dst),
+                        Instr::Cast { to, a, .. } => ops::cast(*to, rd(*a), dst),
+                        Instr::Reduce { op, a, .. } => ops::reduce(*op, rd(*a), self.row_len, dst),
+                        Instr::Expand { a, .. } => ops::expand(rd(*a), self.row_len, dst),
+                        Instr::Cat { dim, parts, .. } => {
+                            let pd = self.perm.iter().position(|x| x == dim).unwrap_or(0);
+                            let inner: usize = self.pshape[pd + 1..].iter().product();
+                            let parts: Vec<(usize, usize, &[C])> =
+                                parts.iter().map(|&(lo, hi, r)| (lo, hi, rd(r))).collect();
+                            ops::cat(&parts, start, inner.max(1), self.pshape[pd], dst);
+                        }
+                    }
+                }
+                for (o, s) in out_ptrs.iter().zip(&p.outputs) {
+                    let vals = rd(s.reg);
+                    match p.spaces[s.reg] {
+                        Space::Row => o.write(r0, vals),
+                        Space::Full if identity => o.write(start, vals),
+                        Space::Full => o.scatter(&self.pshape, &out_strides, start, vals),
+                    }
+                }
+            })
+        };
+        if n < PAR_MIN {
+            (0..tiles).for_each(tile);
+        } else {
+            (0..tiles).into_par_iter().for_each(tile);
+        }
+        outs.into_iter()
+            .zip(&p.outputs)
+            .map(|(b, s)| b.into_tensor(&s.shape))
+            .collect()
+    }
+
+    /// How a load reads `t` through `views` and `map`: strides per dim of
+    /// the walk, checked to stay inside the buffer.
+    fn source<'a>(
+        &self,
+        t: &'a Tensor,
+        views: &[View],
+        map: &crate::program::IndexMap,
+    ) -> Result<Source<'a>, String> {
+        let p = &self.program;
+        let (mut shape, mut strides, mut offset) =
+            (t.shape().to_vec(), t.strides().to_vec(), t.offset() as isize);
+        for v in views {
+            match v {
+                View::Reshape(to) => {
+                    strides = reshape_strides(&shape, &strides, to).ok_or_else(|| {
+                        format!("a reshape to {to:?} of an input laid out as {strides:?} needs a copy")
+                    })?;
+                    shape = to.clone();
+                }
+                View::Transpose(perm) => {
+                    shape = perm.iter().map(|&q| shape[q]).collect();
+                    strides = perm.iter().map(|&q| strides[q]).collect();
+                }
+                View::Slice(params) => {
+                    for (d, &(start, len, step)) in params.iter().enumerate() {
+                        if len > 0 {
+                            offset += start as isize * strides[d];
+                        }
+                        shape[d] = len;
+                        strides[d] *= step as isize;
+                    }
+                }
+                View::Broadcast(to) => {
+                    strides = broadcast_strides(&shape, &strides, to);
+                    shape = to.clone();
+                }
+            }
+        }
+        if map.axes.len() != shape.len() {
+            return Err(format!(
+                "a load maps {} dims onto an input of rank {}",
+                map.axes.len(),
+                shape.len()
+            ));
+        }
+        let mut it = [0isize; MAX_RANK];
+        for (a, &s) in map.axes.iter().zip(&strides) {
+            match *a {
+                Axis::Iter {
+                    dim,
+                    scale,
+                    offset: o,
+                } => {
+                    it[dim] += s * scale;
+                    offset += s * o;
+                }
+                Axis::Fixed(c) => offset += s * c,
+            }
+        }
+        let mut walk = [0isize; MAX_RANK];
+        for (k, &d) in self.perm.iter().enumerate() {
+            walk[k] = it[d];
+        }
+        let masks: Vec<(usize, usize, usize)> = map
+            .masks
+            .iter()
+            .map(|m| {
+                (
+                    self.perm.iter().position(|&d| d == m.dim).unwrap_or(0),
+                    m.lo,
+                    m.hi,
+                )
+            })
+            .collect();
+        // The offsets reached over the (masked) space must lie in the buffer.
+        let len = t.storage().map_or(0, |s| s.len()) as isize;
+        if p.numel() > 0 {
+            let (mut lo, mut hi) = (offset, offset);
+            for (k, &size) in self.pshape.iter().enumerate() {
+                let (a, b) = masks
+                    .iter()
+                    .filter(|m| m.0 == k)
+                    .fold((0, size), |(a, b), m| (a.max(m.1), b.min(m.2)));
+                if a >= b {
+                    continue;
+                }
+                let (x, y) = (walk[k] * a as isize, walk[k] * (b - 1) as isize);
+                lo += x.min(y);
+                hi += x.max(y);
+            }
+            if lo < 0 || hi >= len {
+                return Err(format!(
+                    "an input of shape {:?} is read outside its buffer (offsets {lo}..={hi} of {len})",
+                    t.shape()
+                ));
+            }
+        }
+        let dense_walk = contiguous_strides(&self.pshape);
+        let dense = masks.is_empty()
+            && self
+                .pshape
+                .iter()
+                .enumerate()
+                .all(|(k, &s)| s == 1 || walk[k] == dense_walk[k]);
+        Ok(Source {
+            data: Data::of(t)?,
+            walk,
+            offset,
+            dense,
+            masks,
+        })
+    }
+}
+
+/// An input's elements, typed.
+#[derive(Clone, Copy)]
+enum Data<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+    Bool(&'a [bool]),
+}
+
+impl<'a> Data<'a> {
+    fn of(t: &'a Tensor) -> Result<Data<'a>, String> {
+        let missing = || format!("an input is {}, which the fuser does not read", t.dtype());
+        Ok(match t.dtype() {
+            DType::F32 => Data::F32(t.buffer().ok_or_else(missing)?),
+            DType::F64 => Data::F64(t.buffer().ok_or_else(missing)?),
+            DType::F16 => Data::F16(t.buffer().ok_or_else(missing)?),
+            DType::BF16 => Data::BF16(t.buffer().ok_or_else(missing)?),
+            DType::Bool => Data::Bool(t.buffer().ok_or_else(missing)?),
+            _ => return Err(missing()),
+        })
+    }
+}
+
+/// A stored type the backend reads and writes in compute type `C`.
+trait Port: Stored + Copy {
+    fn get<C: Arith>(self) -> C;
+    fn put<C: Arith>(c: C) -> Self;
+}
+
+impl Port for f32 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f32(self)
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        c.to_f32()
+    }
+}
+impl Port for f64 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f64(self)
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        c.to_f64()
+    }
+}
+impl Port for f16 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f32(self.to_f32())
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        f16::from_f64(c.to_f64())
+    }
+}
+impl Port for bf16 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f32(self.to_f32())
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        bf16::from_f64(c.to_f64())
+    }
+}
+impl Port for bool {
+    fn get<C: Arith>(self) -> C {
+        if self { C::one() } else { C::zero() }
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        c != C::zero()
+    }
+}
+
+/// An input as one load reads it: strides per walk dim, offset, masks.
+#[derive(Clone)]
+struct Source<'a> {
+    data: Data<'a>,
+    walk: [isize; MAX_RANK],
+    offset: isize,
+    dense: bool,
+    /// `(walk dim, lo, hi)`: outside, the load yields 0 without reading.
+    masks: Vec<(usize, usize, usize)>,
+}
+
+impl Source<'_> {
+    fn load<C: Arith>(&self, pshape: &[usize], start: usize, dst: &mut [C]) {
+        match self.data {
+            Data::F32(d) => self.load_typed(d, pshape, start, dst),
+            Data::F64(d) => self.load_typed(d, pshape, start, dst),
+            Data::F16(d) => self.load_typed(d, pshape, start, dst),
+            Data::BF16(d) => self.load_typed(d, pshape, start, dst),
+            Data::Bool(d) => self.load_typed(d, pshape, start, dst),
+        }
+    }
+
+    fn load_typed<T: Port, C: Arith>(&self, data: &[T], pshape: &[usize], start: usize, dst: &mut [C]) {
+        if dst.is_empty() {
+            return;
+        }
+        if self.dense {
+            let s = self.offset as usize + start;
+            let n = dst.len();
+            for (d, &v) in dst.iter_mut().zip(&data[s..s + n]) {
+                *d = v.get();
+            }
+            return;
+        }
+        let rank = pshape.len();
+        let mut idx = [0usize; MAX_RANK];
+        let mut rem = start;
+        for d in (0..rank).rev() {
+            idx[d] = rem % pshape[d];
+            rem /= pshape[d];
+        }
+        let at = |idx: &[usize; MAX_RANK]| -> isize {
+            self.offset + (0..rank).map(|d| idx[d] as isize * self.walk[d]).sum::<isize>()
+        };
+        let inside =
+            |idx: &[usize; MAX_RANK]| self.masks.iter().all(|&(d, lo, hi)| (lo..hi).contains(&idx[d]));
+        let inner = if rank == 0 { 1 } else { pshape[rank - 1] };
+        let step = if rank == 0 { 0 } else { self.walk[rank - 1] };
+        let mut k = 0;
+        while k < dst.len() {
+            // One run along the innermost dim.
+            let run = if rank == 0 {
+                1
+            } else {
+                (inner - idx[rank - 1]).min(dst.len() - k)
+            };
+            let off = at(&idx);
+            let out = &mut dst[k..k + run];
+            if self.masks.is_empty() {
+                for (j, d) in out.iter_mut().enumerate() {
+                    *d = data[(off + j as isize * step) as usize].get();
+                }
+            } else {
+                for (j, d) in out.iter_mut().enumerate() {
+                    let mut here = idx;
+                    if rank > 0 {
+                        here[rank - 1] += j;
+                    }
+                    *d = if inside(&here) {
+                        data[(off + j as isize * step) as usize].get()
+                    } else {
+                        C::zero()
+                    };
+                }
+            }
+            k += run;
+            // Carry into the outer dims.
+            if rank == 0 {
+                break;
+            }
+            idx[rank - 1] += run;
+            let mut d = rank - 1;
+            while idx[d] >= pshape[d] && d > 0 {
+                idx[d] = 0;
+                d -= 1;
+                idx[d] += 1;
+            }
+        }
+    }
+}
+
+/// An output buffer being filled by the tiles.
+enum OutBuf {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Bool(Vec<bool>),
+}
+
+/// A raw pointer to an output's elements, shared by the threads; each writes
+/// its own tiles.
+#[derive(Clone, Copy)]
+enum OutPtr {
+    F32(*mut f32),
+    F64(*mut f64),
+    F16(*mut f16),
+    BF16(*mut bf16),
+    Bool(*mut bool),
+}
+// SAFETY: threads write disjoint index ranges (their own tiles) of the buffers.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; the pointers themselves are never mutated.
+unsafe impl Sync for OutPtr {}
+
+impl OutBuf {
+    fn new(dtype: DType, len: usize) -> Result<OutBuf, String> {
+        // Filled (not just reserved) so that no element is ever uninitialised,
+        // whatever the tiles cover.
+        Ok(match dtype {
+            DType::F32 => OutBuf::F32(vec![0.0; len]),
+            DType::F64 => OutBuf::F64(vec![0.0; len]),
+            DType::F16 => OutBuf::F16(vec![f16::ZERO; len]),
+            DType::BF16 => OutBuf::BF16(vec![bf16::ZERO; len]),
+            DType::Bool => OutBuf::Bool(vec![false; len]),
+            other => return Err(format!("the fuser does not write {other}")),
+        })
+    }
+
+    fn ptr(&mut self) -> OutPtr {
+        match self {
+            OutBuf::F32(v) => OutPtr::F32(v.as_mut_ptr()),
+            OutBuf::F64(v) => OutPtr::F64(v.as_mut_ptr()),
+            OutBuf::F16(v) => OutPtr::F16(v.as_mut_ptr()),
+            OutBuf::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
+            OutBuf::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
+        }
+    }
+
+    fn into_tensor(self, shape: &[usize]) -> Result<Tensor, String> {
+        match self {
+            OutBuf::F32(v) => Tensor::from_vec(v, shape),
+            OutBuf::F64(v) => Tensor::from_vec(v, shape),
+            OutBuf::F16(v) => Tensor::from_vec(v, shape),
+            OutBuf::BF16(v) => Tensor::from_vec(v, shape),
+            OutBuf::Bool(v) => Tensor::from_vec(v, shape),
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
+impl OutPtr {
+    /// Writes `vals` at element `at` onwards.
+    fn write<C: Arith>(self, at: usize, vals: &[C]) {
+        fn go<T: Port, C: Arith>(p: *mut T, at: usize, vals: &[C]) {
+            for (i, &v) in vals.iter().enumerate() {
+                // SAFETY: `at + i` is within the buffer (the caller writes its own
+                // tile's range) and no other thread writes it.
+                unsafe { p.add(at + i).write(T::put(v)) };
+            }
+        }
+        match self {
+            OutPtr::F32(p) => go(p, at, vals),
+            OutPtr::F64(p) => go(p, at, vals),
+            OutPtr::F16(p) => go(p, at, vals),
+            OutPtr::BF16(p) => go(p, at, vals),
+            OutPtr::Bool(p) => go(p, at, vals),
+        }
+    }
+
+    /// Writes `vals`, the walk's elements `start..`, through `strides` per walk dim.
+    fn scatter<C: Arith>(self, pshape: &[usize], strides: &[isize], start: usize, vals: &[C]) {
+        fn go<T: Port, C: Arith>(p: *mut T, pshape: &[usize], strides: &[isize], start: usize, vals: &[C]) {
+            if vals.is_empty() {
+                return;
+            }
+            let rank = pshape.len();
+            let mut idx = [0usize; MAX_RANK];
+            let mut rem = start;
+            for d in (0..rank).rev() {
+                idx[d] = rem % pshape[d];
+                rem /= pshape[d];
+            }
+            for &v in vals {
+                let off: isize = (0..rank).map(|d| idx[d] as isize * strides[d]).sum();
+                // SAFETY: the strides are the dense strides of the output's
+                // shape, so every index of the walk lands inside it, once.
+                unsafe { p.offset(off).write(T::put(v)) };
+                let mut d = rank;
+                while d > 0 {
+                    d -= 1;
+                    idx[d] += 1;
+                    if idx[d] < pshape[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+        }
+        match self {
+            OutPtr::F32(p) => go(p, pshape, strides, start, vals),
+            OutPtr::F64(p) => go(p, pshape, strides, start, vals),
+            OutPtr::F16(p) => go(p, pshape, strides, start, vals),
+            OutPtr::BF16(p) => go(p, pshape, strides, start, vals),
+            OutPtr::Bool(p) => go(p, pshape, strides, start, vals),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The instructions of a program over one tile: plain loops over slices that
+//! the compiler vectorises.
+
+use half::{bf16, f16};
+use switchyard_core::DType;
+use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
+
+use super::math::Arith;
+
+fn truth<C: Arith>(b: bool) -> C {
+    if b { C::one() } else { C::zero() }
+}
+
+pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
+    let zero = C::zero();
+    let one = C::one();
+    let map = |dst: &mut [C], f: &dyn Fn(C) -> C| dst.iter_mut().zip(a).for_each(|(d, &x)| *d = f(x));
+    match op {
+        UnaryOp::Neg => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = -x),
+        UnaryOp::Abs => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.abs()),
+        UnaryOp::Relu => dst
+            .iter_mut()
+            .zip(a)
+            .for_each(|(d, &x)| *d = if x < zero { zero } else { x }),
+        UnaryOp::Reciprocal => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = one / x),
+        UnaryOp::Exp => C::exp_tile(a, dst),
+        UnaryOp::Tanh => C::tanh_tile(a, dst),
+        UnaryOp::Sigmoid => C::sigmoid_tile(a, dst),
+        UnaryOp::Log => map(dst, &|x| x.ln()),
+        UnaryOp::Sqrt => map(dst, &|x| x.sqrt()),
+        UnaryOp::Rsqrt => map(dst, &|x| one / x.sqrt()),
+        UnaryOp::Sin => map(dst, &|x| x.sin()),
+        UnaryOp::Cos => map(dst, &|x| x.cos()),
+        UnaryOp::Erf => map(dst, &|x| x.erf()),
+        UnaryOp::LogicalNot => map(dst, &|x| truth(x == zero)),
+    }
+}
+
+pub(super) fn binary<C: Arith>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
+    let zero = C::zero();
+    let it = dst.iter_mut().zip(a.iter().zip(b));
+    match op {
+        BinaryOp::Add => it.for_each(|(d, (&x, &y))| *d = x + y),
+        BinaryOp::Sub => it.for_each(|(d, (&x, &y))| *d = x - y),
+        BinaryOp::Mul => it.for_each(|(d, (&x, &y))| *d = x * y),
+        BinaryOp::Div => it.for_each(|(d, (&x, &y))| *d = x / y),
+        BinaryOp::Pow => it.for_each(|(d, (&x, &y))| *d = x.powf(y)),
+        // NaN from either side propagates, as in the fallback.
+        BinaryOp::Maximum => it.for_each(|(d, (&x, &y))| {
+            *d = if x.is_nan() || y.is_nan() {
+                C::nan()
+            } else {
+                x.max(y)
+            }
+        }),
+        BinaryOp::Minimum => it.for_each(|(d, (&x, &y))| {
+            *d = if x.is_nan() || y.is_nan() {
+                C::nan()
+            } else {
+                x.min(y)
+            }
+        }),
+        BinaryOp::Eq => it.for_each(|(d, (&x, &y))| *d = truth(x == y)),
+        BinaryOp::Ne => it.for_each(|(d, (&x, &y))| *d = truth(x != y)),
+        BinaryOp::Lt => it.for_each(|(d, (&x, &y))| *d = truth(x < y)),
+        BinaryOp::Le => it.for_each(|(d, (&x, &y))| *d = truth(x <= y)),
+        BinaryOp::Gt => it.for_each(|(d, (&x, &y))| *d = truth(x > y)),
+        BinaryOp::Ge => it.for_each(|(d, (&x, &y))| *d = truth(x >= y)),
+        BinaryOp::LogicalAnd => it.for_each(|(d, (&x, &y))| *d = truth(x != zero && y != zero)),
+        BinaryOp::LogicalOr => it.for_each(|(d, (&x, &y))| *d = truth(x != zero || y != zero)),
+    }
+}
+
+pub(super) fn select<C: Arith>(cond: &[C], a: &[C], b: &[C], dst: &mut [C]) {
+    let zero = C::zero();
+    for (((d, &c), &x), &y) in dst.iter_mut().zip(cond).zip(a).zip(b) {
+        *d = if c != zero { x } else { y };
+    }
+}
+
+/// Rounds through `to`, as a cast to it and back would.
+pub(super) fn cast<C: Arith>(to: DType, a: &[C], dst: &mut [C]) {
+    let zero = C::zero();
+    let map = |dst: &mut [C], f: &dyn Fn(C) -> C| dst.iter_mut().zip(a).for_each(|(d, &x)| *d = f(x));
+    match to {
+        DType::F16 => map(dst, &|x| C::from_f32(f16::from_f64(x.to_f64()).to_f32())),
+        DType::BF16 => map(dst, &|x| C::from_f32(bf16::from_f64(x.to_f64()).to_f32())),
+        DType::F32 => map(dst, &|x| C::from_f32(x.to_f32())),
+        DType::Bool => map(dst, &|x| truth(x != zero)),
+        _ => dst.copy_from_slice(a),
+    }
+}
+
+/// Sums with eight independent accumulators: vectorised, and more accurate
+/// than one running sum.
+fn sum<C: Arith>(xs: &[C]) -> C {
+    let mut acc = [C::zero(); 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = *a + x;
+        }
+    }
+    let tail = chunks.remainder().iter().fold(C::zero(), |a, &x| a + x);
+    let pairs = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+}
+
+fn extreme<C: Arith>(xs: &[C], max: bool) -> C {
+    let mut acc = [if max { C::neg_infinity() } else { C::infinity() }; 8];
+    let mut nan = false;
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            nan |= x.is_nan();
+            *a = if max { a.max(x) } else { a.min(x) };
+        }
+    }
+    for &x in chunks.remainder() {
+        nan |= x.is_nan();
+        acc[0] = if max { acc[0].max(x) } else { acc[0].min(x) };
+    }
+    if nan {
+        return C::nan();
+    }
+    acc.iter()
+        .copied()
+        .reduce(|a, b| if max { a.max(b) } else { a.min(b) })
+        .unwrap_or(acc[0])
+}
+
+/// Reduces each row (of `row_len` elements) of `a` into `dst`.
+pub(super) fn reduce<C: Arith>(op: ReduceOp, a: &[C], row_len: usize, dst: &mut [C]) {
+    let inv = C::one() / C::from_f64(row_len as f64);
+    for (r, d) in dst.iter_mut().enumerate() {
+        let xs = &a[r * row_len..(r + 1) * row_len];
+        *d = match op {
+            ReduceOp::Sum => sum(xs),
+            ReduceOp::Mean => sum(xs) * inv,
+            ReduceOp::Prod => xs.iter().fold(C::one(), |p, &x| p * x),
+            ReduceOp::Amax => extreme(xs, true),
+            ReduceOp::Amin => extreme(xs, false),
+        };
+    }
+}
+
+/// Broadcasts each row value of `a` over its `row_len` elements of `dst`.
+pub(super) fn expand<C: Arith>(a: &[C], row_len: usize, dst: &mut [C]) {
+    for (r, &x) in a.iter().enumerate() {
+        dst[r * row_len..(r + 1) * row_len].fill(x);
+    }
+}
+
+/// `dst[k] = part[k]` for the part whose range holds the coordinate of
+/// element `start + k` along a dim of size `size` with `inner` elements
+/// below it; copied a run of equal coordinates at a time.
+pub(super) fn cat<C: Arith>(
+    parts: &[(usize, usize, &[C])],
+    start: usize,
+    inner: usize,
+    size: usize,
+    dst: &mut [C],
+) {
+    let len = dst.len();
+    let mut pos = 0;
+    while pos < len {
+        let global = start + pos;
+        let c = (global / inner) % size;
+        let end = ((global / inner + 1) * inner - start).min(len);
+        match parts.iter().find(|(lo, hi, _)| (*lo..*hi).contains(&c)) {
+            Some((_, _, src)) => dst[pos..end].copy_from_slice(&src[pos..end]),
+            None => dst[pos..end].fill(C::zero()),
+        }
+        pos = end;
+    }
+}

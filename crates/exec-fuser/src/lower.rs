@@ -1,0 +1,779 @@
+//! Lowering a region of trace ops into a [`Program`].
+//!
+//! Views of region inputs become part of the loads. Every other value is
+//! evaluated under an [`IndexMap`] from the iteration index to its own index:
+//! the map starts as the identity at the outputs and the reductions, and is
+//! pushed through each op towards the inputs (a transpose permutes it, a slice
+//! scales and shifts it, a broadcast pins dims, a cat shifts and masks it per
+//! part). A value needed under two maps is evaluated twice, never copied.
+//! The walk backwards collects the maps each value is needed under; the walk
+//! forwards emits one instruction per (value, map).
+
+use std::collections::{HashMap, HashSet};
+
+use switchyard_core::ir::{OpId, OpKind, Operand, Trace, ValueId, reduce_dims, slice_params};
+use switchyard_core::meta::normalize_dim;
+use switchyard_core::{DType, Device};
+
+use crate::program::{Axis, IndexMap, Instr, Load, Mask, Program, Reg, Space, Store, View};
+
+/// Dims a program can iterate over.
+pub(crate) const MAX_RANK: usize = 8;
+
+/// Why an op of the region cannot be part of the program.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Failure {
+    /// The op to leave out.
+    pub op: OpId,
+    /// Why.
+    pub reason: String,
+}
+
+fn is_view(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Reshape | OpKind::Transpose | OpKind::Slice | OpKind::Broadcast
+    )
+}
+
+/// Why the fuser cannot take `op` at all, or `None` when its kernel IR can
+/// express it.
+pub(crate) fn unsupported(trace: &Trace, op: OpId) -> Option<String> {
+    let o = trace.op(op);
+    match o.kind {
+        OpKind::Unary(_)
+        | OpKind::Binary(_)
+        | OpKind::Where
+        | OpKind::Cast
+        | OpKind::Reduce(_)
+        | OpKind::Cat
+        | OpKind::Full => {}
+        k if is_view(k) => {}
+        other => return Some(format!("`{other}` is not in the fuser's kernel IR")),
+    }
+    for v in o.input_values().chain(o.outputs.iter().copied()) {
+        let m = trace.meta(v);
+        if !(m.dtype.is_float() || m.dtype == DType::Bool) {
+            return Some(format!(
+                "computes floats and bools only, and `{}` is {}",
+                trace.value(v).name,
+                m.dtype
+            ));
+        }
+        if m.device != Device::Cpu {
+            return Some(format!("has a CPU backend only, and this op is on {}", m.device));
+        }
+        if m.rank() > MAX_RANK {
+            return Some(format!("iterates over at most {MAX_RANK} dims"));
+        }
+    }
+    if let OpKind::Reduce(_) = o.kind
+        && !trace.meta(o.outputs[0]).dtype.is_float()
+    {
+        return Some("reduces floats only".into());
+    }
+    None
+}
+
+/// How the lowering sees a value.
+#[derive(Clone, Debug)]
+enum Kind {
+    /// A region input seen through views: read by loads.
+    Input { input: usize, views: Vec<View> },
+    /// Evaluated per point of the iteration space, under index maps.
+    Full,
+    /// Evaluated per row; the map gives how the value's dims follow the kept dims.
+    Row(IndexMap),
+}
+
+/// The parsed attributes of a view or cat op.
+enum Shape {
+    Transpose(Vec<usize>),
+    Slice(Vec<(usize, usize, usize)>),
+    Cat(usize),
+}
+
+fn op_shape(trace: &Trace, id: OpId) -> Result<Option<Shape>, String> {
+    let op = trace.op(id);
+    let in_rank = op
+        .input_values()
+        .next()
+        .map(|v| trace.meta(v).rank())
+        .unwrap_or(0);
+    Ok(match op.kind {
+        OpKind::Transpose => Some(Shape::Transpose(
+            op.attrs
+                .ints("perm")?
+                .iter()
+                .map(|&p| normalize_dim(p, in_rank).ok_or_else(|| format!("perm entry {p} is out of range")))
+                .collect::<Result<_, _>>()?,
+        )),
+        OpKind::Slice => {
+            let v = op.input_values().next().ok_or("slice has no operand")?;
+            Some(Shape::Slice(slice_params(&op.attrs, &trace.meta(v).shape)?))
+        }
+        OpKind::Cat => Some(Shape::Cat(
+            normalize_dim(op.attrs.int_or("dim", 0)?, in_rank).ok_or("cat dim out of range")?,
+        )),
+        _ => None,
+    })
+}
+
+/// The identity map of `shape`, with size-1 dims pinned to 0.
+fn identity(shape: &[usize]) -> IndexMap {
+    normalise(
+        IndexMap {
+            axes: (0..shape.len())
+                .map(|dim| Axis::Iter {
+                    dim,
+                    scale: 1,
+                    offset: 0,
+                })
+                .collect(),
+            masks: vec![],
+        },
+        shape,
+    )
+}
+
+/// Pins size-1 dims of a value to index 0, so equal maps compare equal.
+fn normalise(mut map: IndexMap, shape: &[usize]) -> IndexMap {
+    for (a, &s) in map.axes.iter_mut().zip(shape) {
+        if s == 1 {
+            *a = Axis::Fixed(0);
+        }
+    }
+    map.masks.sort_by_key(|m| (m.dim, m.lo, m.hi));
+    map.masks.dedup();
+    map
+}
+
+/// The map of an operand of shape `from` broadcast to `to` under `map`.
+fn broadcast_map(map: &IndexMap, to: &[usize], from: &[usize]) -> IndexMap {
+    let lead = to.len() - from.len();
+    normalise(
+        IndexMap {
+            axes: (0..from.len()).map(|j| map.axes[j + lead]).collect(),
+            masks: map.masks.clone(),
+        },
+        from,
+    )
+}
+
+/// The map of a reshape's operand, for reshapes that only add or drop size-1 dims.
+fn reshape_map(map: &IndexMap, to: &[usize], from: &[usize]) -> Option<IndexMap> {
+    let big_to: Vec<usize> = (0..to.len()).filter(|&k| to[k] != 1).collect();
+    let big_from: Vec<usize> = (0..from.len()).filter(|&k| from[k] != 1).collect();
+    if big_to.len() != big_from.len() || big_to.iter().zip(&big_from).any(|(&a, &b)| to[a] != from[b]) {
+        return None;
+    }
+    let mut axes = vec![Axis::Fixed(0); from.len()];
+    for (&a, &b) in big_to.iter().zip(&big_from) {
+        axes[b] = map.axes[a];
+    }
+    Some(normalise(
+        IndexMap {
+            axes,
+            masks: map.masks.clone(),
+        },
+        from,
+    ))
+}
+
+/// The parts a cat needs under `map`: `(operand, its map, lo, hi)` where
+/// `lo..hi` is the part's range of iteration dim `dim` (or the whole
+/// dim, when the cat dim is pinned and only one part is read).
+type Parts = (Option<usize>, Vec<(usize, IndexMap, usize, usize)>);
+
+fn cat_parts(map: &IndexMap, sizes: &[usize], cat_dim: usize, iter_shape: &[usize]) -> Result<Parts, String> {
+    let mut parts = Vec::new();
+    let mut start = 0usize;
+    match map.axes[cat_dim] {
+        Axis::Fixed(c) => {
+            for (k, &len) in sizes.iter().enumerate() {
+                if (start as isize..(start + len) as isize).contains(&c) {
+                    let mut m = map.clone();
+                    m.axes[cat_dim] = Axis::Fixed(c - start as isize);
+                    parts.push((k, m, 0, 0));
+                }
+                start += len;
+            }
+            Ok((None, parts))
+        }
+        Axis::Iter {
+            dim,
+            scale: 1,
+            offset,
+        } => {
+            let extent = iter_shape[dim] as isize;
+            for (k, &len) in sizes.iter().enumerate() {
+                let lo = (start as isize - offset).clamp(0, extent) as usize;
+                let hi = ((start + len) as isize - offset).clamp(0, extent) as usize;
+                if lo < hi {
+                    let mut m = map.clone();
+                    m.axes[cat_dim] = Axis::Iter {
+                        dim,
+                        scale: 1,
+                        offset: offset - start as isize,
+                    };
+                    m.masks.push(Mask { dim, lo, hi });
+                    m.masks.sort_by_key(|m| (m.dim, m.lo, m.hi));
+                    m.masks.dedup();
+                    parts.push((k, m, lo, hi));
+                }
+                start += len;
+            }
+            Ok((Some(dim), parts))
+        }
+        Axis::Iter { .. } => Err("a strided slice of a cat's result cannot be fused".into()),
+    }
+}
+
+struct Lowering<'a> {
+    trace: &'a Trace,
+    shape: Vec<usize>,
+    reduced: Vec<usize>,
+    kinds: HashMap<ValueId, Kind>,
+    instrs: Vec<Instr>,
+    spaces: Vec<Space>,
+    full: HashMap<(ValueId, IndexMap), Reg>,
+    row: HashMap<ValueId, Reg>,
+    expanded: HashMap<Reg, Reg>,
+    consts: HashMap<(u64, Space), Reg>,
+    loads: HashMap<(usize, Vec<View>, IndexMap, Space), Reg>,
+}
+
+impl Lowering<'_> {
+    fn emit(&mut self, space: Space, f: impl FnOnce(Reg) -> Instr) -> Reg {
+        let dst = self.spaces.len();
+        self.spaces.push(space);
+        self.instrs.push(f(dst));
+        dst
+    }
+
+    fn constant(&mut self, value: f64, space: Space) -> Reg {
+        if let Some(&r) = self.consts.get(&(value.to_bits(), space)) {
+            return r;
+        }
+        let r = self.emit(space, |dst| Instr::Const { value, dst });
+        self.consts.insert((value.to_bits(), space), r);
+        r
+    }
+
+    fn load(&mut self, input: usize, views: &[View], map: IndexMap, space: Space) -> Reg {
+        let key = (input, views.to_vec(), map, space);
+        if let Some(&r) = self.loads.get(&key) {
+            return r;
+        }
+        let load = Load {
+            input,
+            views: key.1.clone(),
+            map: key.2.clone(),
+        };
+        let r = self.emit(space, |dst| Instr::Load { load, dst });
+        self.loads.insert(key, r);
+        r
+    }
+
+    /// The row map of the kept dims, for a value of shape `shape` laid out as
+    /// the iteration space with reduced dims kept as 1s or dropped.
+    fn row_map(&self, shape: &[usize], keepdim: bool) -> IndexMap {
+        let kept: Vec<usize> = (0..self.shape.len())
+            .filter(|d| !self.reduced.contains(d))
+            .collect();
+        let axes = if keepdim {
+            (0..self.shape.len())
+                .map(|d| {
+                    if self.reduced.contains(&d) {
+                        Axis::Fixed(0)
+                    } else {
+                        Axis::Iter {
+                            dim: d,
+                            scale: 1,
+                            offset: 0,
+                        }
+                    }
+                })
+                .collect()
+        } else {
+            kept.iter()
+                .map(|&dim| Axis::Iter {
+                    dim,
+                    scale: 1,
+                    offset: 0,
+                })
+                .collect()
+        };
+        normalise(IndexMap { axes, masks: vec![] }, shape)
+    }
+
+    /// The register holding operand `o` of an op evaluated in `space` under
+    /// `map` (the operand's own map, already derived).
+    fn operand(&mut self, o: &Operand, map: Option<IndexMap>, space: Space) -> Result<Reg, String> {
+        let v = match o {
+            Operand::Scalar(s) => return Ok(self.constant(s.as_f64(), space)),
+            Operand::Value(v) => *v,
+        };
+        match (self.kinds[&v].clone(), space) {
+            (Kind::Input { input, views }, Space::Full) => {
+                let map = map.expect("full operands have a map");
+                Ok(self.load(input, &views, map, Space::Full))
+            }
+            (Kind::Input { .. } | Kind::Full, Space::Row) => Err(format!(
+                "`{}` is read per row but varies along the reduced dims",
+                self.trace.value(v).name
+            )),
+            (Kind::Full, Space::Full) => {
+                let map = map.expect("full operands have a map");
+                self.full.get(&(v, map)).copied().ok_or_else(|| {
+                    format!("`{}` is not evaluated where it is read", self.trace.value(v).name)
+                })
+            }
+            (Kind::Row(rmap), Space::Full) => {
+                let map = map.expect("full operands have a map");
+                if map.axes != rmap.axes {
+                    return Err(format!(
+                        "`{}`, a reduction's result, is read at other indices than its rows",
+                        self.trace.value(v).name
+                    ));
+                }
+                let r = self.row[&v];
+                if let Some(&e) = self.expanded.get(&r) {
+                    return Ok(e);
+                }
+                let e = self.emit(Space::Full, |dst| Instr::Expand { a: r, dst });
+                self.expanded.insert(r, e);
+                Ok(e)
+            }
+            (Kind::Row(_), Space::Row) => Ok(self.row[&v]),
+        }
+    }
+}
+
+/// The maps each operand of `id` is needed under when its output is needed
+/// under `map`; `None` for scalar operands.
+fn operand_maps(
+    trace: &Trace,
+    id: OpId,
+    map: &IndexMap,
+    iter_shape: &[usize],
+) -> Result<Vec<Option<IndexMap>>, String> {
+    let op = trace.op(id);
+    let out = &trace.meta(op.outputs[0]).shape;
+    let shape_of = |o: &Operand| match o {
+        Operand::Value(v) => Some(trace.meta(*v).shape.clone()),
+        Operand::Scalar(_) => None,
+    };
+    Ok(match (op.kind, op_shape(trace, id)?) {
+        (OpKind::Transpose, Some(Shape::Transpose(perm))) => {
+            let mut axes = vec![Axis::Fixed(0); perm.len()];
+            for (k, &p) in perm.iter().enumerate() {
+                axes[p] = map.axes[k];
+            }
+            let from = shape_of(&op.operands[0]).unwrap_or_default();
+            vec![Some(normalise(
+                IndexMap {
+                    axes,
+                    masks: map.masks.clone(),
+                },
+                &from,
+            ))]
+        }
+        (OpKind::Slice, Some(Shape::Slice(params))) => {
+            let axes = map
+                .axes
+                .iter()
+                .zip(&params)
+                .map(|(a, &(start, _, step))| match *a {
+                    Axis::Iter { dim, scale, offset } => Axis::Iter {
+                        dim,
+                        scale: scale * step as isize,
+                        offset: offset * step as isize + start as isize,
+                    },
+                    Axis::Fixed(c) => Axis::Fixed(start as isize + c * step as isize),
+                })
+                .collect();
+            vec![Some(IndexMap {
+                axes,
+                masks: map.masks.clone(),
+            })]
+        }
+        (OpKind::Reshape, _) => {
+            let from = shape_of(&op.operands[0]).unwrap_or_default();
+            vec![Some(reshape_map(map, out, &from).ok_or(
+                "a reshape of a value computed in the region regroups its dims; \
+                 only region inputs can be reshaped in a kernel",
+            )?)]
+        }
+        (OpKind::Cat, Some(Shape::Cat(dim))) => {
+            let sizes: Vec<usize> = op
+                .operands
+                .iter()
+                .map(|o| shape_of(o).map_or(0, |s| s[dim]))
+                .collect();
+            let (_, parts) = cat_parts(map, &sizes, dim, iter_shape)?;
+            let mut maps = vec![None; op.operands.len()];
+            for (k, m, _, _) in parts {
+                maps[k] = Some(m);
+            }
+            maps
+        }
+        _ => op
+            .operands
+            .iter()
+            .map(|o| shape_of(o).map(|s| broadcast_map(map, out, &s)))
+            .collect(),
+    })
+}
+
+/// Lowers `ops` (in program order) with the region's `inputs` and `outputs`.
+/// On failure, returns every op found to be in the way (at least one).
+pub(crate) fn lower(
+    trace: &Trace,
+    ops: &[OpId],
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+) -> Result<Program, Vec<Failure>> {
+    let fail = |op: OpId, reason: String| vec![Failure { op, reason }];
+    for &id in ops {
+        if let Some(reason) = unsupported(trace, id) {
+            return Err(fail(id, reason));
+        }
+    }
+    // The iteration space: what the reductions reduce, or else the most common output shape.
+    let mut space: Option<(Vec<usize>, Vec<usize>)> = None;
+    let mut failures = Vec::new();
+    for &id in ops {
+        let op = trace.op(id);
+        if let OpKind::Reduce(_) = op.kind {
+            let x = op
+                .input_values()
+                .next()
+                .ok_or_else(|| fail(id, "no operand".into()))?;
+            let shape = trace.meta(x).shape.clone();
+            let dims = reduce_dims(&op.attrs, shape.len()).map_err(|e| fail(id, e))?;
+            match &space {
+                None => space = Some((shape, dims)),
+                Some(s) if *s == (shape.clone(), dims.clone()) => {}
+                Some((s, d)) => failures.push(Failure {
+                    op: id,
+                    reason: format!(
+                        "reduces dims {dims:?} of {shape:?}, and the region reduces dims {d:?} of {s:?}"
+                    ),
+                }),
+            }
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failures);
+    }
+    let producers = trace.producers();
+    let (shape, reduced) = match space {
+        Some(s) => s,
+        None => {
+            let mut counts: Vec<(&Vec<usize>, usize)> = Vec::new();
+            for v in outputs {
+                let s = &trace.meta(*v).shape;
+                match counts.iter_mut().find(|(c, _)| *c == s) {
+                    Some(e) => e.1 += 1,
+                    None => counts.push((s, 1)),
+                }
+            }
+            let best = counts.iter().max_by_key(|(_, n)| *n).map(|(s, _)| (*s).clone());
+            (best.unwrap_or_default(), vec![])
+        }
+    };
+    let mut l = Lowering {
+        trace,
+        shape: shape.clone(),
+        reduced,
+        kinds: HashMap::new(),
+        instrs: Vec::new(),
+        spaces: Vec::new(),
+        full: HashMap::new(),
+        row: HashMap::new(),
+        expanded: HashMap::new(),
+        consts: HashMap::new(),
+        loads: HashMap::new(),
+    };
+    for (i, &v) in inputs.iter().enumerate() {
+        l.kinds.insert(
+            v,
+            Kind::Input {
+                input: i,
+                views: vec![],
+            },
+        );
+    }
+    // Kinds, forwards.
+    for &id in ops {
+        let op = trace.op(id);
+        let out = op.outputs[0];
+        let out_shape = trace.meta(out).shape.clone();
+        let kind_of = |v: &ValueId| l.kinds.get(v).cloned();
+        let first = op.input_values().next();
+        let kind = match op.kind {
+            k if is_view(k) => match first.and_then(|v| kind_of(&v)) {
+                Some(Kind::Input { input, mut views }) => {
+                    views.push(match op_shape(trace, id).map_err(|e| fail(id, e))? {
+                        Some(Shape::Transpose(p)) => View::Transpose(p),
+                        Some(Shape::Slice(p)) => View::Slice(p),
+                        _ if k == OpKind::Reshape => View::Reshape(out_shape.clone()),
+                        _ => View::Broadcast(out_shape.clone()),
+                    });
+                    Kind::Input { input, views }
+                }
+                Some(_) => Kind::Full,
+                None => return Err(fail(id, "its operand is outside the region's dataflow".into())),
+            },
+            OpKind::Reduce(_) => {
+                let keepdim = op.attrs.bool_or("keepdim", false).map_err(|e| fail(id, e))?;
+                Kind::Row(l.row_map(&out_shape, keepdim))
+            }
+            OpKind::Full | OpKind::Cat => Kind::Full,
+            _ => {
+                let rows: Vec<Option<IndexMap>> = op
+                    .input_values()
+                    .map(|v| match kind_of(&v) {
+                        Some(Kind::Row(m)) if trace.meta(v).shape == out_shape => Some(m),
+                        _ => None,
+                    })
+                    .collect();
+                match rows.first() {
+                    Some(Some(m)) if rows.iter().all(|r| r.as_ref() == Some(m)) => Kind::Row(m.clone()),
+                    _ => Kind::Full,
+                }
+            }
+        };
+        l.kinds.insert(out, kind);
+    }
+    // Outputs must fit the iteration space (full) or its rows.
+    let mut failures = Vec::new();
+    for v in outputs {
+        let ok = match &l.kinds[v] {
+            Kind::Row(_) => true,
+            _ => trace.meta(*v).shape == shape,
+        };
+        if !ok {
+            let op = producers[v.index()].expect("region outputs are produced in the region");
+            failures.push(Failure {
+                op,
+                reason: format!(
+                    "its result {:?} is not the region's iteration space {:?}",
+                    trace.meta(*v).shape,
+                    shape
+                ),
+            });
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failures);
+    }
+    // Backwards: the maps each value is needed under.
+    let mut need: HashMap<ValueId, Vec<IndexMap>> = HashMap::new();
+    let mut rows_needed: HashSet<ValueId> = HashSet::new();
+    let add = |need: &mut HashMap<ValueId, Vec<IndexMap>>, v: ValueId, m: IndexMap| {
+        let e = need.entry(v).or_default();
+        if !e.contains(&m) {
+            e.push(m);
+        }
+    };
+    let ident = identity(&shape);
+    for v in outputs {
+        match l.kinds[v] {
+            Kind::Row(_) => {
+                rows_needed.insert(*v);
+            }
+            _ => add(&mut need, *v, ident.clone()),
+        }
+    }
+    for &id in ops.iter().rev() {
+        let op = trace.op(id);
+        let out = op.outputs[0];
+        match &l.kinds[&out] {
+            Kind::Input { .. } => {}
+            Kind::Row(_) => {
+                if !rows_needed.contains(&out) {
+                    continue;
+                }
+                for v in op.input_values() {
+                    match l.kinds[&v] {
+                        _ if matches!(op.kind, OpKind::Reduce(_)) => add(&mut need, v, ident.clone()),
+                        Kind::Row(_) => {
+                            rows_needed.insert(v);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Kind::Full => {
+                for map in need.get(&out).cloned().unwrap_or_default() {
+                    let maps = operand_maps(trace, id, &map, &shape).map_err(|e| fail(id, e))?;
+                    for (o, m) in op.operands.iter().zip(maps) {
+                        let (Operand::Value(v), Some(m)) = (o, m) else {
+                            continue;
+                        };
+                        match &l.kinds[v] {
+                            Kind::Row(rmap) => {
+                                if m.axes != rmap.axes {
+                                    return Err(fail(
+                                        id,
+                                        format!(
+                                            "reads `{}`, a reduction's result, at other indices than its rows",
+                                            trace.value(*v).name
+                                        ),
+                                    ));
+                                }
+                                rows_needed.insert(*v);
+                            }
+                            _ => add(&mut need, *v, m),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Forwards: one instruction per (value, map).
+    for &id in ops {
+        let op = trace.op(id);
+        let out = op.outputs[0];
+        let emit_err = |e: String| fail(id, e);
+        match l.kinds[&out].clone() {
+            Kind::Input { .. } => {}
+            Kind::Row(_) => {
+                if !rows_needed.contains(&out) {
+                    continue;
+                }
+                let r = match op.kind {
+                    OpKind::Reduce(r) => {
+                        let a = l
+                            .operand(&op.operands[0], Some(ident.clone()), Space::Full)
+                            .map_err(emit_err)?;
+                        l.emit(Space::Row, |dst| Instr::Reduce { op: r, a, dst })
+                    }
+                    _ => {
+                        let args = op
+                            .operands
+                            .iter()
+                            .map(|o| l.operand(o, None, Space::Row))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(emit_err)?;
+                        elementwise(&mut l, trace, id, &args, Space::Row).map_err(emit_err)?
+                    }
+                };
+                l.row.insert(out, r);
+            }
+            Kind::Full => {
+                for map in need.get(&out).cloned().unwrap_or_default() {
+                    let maps = operand_maps(trace, id, &map, &shape).map_err(emit_err)?;
+                    let r = match (op.kind, op_shape(trace, id).map_err(emit_err)?) {
+                        (OpKind::Cat, Some(Shape::Cat(dim))) => {
+                            let sizes: Vec<usize> = op
+                                .input_values()
+                                .map(|v| trace.meta(v).shape.get(dim).copied().unwrap_or(0))
+                                .collect();
+                            let (iter_dim, parts) = cat_parts(&map, &sizes, dim, &shape).map_err(emit_err)?;
+                            let mut regs = Vec::new();
+                            for (k, m, lo, hi) in parts {
+                                let r = l
+                                    .operand(&op.operands[k], Some(m), Space::Full)
+                                    .map_err(emit_err)?;
+                                regs.push((lo, hi, r));
+                            }
+                            match iter_dim {
+                                Some(dim) => l.emit(Space::Full, |dst| Instr::Cat {
+                                    dim,
+                                    parts: regs,
+                                    dst,
+                                }),
+                                None => regs
+                                    .first()
+                                    .map(|p| p.2)
+                                    .ok_or_else(|| emit_err("cat index out of range".into()))?,
+                            }
+                        }
+                        (k, _) if is_view(k) => {
+                            let m = maps.into_iter().next().flatten();
+                            l.operand(&op.operands[0], m, Space::Full).map_err(emit_err)?
+                        }
+                        _ => {
+                            let args = op
+                                .operands
+                                .iter()
+                                .zip(maps)
+                                .map(|(o, m)| l.operand(o, m, Space::Full))
+                                .collect::<Result<Vec<_>, _>>()
+                                .map_err(emit_err)?;
+                            elementwise(&mut l, trace, id, &args, Space::Full).map_err(emit_err)?
+                        }
+                    };
+                    l.full.insert((out, map), r);
+                }
+            }
+        }
+    }
+    let mut stores = Vec::with_capacity(outputs.len());
+    for v in outputs {
+        let m = trace.meta(*v);
+        let reg = match l.kinds[v].clone() {
+            Kind::Row(_) => l.row[v],
+            Kind::Input { input, views } => l.load(input, &views, ident.clone(), Space::Full),
+            Kind::Full => l.full[&(*v, ident.clone())],
+        };
+        stores.push(Store {
+            reg,
+            dtype: m.dtype,
+            shape: m.shape.clone(),
+        });
+    }
+    let touches_f64 = inputs
+        .iter()
+        .chain(ops.iter().flat_map(|&id| trace.op(id).outputs.iter()))
+        .any(|&v| trace.meta(v).dtype == DType::F64);
+    Ok(Program {
+        shape,
+        reduced: l.reduced,
+        compute: if touches_f64 { DType::F64 } else { DType::F32 },
+        inputs: inputs.iter().map(|&v| trace.meta(v).dtype).collect(),
+        instrs: l.instrs,
+        spaces: l.spaces,
+        outputs: stores,
+    })
+}
+
+/// Emits the instruction of an elementwise op (or a `full`) on registers `args`.
+fn elementwise(l: &mut Lowering, trace: &Trace, id: OpId, args: &[Reg], space: Space) -> Result<Reg, String> {
+    let op = trace.op(id);
+    Ok(match op.kind {
+        OpKind::Unary(u) => l.emit(space, |dst| Instr::Unary {
+            op: u,
+            a: args[0],
+            dst,
+        }),
+        OpKind::Binary(b) => l.emit(space, |dst| Instr::Binary {
+            op: b,
+            a: args[0],
+            b: args[1],
+            dst,
+        }),
+        OpKind::Where => l.emit(space, |dst| Instr::Where {
+            cond: args[0],
+            a: args[1],
+            b: args[2],
+            dst,
+        }),
+        OpKind::Cast => {
+            let to = trace.meta(op.outputs[0]).dtype;
+            l.emit(space, |dst| Instr::Cast { to, a: args[0], dst })
+        }
+        OpKind::Full => {
+            let v = op
+                .attrs
+                .scalar_opt("value")?
+                .ok_or("`full` has no `value`")?
+                .as_f64();
+            l.constant(v, space)
+        }
+        other => return Err(format!("`{other}` is not elementwise")),
+    })
+}
