@@ -4,7 +4,8 @@
 //!   input) on 16M f32: its effective bandwidth counts one read of the input
 //!   and one write of the output;
 //! - an 8-op chain with transcendental ops (mul, add, tanh, mul by the input,
-//!   sigmoid, exp of the input, add, mul) on 16M f32.
+//!   sigmoid, exp of the input, add, mul) on 16M f32;
+//! - rms_norm (with a weight) and softmax over the last dim of [4096, 4096] f32.
 //!
 //! `cargo bench -p switchyard-exec-fuser`
 
@@ -71,6 +72,30 @@ fn benches(c: &mut Criterion) {
             b.iter(|| fused.run(&inputs, RunOptions::default()).unwrap())
         });
         let (alone, inputs) = compiled(&src, vec![Arc::new(FallbackExecutor)]);
+        g.bench_function(format!("{name}_fallback"), |b| {
+            b.iter(|| alone.run(&inputs, RunOptions::default()).unwrap())
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("fuser_rows");
+    g.sample_size(10);
+    let rows = [
+        (
+            "rms_norm_4096x4096",
+            "input x: f32[4096, 4096]\ninput w: f32[4096]\ny = rms_norm(x, w)\noutput y\n",
+        ),
+        (
+            "softmax_4096x4096",
+            "input x: f32[4096, 4096]\ny = softmax(x, dim=-1)\noutput y\n",
+        ),
+    ];
+    for (name, src) in rows {
+        let (fused, inputs) = compiled(src, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
+        assert_eq!(fused.kernel_count(), 1, "{name} is one fused region");
+        g.bench_function(format!("{name}_fuser"), |b| {
+            b.iter(|| fused.run(&inputs, RunOptions::default()).unwrap())
+        });
+        let (alone, inputs) = compiled(src, vec![Arc::new(FallbackExecutor)]);
         g.bench_function(format!("{name}_fallback"), |b| {
             b.iter(|| alone.run(&inputs, RunOptions::default()).unwrap())
         });
