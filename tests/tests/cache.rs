@@ -10,6 +10,7 @@ use switchyard_core::runtime::CompiledPlan;
 use switchyard_core::text::parse;
 use switchyard_core::{Result, Tensor, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::plan_on;
 use switchyard_tests::workloads::{BlockSize, llama};
 
@@ -136,16 +137,23 @@ fn identical_layers_compile_once() {
         let plan = plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap();
         let regions = plan.regions.len();
         let c = CompiledPlan::compile_with(plan, &KernelCache::new(1024)).unwrap();
-        (c.cache_stats().compiled, regions)
+        let fused = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+        let f = CompiledPlan::compile_with(fused, &KernelCache::new(1024)).unwrap();
+        (c.cache_stats().compiled, f.cache_stats().compiled, regions)
     };
-    let (one, r1) = compiled(1);
-    let (eight, r8) = compiled(8);
-    let (thirty_two, r32) = compiled(32);
+    let (one, fused_one, r1) = compiled(1);
+    let (eight, fused_eight, r8) = compiled(8);
+    let (thirty_two, fused_thirty_two, r32) = compiled(32);
     assert!(r32 == 32 * r1 && r8 == 8 * r1, "{r1} {r8} {r32}");
     assert_eq!(
         (one, eight, thirty_two),
         (one, one, one),
-        "kernels compiled for 1, 8 and 32 layers"
+        "kernels compiled for 1, 8 and 32 layers, fallback alone"
+    );
+    assert_eq!(
+        (fused_one, fused_eight, fused_thirty_two),
+        (fused_one, fused_one, fused_one),
+        "kernels compiled for 1, 8 and 32 layers, with the fuser"
     );
 }
 

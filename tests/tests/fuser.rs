@@ -249,13 +249,13 @@ fn what_does_not_fit_is_handed_back() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn random_elementwise_graphs_match_the_fallback(
-        steps in proptest::collection::vec((0usize..9, any::<usize>(), any::<usize>(), -2.0f64..2.0), 1..25),
+    fn random_elementwise_and_reduction_graphs_match_the_fallback(
+        steps in proptest::collection::vec((0usize..14, any::<usize>(), any::<usize>(), -2.0f64..2.0), 1..25),
         dtype in prop_oneof![Just(DType::F32), Just(DType::F64), Just(DType::F16)],
     ) {
-        use switchyard_core::ir::{BinaryOp, UnaryOp};
+        use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
         let mut b = switchyard_core::TraceBuilder::new();
         let mut vals = vec![b.input("x", dtype, &[6, 7]).unwrap(), b.input("y", dtype, &[7]).unwrap()];
         for &(k, i, j, c) in &steps {
@@ -269,7 +269,26 @@ proptest! {
                 5 => b.binary(BinaryOp::Maximum, p, q),
                 6 => b.unary(UnaryOp::Sin, p),
                 7 => b.relu(p),
-                _ => b.transpose(p, &[1, 0]),
+                8 => b.transpose(p, &[1, 0]),
+                // Reductions, kept as 1s so that later ops broadcast them back.
+                9 => b.reduce(ReduceOp::Sum, p, Some(&[-1]), true),
+                10 => b.reduce(ReduceOp::Amax, p, Some(&[0]), true),
+                11 => b.reduce(ReduceOp::Mean, p, Some(&[-1]), true).and_then(|m| b.binary(BinaryOp::Sub, p, m)),
+                // Rotate rows by one: a cat of two slices.
+                12 => {
+                    let shape = b.meta(p).shape.clone();
+                    if shape.len() == 2 && shape[0] > 1 {
+                        let r = shape[0] as i64;
+                        let w = shape[1] as i64;
+                        b.slice(p, &[1, 0], &[r, w], &[1, 1])
+                            .and_then(|tail| {
+                                b.slice(p, &[0, 0], &[1, w], &[1, 1]).and_then(|head| b.cat(&[tail, head], 0))
+                            })
+                    } else {
+                        b.unary(UnaryOp::Neg, p)
+                    }
+                }
+                _ => b.binary(BinaryOp::Gt, p, q).and_then(|m| b.where_(m, p, q)),
             };
             if let Ok(v) = v {
                 vals.push(v);
@@ -334,4 +353,121 @@ fn workloads_get_no_view_only_regions() {
             assert!(fused > 0, "the transformer block has elementwise chains to fuse");
         }
     }
+}
+
+/// Plans `src` on the fuser (with `options` as `[options.fuser]`) and the
+/// fallback, checks the results against the fallback alone, and returns the
+/// plan.
+fn plan_with(src: &str, options: &str, horizontal: bool) -> switchyard_core::plan::Plan {
+    use switchyard_core::cost::DeviceModel;
+    use switchyard_core::executor::ExecutorSet;
+    use switchyard_core::partition::{PartitionOptions, partition};
+    let t = parse(src).unwrap();
+    let mut set = ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
+    set.options
+        .insert("fuser".into(), options.parse::<toml::Table>().unwrap());
+    let plan = partition(
+        &t,
+        &set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions { horizontal },
+    )
+    .unwrap();
+    let inputs = random_inputs(&t, 3);
+    let got = run_plan(plan.clone(), &inputs).unwrap();
+    let want = run(&t, &inputs).unwrap();
+    for (g, w) in got.outputs.iter().zip(&want.outputs) {
+        assert_close(g, &w.to_f64_vec().unwrap(), 1e-5);
+    }
+    plan
+}
+
+fn fused_regions(plan: &switchyard_core::plan::Plan) -> usize {
+    plan.regions
+        .iter()
+        .filter(|r| plan.executor_name(r) == "fuser")
+        .count()
+}
+
+fn notes(plan: &switchyard_core::plan::Plan) -> Vec<String> {
+    plan.explanation
+        .ops
+        .iter()
+        .flat_map(|o| o.notes.clone())
+        .collect()
+}
+
+#[test]
+fn fuel_fuses_only_the_first_regions() {
+    // Three fusible chains separated by matmuls.
+    let src = "input x: f32[8, 8]\na = exp(x)\nb = mul(a, 2.0)\nm = matmul(b, x)\nc = tanh(m)\nd = add(c, 1.0)\nn = matmul(d, x)\ne = relu(n)\nf = sub(e, 0.5)\noutput f\n";
+    assert_eq!(fused_regions(&plan_with(src, "", false)), 3);
+    for fuel in 0..3 {
+        let plan = plan_with(src, &format!("fuel = {fuel}"), false);
+        assert_eq!(fused_regions(&plan), fuel, "fuel = {fuel}");
+        assert!(notes(&plan).iter().any(|n| n.contains("fuses only its first")));
+    }
+}
+
+#[test]
+fn horizontal_merging_can_be_turned_off_for_the_fuser() {
+    // Two independent chains: merged only when both the partitioner and the
+    // fuser allow it.
+    let src = "input x: f32[8, 8]\ninput y: f32[8, 8]\na = exp(x)\nb = mul(a, 2.0)\nc = tanh(y)\nd = add(c, 1.0)\noutput b, d\n";
+    assert_eq!(fused_regions(&plan_with(src, "", true)), 1);
+    assert_eq!(fused_regions(&plan_with(src, "horizontal = false", true)), 2);
+    assert_eq!(fused_regions(&plan_with(src, "", false)), 2);
+}
+
+#[test]
+fn bookend_views_are_peeled_by_cost() {
+    // `t` is a transpose of `b`, which is returned too: inside the fusion it
+    // is a second output to write; outside it is a free view of `b`.
+    let src =
+        "input x: f32[256, 256]\na = exp(x)\nb = mul(a, 2.0)\nt = transpose(b, perm=[1, 0])\noutput b, t\n";
+    let peeled = plan_with(src, "", false);
+    assert!(
+        notes(&peeled).iter().any(|n| n.contains("bookend view")),
+        "{:?}",
+        notes(&peeled)
+    );
+    let kept = plan_with(src, "bookend = false", false);
+    assert!(!notes(&kept).iter().any(|n| n.contains("bookend view")));
+    let fused_ops = |p: &switchyard_core::plan::Plan| -> usize {
+        p.regions
+            .iter()
+            .filter(|r| p.executor_name(r) == "fuser")
+            .map(|r| r.ops.len())
+            .sum()
+    };
+    assert_eq!((fused_ops(&peeled), fused_ops(&kept)), (2, 3));
+    assert!(peeled.estimated_ns() < kept.estimated_ns());
+    // A trailing view of a value nobody else reads stays: writing it costs the same.
+    let src =
+        "input x: f32[256, 256]\na = exp(x)\nb = mul(a, 2.0)\nt = transpose(b, perm=[1, 0])\noutput t\n";
+    assert!(
+        !notes(&plan_with(src, "", false))
+            .iter()
+            .any(|n| n.contains("bookend view"))
+    );
+}
+
+#[test]
+fn options_are_checked() {
+    let fuser = FuserExecutor;
+    use switchyard_core::executor::Executor;
+    for (text, want) in [
+        ("fuel = -1", "`fuel` must be a number of regions"),
+        ("bookend = 1", "`bookend` must be true or false"),
+        ("horizontal = \"no\"", "`horizontal` must be true or false"),
+        ("fusion = true", "unknown option `fusion`"),
+    ] {
+        let e = fuser.check_options(&text.parse().unwrap()).unwrap_err();
+        assert!(e.contains(want), "{text}: {e}");
+    }
+    assert!(
+        fuser
+            .check_options(&"fuel = 3\nbookend = false\nhorizontal = false".parse().unwrap())
+            .is_ok()
+    );
 }
