@@ -1,6 +1,7 @@
 //! Criterion: time to partition random traces of 1 000, 10 000 and 100 000 ops,
-//! with the fallback alone and with a fusion executor in front of it (which
-//! exercises refinement, dissolving and splitting). Growth between sizes shows
+//! with the fallback alone, with a scripted fusion executor in front of it
+//! (which exercises refinement, dissolving and splitting), and with the real
+//! fuser (which lowers every region it refines). Growth between sizes shows
 //! whether planning stays near O(n log n).
 //!
 //! `cargo bench -p switchyard-tests --bench plan`
@@ -12,12 +13,13 @@ use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
 use switchyard_tests::workloads::random_ops;
 
 fn plan_time(c: &mut Criterion) {
     let device = DeviceModel::cpu_default();
-    let sets: [(&str, Vec<Arc<dyn Executor>>); 2] = [
+    let sets: [(&str, Vec<Arc<dyn Executor>>); 3] = [
         ("fallback", vec![Arc::new(FallbackExecutor)]),
         (
             "fuser+fallback",
@@ -27,6 +29,10 @@ fn plan_time(c: &mut Criterion) {
                     .arc(),
                 Arc::new(FallbackExecutor),
             ],
+        ),
+        (
+            "real_fuser+fallback",
+            vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
         ),
     ];
     let mut g = c.benchmark_group("plan");

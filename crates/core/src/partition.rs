@@ -164,6 +164,7 @@ pub fn partition_owned(
     };
     let mut assign = vec![0usize; n];
     let mut rounds = 0;
+    let mut settled: HashSet<(usize, Vec<OpId>)> = HashSet::new();
     let regions = loop {
         rounds += 1;
         for (op, slot) in assign.iter_mut().enumerate() {
@@ -178,7 +179,14 @@ pub fn partition_owned(
             .iter()
             .filter(|(k, _)| execs[*k].kind == ExecutorKind::Fusion)
         {
+            // A region that came back whole before is not offered again.
+            if settled.contains(&(*k, ops.clone())) {
+                continue;
+            }
             let refinement = set.executors[execs[*k].index].refine(ops, &cx_for(*k));
+            if refinement.handed_back.is_empty() {
+                settled.insert((*k, ops.clone()));
+            }
             for (op, reason) in refinement.handed_back {
                 if ops.contains(&op) && !banned[op.index()][*k] {
                     banned[op.index()][*k] = true;

@@ -24,13 +24,14 @@ mod cpu;
 mod lower;
 pub mod program;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use switchyard_core::executor::{
     Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, FusionLimits, Kernel, Refinement,
     Region,
 };
-use switchyard_core::ir::{OpId, OpKind};
+use switchyard_core::ir::{OpId, OpKind, ValueId};
 use switchyard_core::plan::region_boundary;
 use switchyard_core::{Error, Result, Tensor};
 
@@ -142,43 +143,32 @@ impl Executor for FuserExecutor {
         let options = Options::parse(cx.options).unwrap_or_default();
         let mut ops = region.to_vec();
         let mut handed_back: Vec<(OpId, String)> = Vec::new();
-        let mut give = |ops: &mut Vec<OpId>, op: OpId, why: String| {
-            ops.retain(|&o| o != op);
-            handed_back.push((op, why));
-        };
         // What the kernel IR cannot hold together goes first; each round
         // leaves at least one op out, so this ends.
         while !ops.is_empty() {
             let (inputs, outputs) = region_boundary(cx.trace, &ops, cx.uses);
-            match lower::lower(cx.trace, &ops, &inputs, &outputs) {
-                Ok(p) if p.row_len() > cpu::ROW_MAX => {
-                    let reductions: Vec<OpId> = ops
-                        .iter()
-                        .copied()
-                        .filter(|&o| matches!(cx.trace.op(o).kind, OpKind::Reduce(_)))
-                        .collect();
-                    for op in reductions {
-                        give(
-                            &mut ops,
-                            op,
-                            format!(
-                                "reduces rows of {} elements, longer than a CPU tile holds ({})",
-                                p.row_len(),
-                                cpu::ROW_MAX
-                            ),
+            let out: Vec<(OpId, String)> = match lower::lower(cx.trace, &ops, &inputs, &outputs) {
+                Ok(p) if p.row_len() > cpu::ROW_MAX => ops
+                    .iter()
+                    .filter(|&&o| matches!(cx.trace.op(o).kind, OpKind::Reduce(_)))
+                    .map(|&o| {
+                        let why = format!(
+                            "reduces rows of {} elements, longer than a CPU tile holds ({})",
+                            p.row_len(),
+                            cpu::ROW_MAX
                         );
-                    }
-                }
+                        (o, why)
+                    })
+                    .collect(),
                 Ok(_) => break,
-                Err(failures) => {
-                    for f in failures {
-                        give(&mut ops, f.op, f.reason);
-                    }
-                }
-            }
+                Err(failures) => failures.into_iter().map(|f| (f.op, f.reason)).collect(),
+            };
+            let gone: HashSet<OpId> = out.iter().map(|(o, _)| *o).collect();
+            ops.retain(|o| !gone.contains(o));
+            handed_back.extend(out);
         }
         if options.bookend {
-            peel_bookends(&mut ops, &mut give, cx);
+            handed_back.extend(peel_bookends(&mut ops, cx));
         }
         Refinement { handed_back }
     }
@@ -210,36 +200,90 @@ impl Executor for FuserExecutor {
 /// Hands back views at the edges of the region (reading only region inputs,
 /// or read only outside it) when the region without them, plus the view on
 /// its own, costs less: a view outside is free, while inside it can force an
-/// extra output to be written.
-fn peel_bookends(ops: &mut Vec<OpId>, give: &mut impl FnMut(&mut Vec<OpId>, OpId, String), cx: &Context) {
-    loop {
-        let fused = cx.device.fused_ns(cx.trace, ops, cx.uses);
-        let inside = |v| ops.iter().any(|&o| cx.trace.op(o).outputs.contains(&v));
-        let edge = ops.iter().copied().find(|&op| {
-            let o = cx.trace.op(op);
-            if !is_view(o.kind) || ops.len() < 2 {
-                return false;
-            }
-            let leading = o.input_values().all(|v| !inside(v));
-            let trailing = o
-                .outputs
+/// extra output to be written. Each candidate is priced in O(its readers)
+/// from the region's totals.
+fn peel_bookends(ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
+    let trace = cx.trace;
+    let (inputs, outputs) = region_boundary(trace, ops, cx.uses);
+    let mut inside: HashSet<OpId> = ops.iter().copied().collect();
+    let mut ins: HashSet<ValueId> = inputs.into_iter().collect();
+    let mut outs: HashSet<ValueId> = outputs.into_iter().collect();
+    let bytes = |v: ValueId| trace.meta(v).bytes() as f64;
+    let mut total: f64 = ins.iter().chain(&outs).map(|&v| bytes(v)).sum();
+    let flops: f64 = ops
+        .iter()
+        .map(|&o| switchyard_core::cost::op_flops(trace, o))
+        .sum();
+    let dtype = ops
+        .iter()
+        .find(|&&o| !is_view(trace.op(o).kind))
+        .map(|&o| trace.meta(trace.op(o).outputs[0]).dtype)
+        .unwrap_or(switchyard_core::DType::F32);
+    let mut fused = cx.device.kernel_ns(total, flops, dtype);
+    let mut peeled = Vec::new();
+    // Trailing views from the back, leading views from the front, so that a
+    // chain of views peels in one pass.
+    let order: Vec<OpId> = ops.iter().rev().chain(ops.iter()).copied().collect();
+    for op in order {
+        let o = trace.op(op);
+        if !is_view(o.kind) || !inside.contains(&op) || inside.len() < 2 {
+            continue;
+        }
+        let (Some(u), Some(&v)) = (o.input_values().next(), o.outputs.first()) else {
+            continue;
+        };
+        let read_inside = |x: ValueId, inside: &HashSet<OpId>| {
+            cx.uses.consumers[x.index()]
                 .iter()
-                .all(|v| cx.uses.consumers[v.index()].iter().all(|u| !ops.contains(u)));
-            if !(leading || trailing) {
-                return false;
-            }
-            let rest: Vec<OpId> = ops.iter().copied().filter(|&x| x != op).collect();
-            cx.device.fused_ns(cx.trace, &rest, cx.uses) + cx.device.op_ns(cx.trace, op) < fused
-        });
-        let Some(op) = edge else { break };
-        let rest: Vec<OpId> = ops.iter().copied().filter(|&x| x != op).collect();
-        let without = cx.device.fused_ns(cx.trace, &rest, cx.uses) + cx.device.op_ns(cx.trace, op);
-        give(
-            ops,
+                .filter(|c| inside.contains(c) && **c != op)
+                .count()
+        };
+        let trailing = !cx.uses.consumers[v.index()].iter().any(|c| inside.contains(c));
+        let leading = ins.contains(&u);
+        if !(trailing || leading) {
+            continue;
+        }
+        // Bytes once `op` leaves: its result is no longer written (if it
+        // was) or becomes an input (if still read inside); its operand is
+        // no longer read (if nothing else reads it) or must now be written.
+        let mut after = total;
+        if outs.contains(&v) {
+            after -= bytes(v);
+        }
+        if !trailing {
+            after += bytes(v);
+        }
+        let u_still_read = read_inside(u, &inside) > 0;
+        if leading && !u_still_read {
+            after -= bytes(u);
+        }
+        if !leading && !outs.contains(&u) {
+            after += bytes(u);
+        }
+        let without = cx.device.kernel_ns(after, flops, dtype) + cx.device.op_ns(trace, op);
+        if without >= fused {
+            continue;
+        }
+        peeled.push((
             op,
             format!("bookend view: {without:.0} ns outside the fusion, {fused:.0} ns inside"),
-        );
+        ));
+        inside.remove(&op);
+        outs.remove(&v);
+        if !trailing {
+            ins.insert(v);
+        }
+        if leading && !u_still_read {
+            ins.remove(&u);
+        }
+        if !leading {
+            outs.insert(u);
+        }
+        total = after;
+        fused = without - cx.device.op_ns(trace, op);
     }
+    ops.retain(|o| inside.contains(o));
+    peeled
 }
 
 /// A compiled fused region.

@@ -467,7 +467,12 @@ pub(crate) fn lower(
     if !failures.is_empty() {
         return Err(failures);
     }
-    let producers = trace.producers();
+    // Only the region's own producers: the whole trace's would make lowering
+    // every region of a large trace quadratic.
+    let producers: HashMap<ValueId, OpId> = ops
+        .iter()
+        .flat_map(|&id| trace.op(id).outputs.iter().map(move |&v| (v, id)))
+        .collect();
     let (shape, reduced) = match space {
         Some(s) => s,
         None => {
@@ -555,7 +560,7 @@ pub(crate) fn lower(
             _ => trace.meta(*v).shape == shape,
         };
         if !ok {
-            let op = producers[v.index()].expect("region outputs are produced in the region");
+            let op = producers[v];
             failures.push(Failure {
                 op,
                 reason: format!(
@@ -607,8 +612,16 @@ pub(crate) fn lower(
                 }
             }
             Kind::Full => {
-                for map in need.get(&out).cloned().unwrap_or_default() {
-                    let maps = operand_maps(trace, id, &map, &shape).map_err(|e| fail(id, e))?;
+                // Every op in the way is reported at once, so that refinement
+                // takes one round, not one per op.
+                'maps: for map in need.get(&out).cloned().unwrap_or_default() {
+                    let maps = match operand_maps(trace, id, &map, &shape) {
+                        Ok(m) => m,
+                        Err(reason) => {
+                            failures.push(Failure { op: id, reason });
+                            break 'maps;
+                        }
+                    };
                     for (o, m) in op.operands.iter().zip(maps) {
                         let (Operand::Value(v), Some(m)) = (o, m) else {
                             continue;
@@ -616,13 +629,14 @@ pub(crate) fn lower(
                         match &l.kinds[v] {
                             Kind::Row(rmap) => {
                                 if m.axes != rmap.axes {
-                                    return Err(fail(
-                                        id,
-                                        format!(
+                                    failures.push(Failure {
+                                        op: id,
+                                        reason: format!(
                                             "reads `{}`, a reduction's result, at other indices than its rows",
                                             trace.value(*v).name
                                         ),
-                                    ));
+                                    });
+                                    break 'maps;
                                 }
                                 rows_needed.insert(*v);
                             }
@@ -632,6 +646,9 @@ pub(crate) fn lower(
                 }
             }
         }
+    }
+    if !failures.is_empty() {
+        return Err(failures);
     }
     // Forwards: one instruction per (value, map).
     for &id in ops {
