@@ -471,3 +471,34 @@ fn options_are_checked() {
             .is_ok()
     );
 }
+
+#[test]
+fn cat_is_handed_back_when_its_parts_are_expensive() {
+    // Each part is a 40-op transcendental chain: fused, the kernel would
+    // evaluate both over the whole result; split, each chain runs once on its
+    // own half and the cat copies.
+    let mut src =
+        String::from("input x: f32[64, 128]\ninput y: f32[64, 128]\na0 = mul(x, 1.0)\nb0 = mul(y, 1.0)\n");
+    for i in 1..=40 {
+        src += &format!("a{i} = tanh(a{})\nb{i} = sin(b{})\n", i - 1, i - 1);
+    }
+    src += "c = cat(a40, b40, dim=1)\nz = mul(c, 2.0)\noutput z\n";
+    let plan = plan_with(&src, "", false);
+    assert!(
+        notes(&plan)
+            .iter()
+            .any(|n| n.contains("splitting around it costs")),
+        "{:?}",
+        notes(&plan)
+    );
+    let cat_on = plan
+        .regions
+        .iter()
+        .find(|r| {
+            r.ops
+                .iter()
+                .any(|&o| plan.trace.op(o).kind == switchyard_core::ir::OpKind::Cat)
+        })
+        .map(|r| plan.executor_name(r));
+    assert_eq!(cat_on.as_deref(), Some("fallback"));
+}

@@ -167,10 +167,29 @@ impl Executor for FuserExecutor {
             ops.retain(|o| !gone.contains(o));
             handed_back.extend(out);
         }
+        handed_back.extend(self.split_cats(&mut ops, cx));
         if options.bookend {
             handed_back.extend(peel_bookends(&mut ops, cx));
         }
         Refinement { handed_back }
+    }
+
+    /// The region's kernel as lowered: its bytes in and out, and the
+    /// arithmetic of its program, re-evaluations included, so that a cat
+    /// whose parts are expensive to evaluate twice shows its price.
+    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
+        let (inputs, outputs) = region_boundary(cx.trace, region, cx.uses);
+        match lower::lower(cx.trace, region, &inputs, &outputs) {
+            Ok(p) => {
+                let bytes: usize = inputs
+                    .iter()
+                    .chain(&outputs)
+                    .map(|&v| cx.trace.meta(v).bytes())
+                    .sum();
+                cx.device.kernel_ns(bytes as f64, p.flops(), p.compute)
+            }
+            Err(_) => cx.device.fused_ns(cx.trace, region, cx.uses),
+        }
     }
 
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
@@ -194,6 +213,37 @@ impl Executor for FuserExecutor {
             region: region.id,
             kernel: cpu::CpuKernel::new(program).map_err(fail)?,
         }))
+    }
+}
+
+impl FuserExecutor {
+    /// Hands back each `cat` whose fusion costs more than splitting around
+    /// it: inside, every part is evaluated over the whole result and the
+    /// right one selected, so expensive parts are paid for once per part;
+    /// outside, the cat is a copy and its parts are region outputs.
+    fn split_cats(&self, ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
+        let mut out = Vec::new();
+        let cats: Vec<OpId> = ops
+            .iter()
+            .copied()
+            .filter(|&o| cx.trace.op(o).kind == OpKind::Cat)
+            .collect();
+        for cat in cats {
+            let fused = self.cost(ops, cx);
+            let rest: Vec<OpId> = ops.iter().copied().filter(|&o| o != cat).collect();
+            if rest.is_empty() {
+                continue;
+            }
+            let split = self.cost(&rest, cx) + cx.device.op_ns(cx.trace, cat);
+            if split < fused {
+                out.push((
+                    cat,
+                    format!("splitting around it costs {split:.0} ns, fusing it {fused:.0} ns"),
+                ));
+                *ops = rest;
+            }
+        }
+        out
     }
 }
 

@@ -254,8 +254,10 @@ impl Program {
         self.reduced.iter().map(|&d| self.shape[d]).product()
     }
 
-    /// Arithmetic operations one run performs, counting re-evaluations (a cat
-    /// evaluates each part over the whole space) and loads as none.
+    /// Arithmetic operations one run performs, weighted as the cost model
+    /// weighs ops (a transcendental counts 8), counting re-evaluations (a cat
+    /// evaluates each part over the whole space, a value read through two
+    /// index maps is computed twice) and loads as none.
     pub fn flops(&self) -> f64 {
         let rows = (self.numel() / self.row_len().max(1)) as f64;
         let full = self.numel() as f64;
@@ -269,7 +271,17 @@ impl Program {
                 match i {
                     Instr::Load { .. } | Instr::Const { .. } | Instr::Expand { .. } => 0.0,
                     Instr::Reduce { .. } => full,
-                    Instr::Unary { op, .. } if op.float_only() => 8.0 * n,
+                    Instr::Unary {
+                        op:
+                            UnaryOp::Exp
+                            | UnaryOp::Log
+                            | UnaryOp::Tanh
+                            | UnaryOp::Sigmoid
+                            | UnaryOp::Sin
+                            | UnaryOp::Cos
+                            | UnaryOp::Erf,
+                        ..
+                    } => 8.0 * n,
                     _ => n,
                 }
             })
