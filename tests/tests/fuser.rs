@@ -187,6 +187,16 @@ fn reductions_over_each_dim_and_several_dims() {
     let t = parse(src).unwrap();
     assert_eq!(regions(&t), (1, 0));
     check(&t, 16);
+    // Rows longer than a tile are streamed in chunks, in phases.
+    for src in [
+        "input x: f32[3, 40000]\ny = softmax(x, dim=1)\noutput y\n",
+        "input x: f32[300, 300]\ninput w: f32[300]\na = mul(x, w)\nm = mean(a, dims=[0, 1], keepdim=true)\nc = sub(a, m)\nq = mul(c, c)\nv = sum(q, dims=[0, 1])\nr = amax(c, dims=[0, 1], keepdim=false)\nz = mul(c, 0.5)\noutput z, v, r\n",
+        "input x: f64[40000, 2]\ny = log_softmax(x, dim=0)\noutput y\n",
+    ] {
+        let t = parse(src).unwrap();
+        assert_eq!(regions(&t), (1, 0), "{src}");
+        check(&t, 22);
+    }
     // Reducing an empty dim gives each reduction's identity.
     let src = "input x: f32[3, 0]\ns = sum(x, dims=[1], keepdim=true)\np = prod(x, dims=[1], keepdim=true)\nm = mean(x, dims=[1], keepdim=true)\na = add(s, p)\nb = add(a, m)\noutput b, s\n";
     check(&parse(src).unwrap(), 21);

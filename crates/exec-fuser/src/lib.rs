@@ -148,18 +148,6 @@ impl Executor for FuserExecutor {
         while !ops.is_empty() {
             let (inputs, outputs) = region_boundary(cx.trace, &ops, cx.uses);
             let out: Vec<(OpId, String)> = match lower::lower(cx.trace, &ops, &inputs, &outputs) {
-                Ok(p) if p.row_len() > cpu::ROW_MAX => ops
-                    .iter()
-                    .filter(|&&o| matches!(cx.trace.op(o).kind, OpKind::Reduce(_)))
-                    .map(|&o| {
-                        let why = format!(
-                            "reduces rows of {} elements, longer than a CPU tile holds ({})",
-                            p.row_len(),
-                            cpu::ROW_MAX
-                        );
-                        (o, why)
-                    })
-                    .collect(),
                 Ok(_) => break,
                 Err(failures) => failures.into_iter().map(|f| (f.op, f.reason)).collect(),
             };
@@ -211,7 +199,7 @@ impl Executor for FuserExecutor {
         );
         Ok(Box::new(FusedKernel {
             region: region.id,
-            kernel: cpu::CpuKernel::new(program).map_err(fail)?,
+            kernel: cpu::CpuKernel::new(program),
         }))
     }
 }

@@ -7,12 +7,14 @@
 //! Registers are mapped onto a few slots, reused once their value is dead;
 //! each thread keeps its slots (slots × tile elements) across calls, so
 //! intermediates never reach DRAM and a call allocates only its outputs.
+//! Rows longer than [`ROW_MAX`] are streamed instead (see [`Stream`]).
 
 mod math;
 mod ops;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
+use switchyard_core::ir::ReduceOp;
 use switchyard_core::meta::{broadcast_strides, contiguous_strides, reshape_strides};
 use switchyard_core::{DType, Stored, Tensor};
 
@@ -24,8 +26,10 @@ use math::Arith;
 const TILE: usize = 1024;
 /// Below this many elements, one thread does it all.
 const PAR_MIN: usize = 1 << 15;
-/// The longest row a tile holds: rows longer than this are not fused.
-pub(crate) const ROW_MAX: usize = 1 << 15;
+/// The longest row a tile holds whole; longer rows are streamed in chunks.
+const ROW_MAX: usize = 1 << 15;
+/// Elements per chunk of a streamed row.
+const CHUNK: usize = 4096;
 
 /// A program prepared for the CPU: its walk order and register slots.
 #[derive(Debug)]
@@ -42,21 +46,145 @@ pub(crate) struct CpuKernel {
     /// The slot of each register.
     slots: Vec<usize>,
     nslots: usize,
+    /// How rows too long for a tile run, if they are.
+    stream: Option<Stream>,
+}
+
+/// A step of a streamed phase over one chunk.
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    /// Run this instruction.
+    Exec(usize),
+    /// Put this row register's value for the chunk's row into its slot.
+    Fetch(usize),
+}
+
+/// How a program whose rows are longer than a tile runs: phase `p` walks
+/// every row in chunks, evaluating what its reductions need (re-evaluating
+/// what earlier phases already computed) and leaving one partial result per
+/// chunk; the partials combine per row, and the row instructions that
+/// depend on them run; a last pass computes and stores the full outputs.
+#[derive(Debug)]
+struct Stream {
+    /// Per phase: its actions in program order, and its reductions.
+    phases: Vec<(Vec<Action>, Vec<usize>)>,
+    /// Row instructions (not reductions) to run after phase `p - 1` (index `p`).
+    row_instrs: Vec<Vec<usize>>,
+    /// The last pass.
+    last: Vec<Action>,
+    /// Each row register's place in the per-call row storage.
+    row_slot: Vec<usize>,
+    rows_regs: usize,
+}
+
+impl Stream {
+    fn new(p: &Program) -> Stream {
+        let n = p.spaces.len();
+        let mut level = vec![0usize; n];
+        for ins in &p.instrs {
+            level[ins.dst()] = match ins {
+                Instr::Reduce { a, .. } => level[*a] + 1,
+                _ => ins.reads().iter().map(|&r| level[r]).max().unwrap_or(0),
+            };
+        }
+        let reduces: Vec<usize> = (0..p.instrs.len())
+            .filter(|&i| matches!(p.instrs[i], Instr::Reduce { .. }))
+            .collect();
+        let phases_n = reduces
+            .iter()
+            .map(|&i| level[p.instrs[i].reads()[0]] + 1)
+            .max()
+            .unwrap_or(0);
+        let def: Vec<usize> = {
+            let mut d = vec![0; n];
+            for (i, ins) in p.instrs.iter().enumerate() {
+                d[ins.dst()] = i;
+            }
+            d
+        };
+        // The actions that compute `targets` (full registers), in program order.
+        let actions = |targets: Vec<usize>, extra: &[usize]| -> Vec<Action> {
+            let mut exec = vec![false; p.instrs.len()];
+            let mut fetch = vec![false; n];
+            let mut stack = targets;
+            while let Some(r) = stack.pop() {
+                match p.spaces[r] {
+                    Space::Row => fetch[r] = true,
+                    Space::Full => {
+                        if !exec[def[r]] {
+                            exec[def[r]] = true;
+                            stack.extend(p.instrs[def[r]].reads());
+                        }
+                    }
+                }
+            }
+            for &i in extra {
+                exec[i] = true;
+            }
+            (0..p.instrs.len())
+                .filter_map(|i| {
+                    let d = p.instrs[i].dst();
+                    if exec[i] {
+                        Some(Action::Exec(i))
+                    } else if fetch[d] {
+                        Some(Action::Fetch(d))
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        };
+        let phases = (0..phases_n)
+            .map(|ph| {
+                let mine: Vec<usize> = reduces
+                    .iter()
+                    .copied()
+                    .filter(|&i| level[p.instrs[i].reads()[0]] == ph)
+                    .collect();
+                let targets = mine.iter().map(|&i| p.instrs[i].reads()[0]).collect();
+                (actions(targets, &mine), mine)
+            })
+            .collect();
+        let mut row_instrs = vec![Vec::new(); phases_n + 1];
+        let mut row_slot = vec![usize::MAX; n];
+        let mut rows_regs = 0;
+        for (i, ins) in p.instrs.iter().enumerate() {
+            let d = ins.dst();
+            if p.spaces[d] == Space::Row {
+                row_slot[d] = rows_regs;
+                rows_regs += 1;
+                if !matches!(ins, Instr::Reduce { .. }) {
+                    row_instrs[level[d].min(phases_n)].push(i);
+                }
+            }
+        }
+        let last = actions(
+            p.outputs
+                .iter()
+                .filter(|o| p.spaces[o.reg] == Space::Full)
+                .map(|o| o.reg)
+                .collect(),
+            &[],
+        );
+        Stream {
+            phases,
+            row_instrs,
+            last,
+            row_slot,
+            rows_regs,
+        }
+    }
 }
 
 impl CpuKernel {
-    /// Orders the walk and assigns slots. Fails when a row is too long to hold.
-    pub(crate) fn new(program: Program) -> Result<CpuKernel, String> {
+    /// Orders the walk, assigns slots, and plans the passes of long rows.
+    pub(crate) fn new(program: Program) -> CpuKernel {
         let rank = program.shape.len();
         let mut perm: Vec<usize> = (0..rank).filter(|d| !program.reduced.contains(d)).collect();
         perm.extend(&program.reduced);
         let pshape: Vec<usize> = perm.iter().map(|&d| program.shape[d]).collect();
         let row_len = program.row_len();
-        if row_len > ROW_MAX {
-            return Err(format!(
-                "rows of {row_len} elements are longer than a tile holds ({ROW_MAX})"
-            ));
-        }
+        let stream = (row_len > ROW_MAX).then(|| Stream::new(&program));
         // Counted from the kept dims, so that reducing an empty dim still
         // gives each row its identity (0 for sum, 1 for prod, ...).
         let rows: usize = pshape[..rank - program.reduced.len()].iter().product();
@@ -91,7 +219,7 @@ impl CpuKernel {
             dead.dedup();
             free.extend(dead.iter().map(|&r| slots[r]));
         }
-        Ok(CpuKernel {
+        CpuKernel {
             program,
             perm,
             pshape,
@@ -100,7 +228,8 @@ impl CpuKernel {
             tile_rows,
             slots,
             nslots,
-        })
+            stream,
+        }
     }
 
     /// Runs the program on `inputs`.
@@ -152,6 +281,30 @@ impl CpuKernel {
         let dense = contiguous_strides(&p.shape);
         let out_strides: Vec<isize> = self.perm.iter().map(|&d| dense[d]).collect();
         let identity = self.perm.iter().enumerate().all(|(k, &d)| k == d);
+        // Stores the tile's outputs; row outputs only when its rows are given.
+        let store = |tile: &Tile<C>, r0: Option<usize>| {
+            for (o, s) in out_ptrs.iter().zip(&p.outputs) {
+                // SAFETY: the tile's slots lie in its scratch.
+                let vals = unsafe { self.rd(tile, s.reg) };
+                match p.spaces[s.reg] {
+                    Space::Row => {
+                        if let Some(r0) = r0 {
+                            o.write(r0, vals)
+                        }
+                    }
+                    Space::Full if identity => o.write(tile.start, vals),
+                    Space::Full => o.scatter(&self.pshape, &out_strides, tile.start, vals),
+                }
+            }
+        };
+        if let Some(stream) = &self.stream {
+            self.run_streamed(stream, &sources, &out_ptrs, &store)?;
+            return outs
+                .into_iter()
+                .zip(&p.outputs)
+                .map(|(b, s)| b.into_tensor(&s.shape))
+                .collect();
+        }
         let slot_len = self.tile_rows * self.row_len.max(1);
         let tiles = self.rows.div_ceil(self.tile_rows);
         let tile = |t: usize| {
@@ -160,52 +313,21 @@ impl CpuKernel {
             let start = r0 * self.row_len;
             let len = nr * self.row_len;
             C::with_scratch(self.nslots * slot_len, |scratch| {
-                let base = scratch.as_mut_ptr();
-                let reg = |r: usize| -> *mut C {
-                    // SAFETY: slots are `slot_len` apart within the scratch.
-                    unsafe { base.add(self.slots[r] * slot_len) }
+                let tile = Tile {
+                    base: scratch.as_mut_ptr(),
+                    slot_len,
+                    start,
+                    len,
+                    nr,
+                    row_len: self.row_len,
                 };
-                let space_len = |r: usize| match p.spaces[r] {
-                    Space::Full => len,
-                    Space::Row => nr,
-                };
-                // SAFETY (for the slices below): a register's slot holds
-                // `slot_len >= len >= nr` elements, and the slot allocator
-                // never gives an instruction's destination the slot of a
-                // register it reads, so `dst` never aliases an operand.
-                let rd = |r: usize| unsafe { std::slice::from_raw_parts(reg(r) as *const C, space_len(r)) };
-                for (i, ins) in p.instrs.iter().enumerate() {
-                    let d = ins.dst();
-                    let dst = unsafe { std::slice::from_raw_parts_mut(reg(d), space_len(d)) };
-                    match ins {
-                        Instr::Load { .. } => {
-                            let src = sources[i].as_ref().expect("every load has a source");
-                            src.load(&self.pshape, start, dst);
-                        }
-                        Instr::Const { value, .. } => dst.fill(C::from_f64(*value)),
-                        Instr::Unary { op, a, .. } => ops::unary(*op, rd(*a), dst),
-                        Instr::Binary { op, a, b, .. } => ops::binary(*op, rd(*a), rd(*b), dst),
-                        Instr::Where { cond, a, b, .. } => ops::select(rd(*cond), rd(*a), rd(*b), dst),
-                        Instr::Cast { to, a, .. } => ops::cast(*to, rd(*a), dst),
-                        Instr::Reduce { op, a, .. } => ops::reduce(*op, rd(*a), self.row_len, dst),
-                        Instr::Expand { a, .. } => ops::expand(rd(*a), self.row_len, dst),
-                        Instr::Cat { dim, parts, .. } => {
-                            let pd = self.perm.iter().position(|x| x == dim).unwrap_or(0);
-                            let inner: usize = self.pshape[pd + 1..].iter().product();
-                            let parts: Vec<(usize, usize, &[C])> =
-                                parts.iter().map(|&(lo, hi, r)| (lo, hi, rd(r))).collect();
-                            ops::cat(&parts, start, inner.max(1), self.pshape[pd], dst);
-                        }
-                    }
+                // SAFETY (for `step` and `rd`): every slot holds `slot_len >=
+                // len >= nr` elements of the scratch.
+                for i in 0..p.instrs.len() {
+                    // SAFETY: as above.
+                    unsafe { self.step(i, &sources, &tile, false) };
                 }
-                for (o, s) in out_ptrs.iter().zip(&p.outputs) {
-                    let vals = rd(s.reg);
-                    match p.spaces[s.reg] {
-                        Space::Row => o.write(r0, vals),
-                        Space::Full if identity => o.write(start, vals),
-                        Space::Full => o.scatter(&self.pshape, &out_strides, start, vals),
-                    }
-                }
+                store(&tile, Some(r0));
             })
         };
         if n < PAR_MIN {
@@ -217,6 +339,172 @@ impl CpuKernel {
             .zip(&p.outputs)
             .map(|(b, s)| b.into_tensor(&s.shape))
             .collect()
+    }
+
+    /// Runs a program with rows longer than a tile (see [`Stream`]).
+    fn run_streamed<C: Arith>(
+        &self,
+        stream: &Stream,
+        sources: &[Option<Source>],
+        out_ptrs: &[OutPtr],
+        store: &(impl Fn(&Tile<C>, Option<usize>) + Sync),
+    ) -> Result<(), String> {
+        let p = &self.program;
+        let rows = self.rows;
+        let row_len = self.row_len;
+        let chunks = row_len.div_ceil(CHUNK);
+        let items = rows * chunks;
+        // Row registers of every row; per call, as rows are few when they are this long.
+        let mut rowvals = vec![C::zero(); stream.rows_regs * rows];
+        let at = |r: usize| stream.row_slot[r] * rows;
+        // Runs `actions` on chunk `item`, then `then` on the tile.
+        let chunk = |item: usize, actions: &[Action], rowvals: &[C], then: &dyn Fn(&Tile<C>, usize)| {
+            let (row, c) = (item / chunks, item % chunks);
+            let c0 = c * CHUNK;
+            let len = CHUNK.min(row_len - c0);
+            C::with_scratch(self.nslots * CHUNK, |scratch| {
+                let tile = Tile {
+                    base: scratch.as_mut_ptr(),
+                    slot_len: CHUNK,
+                    start: row * row_len + c0,
+                    len,
+                    nr: 1,
+                    row_len: len,
+                };
+                for a in actions {
+                    match *a {
+                        // SAFETY: the scratch holds `nslots` slots of CHUNK >= len elements.
+                        Action::Exec(i) => unsafe { self.step(i, sources, &tile, true) },
+                        Action::Fetch(r) => scratch[self.slots[r] * CHUNK] = rowvals[at(r) + row],
+                    }
+                }
+                then(&tile, row);
+            })
+        };
+        let run_rows = |list: &[usize], rowvals: &mut [C]| {
+            for &i in list {
+                let ins = &p.instrs[i];
+                let src = |r: usize, v: &[C]| v[at(r)..at(r) + rows].to_vec();
+                let args: Vec<Vec<C>> = ins.reads().iter().map(|&r| src(r, rowvals)).collect();
+                let d = at(ins.dst());
+                let dst = &mut rowvals[d..d + rows];
+                match ins {
+                    Instr::Const { value, .. } => dst.fill(C::from_f64(*value)),
+                    Instr::Unary { op, .. } => ops::unary(*op, &args[0], dst),
+                    Instr::Binary { op, .. } => ops::binary(*op, &args[0], &args[1], dst),
+                    Instr::Where { .. } => ops::select(&args[0], &args[1], &args[2], dst),
+                    Instr::Cast { to, .. } => ops::cast(*to, &args[0], dst),
+                    _ => {}
+                }
+            }
+        };
+        let par = rows * row_len >= PAR_MIN;
+        for (ph, (actions, reduces)) in stream.phases.iter().enumerate() {
+            run_rows(&stream.row_instrs[ph], &mut rowvals);
+            let partial = |item: usize| -> Vec<C> {
+                let out = std::cell::RefCell::new(Vec::with_capacity(reduces.len()));
+                chunk(item, actions, &rowvals, &|tile, _| {
+                    for &i in reduces {
+                        // SAFETY: the tile's slots lie in its scratch.
+                        out.borrow_mut()
+                            .push(unsafe { self.rd(tile, p.instrs[i].dst()) }[0]);
+                    }
+                });
+                out.into_inner()
+            };
+            let partials: Vec<Vec<C>> = if par {
+                (0..items).into_par_iter().map(partial).collect()
+            } else {
+                (0..items).map(partial).collect()
+            };
+            for (j, &i) in reduces.iter().enumerate() {
+                let Instr::Reduce { op, dst, .. } = p.instrs[i] else {
+                    continue;
+                };
+                // Partial sums of a mean add up; the division comes once.
+                let combine = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+                let inv = C::one() / C::from_f64(row_len as f64);
+                for row in 0..rows {
+                    let parts: Vec<C> = (0..chunks).map(|c| partials[row * chunks + c][j]).collect();
+                    let mut v = [C::zero()];
+                    ops::reduce(combine, &parts, chunks, &mut v);
+                    rowvals[at(dst) + row] = if op == ReduceOp::Mean { v[0] * inv } else { v[0] };
+                }
+            }
+        }
+        run_rows(&stream.row_instrs[stream.phases.len()], &mut rowvals);
+        let rowvals = &rowvals;
+        let last = |item: usize| chunk(item, &stream.last, rowvals, &|tile, _| store(tile, None));
+        if par {
+            (0..items).into_par_iter().for_each(last);
+        } else {
+            (0..items).for_each(last);
+        }
+        for (o, s) in out_ptrs.iter().zip(&p.outputs) {
+            if p.spaces[s.reg] == Space::Row {
+                o.write(0, &rowvals[at(s.reg)..at(s.reg) + rows]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Register `r`'s elements in `tile`.
+    ///
+    /// # Safety
+    /// The tile's scratch holds `nslots * slot_len` elements, `slot_len >= len >= nr`.
+    unsafe fn rd<'t, C>(&self, tile: &'t Tile<C>, r: usize) -> &'t [C] {
+        let n = match self.program.spaces[r] {
+            Space::Full => tile.len,
+            Space::Row => tile.nr,
+        };
+        // SAFETY: the slot lies within the scratch (the caller's promise).
+        unsafe { std::slice::from_raw_parts(tile.base.add(self.slots[r] * tile.slot_len), n) }
+    }
+
+    /// Runs instruction `i` on `tile`. With `partial`, a mean sums (the
+    /// caller divides once the row's partial sums are combined).
+    ///
+    /// # Safety
+    /// As [`Self::rd`]. The slot allocator never gives an instruction's
+    /// destination the slot of a register it reads, so the destination never
+    /// aliases an operand.
+    unsafe fn step<C: Arith>(&self, i: usize, sources: &[Option<Source>], tile: &Tile<C>, partial: bool) {
+        let ins = &self.program.instrs[i];
+        let d = ins.dst();
+        let n = match self.program.spaces[d] {
+            Space::Full => tile.len,
+            Space::Row => tile.nr,
+        };
+        // SAFETY: see above.
+        let dst = unsafe { std::slice::from_raw_parts_mut(tile.base.add(self.slots[d] * tile.slot_len), n) };
+        let rd = |r: usize| unsafe { self.rd(tile, r) };
+        match ins {
+            Instr::Load { .. } => {
+                let src = sources[i].as_ref().expect("every load has a source");
+                src.load(&self.pshape, tile.start, dst);
+            }
+            Instr::Const { value, .. } => dst.fill(C::from_f64(*value)),
+            Instr::Unary { op, a, .. } => ops::unary(*op, rd(*a), dst),
+            Instr::Binary { op, a, b, .. } => ops::binary(*op, rd(*a), rd(*b), dst),
+            Instr::Where { cond, a, b, .. } => ops::select(rd(*cond), rd(*a), rd(*b), dst),
+            Instr::Cast { to, a, .. } => ops::cast(*to, rd(*a), dst),
+            Instr::Reduce { op, a, .. } => {
+                let op = if partial && *op == ReduceOp::Mean {
+                    ReduceOp::Sum
+                } else {
+                    *op
+                };
+                ops::reduce(op, rd(*a), tile.row_len, dst)
+            }
+            Instr::Expand { a, .. } => ops::expand(rd(*a), tile.row_len, dst),
+            Instr::Cat { dim, parts, .. } => {
+                let pd = self.perm.iter().position(|x| x == dim).unwrap_or(0);
+                let inner: usize = self.pshape[pd + 1..].iter().product();
+                let parts: Vec<(usize, usize, &[C])> =
+                    parts.iter().map(|&(lo, hi, r)| (lo, hi, rd(r))).collect();
+                ops::cat(&parts, tile.start, inner.max(1), self.pshape[pd], dst);
+            }
+        }
     }
 
     /// How a load reads `t` through `views` and `map`: strides per dim of
@@ -331,6 +619,21 @@ impl CpuKernel {
             masks,
         })
     }
+}
+
+/// One tile being computed: the scratch its slots live in, and which
+/// elements of the walk its full registers hold.
+struct Tile<C> {
+    base: *mut C,
+    slot_len: usize,
+    /// Walk index of the first element.
+    start: usize,
+    /// Elements of a full register.
+    len: usize,
+    /// Rows it covers (elements of a row register).
+    nr: usize,
+    /// Elements per row in this tile.
+    row_len: usize,
 }
 
 /// An input's elements, typed.
