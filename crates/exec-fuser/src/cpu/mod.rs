@@ -500,9 +500,14 @@ impl CpuKernel {
             Instr::Cat { dim, parts, .. } => {
                 let pd = self.perm.iter().position(|x| x == dim).unwrap_or(0);
                 let inner: usize = self.pshape[pd + 1..].iter().product();
-                let parts: Vec<(usize, usize, &[C])> =
-                    parts.iter().map(|&(lo, hi, r)| (lo, hi, rd(r))).collect();
-                ops::cat(&parts, tile.start, inner.max(1), self.pshape[pd], dst);
+                ops::cat(
+                    parts,
+                    |j| rd(parts[j].2),
+                    tile.start,
+                    inner.max(1),
+                    self.pshape[pd],
+                    dst,
+                );
             }
         }
     }

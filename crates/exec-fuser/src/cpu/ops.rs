@@ -153,9 +153,11 @@ pub(super) fn expand<C: Arith>(a: &[C], row_len: usize, dst: &mut [C]) {
 
 /// `dst[k] = part[k]` for the part whose range holds the coordinate of
 /// element `start + k` along a dim of size `size` with `inner` elements
-/// below it; copied a run of equal coordinates at a time.
-pub(super) fn cat<C: Arith>(
-    parts: &[(usize, usize, &[C])],
+/// below it; copied a run of equal coordinates at a time. `part(j)` is the
+/// `j`-th part's register.
+pub(super) fn cat<'a, C: Arith>(
+    ranges: &[(usize, usize, usize)],
+    part: impl Fn(usize) -> &'a [C],
     start: usize,
     inner: usize,
     size: usize,
@@ -167,8 +169,8 @@ pub(super) fn cat<C: Arith>(
         let global = start + pos;
         let c = (global / inner) % size;
         let end = ((global / inner + 1) * inner - start).min(len);
-        match parts.iter().find(|(lo, hi, _)| (*lo..*hi).contains(&c)) {
-            Some((_, _, src)) => dst[pos..end].copy_from_slice(&src[pos..end]),
+        match ranges.iter().position(|(lo, hi, _)| (*lo..*hi).contains(&c)) {
+            Some(j) => dst[pos..end].copy_from_slice(&part(j)[pos..end]),
             None => dst[pos..end].fill(C::zero()),
         }
         pos = end;
