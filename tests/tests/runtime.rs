@@ -1,10 +1,13 @@
 //! The runtime: measured peak bytes against the design's definition on traces
 //! worked out by hand, input checking, and determinism.
 
+use std::sync::Arc;
 use switchyard_core::io::random_inputs;
 use switchyard_core::text::parse;
 use switchyard_core::{Error, Tensor};
-use switchyard_tests::{run, workloads};
+
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_tests::{plan_on, run, run_plan, workloads};
 
 fn peaks(src: &str) -> (usize, usize) {
     let t = parse(src).unwrap();
@@ -89,4 +92,29 @@ fn runs_are_deterministic() {
         b.outputs[0].to_f64_vec().unwrap()
     );
     assert_eq!(a.peak_bytes, b.peak_bytes);
+}
+
+#[test]
+fn planned_peaks_equal_measured_peaks() {
+    // Liveness follows buffers: fused intermediates take none, zero-copy
+    // views share their base's, and a reshape that must copy takes its own.
+    use switchyard_exec_fuser::FuserExecutor;
+    use switchyard_tests::workloads::examples;
+    for (name, t) in examples().unwrap() {
+        for execs in [
+            vec![Arc::new(FallbackExecutor) as Arc<dyn switchyard_core::executor::Executor>],
+            vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
+        ] {
+            let fused = execs.len() > 1;
+            let plan = plan_on(&t, execs).unwrap();
+            let planned = plan.planned_peak_bytes();
+            let inputs = switchyard_core::io::random_inputs(&t, 1);
+            let r = run_plan(plan, &inputs).unwrap();
+            assert_eq!(
+                planned,
+                (r.peak_bytes, r.peak_bytes_with_inputs),
+                "{name} (fuser: {fused})"
+            );
+        }
+    }
 }

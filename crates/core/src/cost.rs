@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{OpId, OpKind, ReduceOp, Trace, UnaryOp, Uses, ValueId};
+use crate::meta::reshape_strides;
 
 /// The figures that make up a device's cost model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -240,10 +241,69 @@ pub fn is_free_view(trace: &Trace, op: OpId) -> bool {
     let o = trace.op(op);
     match o.kind {
         OpKind::Transpose | OpKind::Slice | OpKind::Broadcast => true,
-        // Op outputs are contiguous, so only a reshape of a strided input copies.
-        OpKind::Reshape => o.input_values().all(|v| trace.meta(v).is_contiguous()),
+        // A reshape is a view when the layout its operand really has (after
+        // the views before it) allows one.
+        OpKind::Reshape => o.input_values().next().is_some_and(|x| {
+            let m = trace.meta(x);
+            let out = &trace.meta(o.outputs[0]).shape;
+            reshape_strides(&m.shape, &layout(trace, x), out).is_some()
+        }),
         _ => false,
     }
+}
+
+/// The strides `v` has at run time when every free view before it is made
+/// as a view: op results are dense, and views transform their operand's
+/// layout.
+pub fn layout(trace: &Trace, v: ValueId) -> Vec<isize> {
+    // The chain of view ops back to a materialised value, newest first.
+    let mut chain = Vec::new();
+    let mut cur = v;
+    let base = loop {
+        let Some(op) = trace.producer(cur) else {
+            break trace.meta(cur).strides.clone();
+        };
+        let o = trace.op(op);
+        let view = matches!(
+            o.kind,
+            OpKind::Transpose | OpKind::Slice | OpKind::Broadcast | OpKind::Reshape
+        );
+        match (view, o.input_values().next()) {
+            (true, Some(x)) => {
+                chain.push(op);
+                cur = x;
+            }
+            _ => break trace.meta(cur).strides.clone(),
+        }
+    };
+    let mut strides = base;
+    for &op in chain.iter().rev() {
+        let o = trace.op(op);
+        let x = o.input_values().next().expect("a view has an operand");
+        let from = &trace.meta(x).shape;
+        let to = &trace.meta(o.outputs[0]).shape;
+        strides = match o.kind {
+            OpKind::Transpose => match o.attrs.ints("perm") {
+                Ok(perm) => perm
+                    .iter()
+                    .map(|&p| strides[crate::meta::normalize_dim(p, from.len()).unwrap_or(0)])
+                    .collect(),
+                Err(_) => crate::meta::contiguous_strides(to),
+            },
+            OpKind::Slice => match crate::ir::slice_params(&o.attrs, from) {
+                Ok(params) => strides
+                    .iter()
+                    .zip(&params)
+                    .map(|(s, &(_, _, step))| s * step as isize)
+                    .collect(),
+                Err(_) => crate::meta::contiguous_strides(to),
+            },
+            OpKind::Broadcast => crate::meta::broadcast_strides(from, &strides, to),
+            // A reshape its operand's layout does not allow is a dense copy.
+            _ => reshape_strides(from, &strides, to).unwrap_or_else(|| crate::meta::contiguous_strides(to)),
+        };
+    }
+    strides
 }
 
 /// The dtype an op computes in (its first tensor operand's, or its output's).

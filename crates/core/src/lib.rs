@@ -26,6 +26,7 @@ pub mod error;
 pub mod executor;
 pub mod io;
 pub mod ir;
+pub mod memory;
 pub mod meta;
 pub mod partition;
 pub mod plan;

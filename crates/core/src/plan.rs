@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::cost::{DeviceModel, is_free_view};
+use crate::cost::DeviceModel;
 use crate::executor::{Context, Executor, Region};
 use crate::ir::{OpId, Trace, Uses, ValueId};
+use crate::memory::{MemoryGraph, Timeline};
 use crate::partition::Explanation;
 
 /// A trace ready to compile: composites lowered, every op in exactly one region.
@@ -104,50 +105,28 @@ impl Plan {
         self.estimates.iter().sum()
     }
 
+    /// The memory facts of this plan's regions (see [`crate::memory`]).
+    pub fn memory_graph(&self) -> MemoryGraph {
+        let kinds: Vec<_> = self
+            .regions
+            .iter()
+            .map(|r| self.executor_of(r).info().kind)
+            .collect();
+        MemoryGraph::new(&self.trace, &self.regions, &kinds)
+    }
+
+    /// Live bytes over the plan's regions, in the order they run.
+    pub fn timeline(&self) -> Timeline {
+        let order: Vec<usize> = (0..self.regions.len()).collect();
+        self.memory_graph().timeline(&order)
+    }
+
     /// The peaks of live bytes this plan should reach, by the design's
     /// definition: `(intermediates and outputs, the same plus inputs until their
     /// last read)`, a region's outputs counted before its inputs are freed.
-    /// Zero-copy views count nothing.
+    /// Zero-copy views allocate nothing and keep their base alive.
     pub fn planned_peak_bytes(&self) -> (usize, usize) {
-        let producers = self.trace.producers();
-        let is_output = self.trace.uses().is_output;
-        let n = self.trace.values.len();
-        let mut last_read = vec![None; n];
-        for (i, r) in self.regions.iter().enumerate() {
-            for v in &r.inputs {
-                last_read[v.index()] = Some(i);
-            }
-        }
-        let bytes_of = |v: ValueId| match producers[v.index()] {
-            Some(op) if is_free_view(&self.trace, op) => 0,
-            _ => self.trace.meta(v).bytes(),
-        };
-        let mut frees: Vec<Vec<ValueId>> = vec![Vec::new(); self.regions.len()];
-        let mut input_frees: Vec<Vec<ValueId>> = vec![Vec::new(); self.regions.len()];
-        for (i, r) in self.regions.iter().enumerate() {
-            for &v in &r.outputs {
-                if !is_output[v.index()] {
-                    frees[last_read[v.index()].unwrap_or(i)].push(v);
-                }
-            }
-        }
-        let mut inputs_live = 0usize;
-        for &v in &self.trace.inputs {
-            if let Some(i) = last_read[v.index()] {
-                inputs_live += bytes_of(v);
-                if !is_output[v.index()] {
-                    input_frees[i].push(v);
-                }
-            }
-        }
-        let (mut live, mut peak, mut peak_with) = (0usize, 0usize, inputs_live);
-        for (i, r) in self.regions.iter().enumerate() {
-            live += r.outputs.iter().map(|&v| bytes_of(v)).sum::<usize>();
-            peak = peak.max(live);
-            peak_with = peak_with.max(live + inputs_live);
-            live -= frees[i].iter().map(|&v| bytes_of(v)).sum::<usize>();
-            inputs_live -= input_frees[i].iter().map(|&v| bytes_of(v)).sum::<usize>();
-        }
-        (peak, peak_with)
+        let t = self.timeline();
+        (t.peak_bytes, t.peak_bytes_with_inputs)
     }
 }

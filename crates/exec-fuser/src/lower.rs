@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, ValueId, reduce_dims, slice_params};
-use switchyard_core::meta::normalize_dim;
+use switchyard_core::meta::{broadcast_strides, normalize_dim, reshape_strides};
 use switchyard_core::{DType, Device};
 
 use crate::program::{Axis, IndexMap, Instr, Load, Mask, Program, Reg, Space, Store, View};
@@ -117,6 +117,49 @@ fn op_shape(trace: &Trace, id: OpId) -> Result<Option<Shape>, String> {
         )),
         _ => None,
     })
+}
+
+/// Whether reshape `id`, whose operand is a region input seen through views,
+/// can be a view of the input's buffer: the input's layout is what the
+/// views before the region left it (op results are dense), then this
+/// region's views apply.
+fn reshape_is_view(trace: &Trace, kinds: &HashMap<ValueId, Kind>, inputs: &[ValueId], id: OpId) -> bool {
+    let op = trace.op(id);
+    let Some(x) = op.input_values().next() else {
+        return false;
+    };
+    let Some(Kind::Input { input, views }) = kinds.get(&x) else {
+        return false;
+    };
+    let v = inputs[*input];
+    let mut shape = trace.meta(v).shape.clone();
+    let mut strides = switchyard_core::cost::layout(trace, v);
+    for view in views {
+        match view {
+            View::Reshape(to) => match reshape_strides(&shape, &strides, to) {
+                Some(s) => {
+                    strides = s;
+                    shape = to.clone();
+                }
+                None => return false,
+            },
+            View::Transpose(perm) => {
+                shape = perm.iter().map(|&q| shape[q]).collect();
+                strides = perm.iter().map(|&q| strides[q]).collect();
+            }
+            View::Slice(params) => {
+                for (d, &(_, len, step)) in params.iter().enumerate() {
+                    shape[d] = len;
+                    strides[d] *= step as isize;
+                }
+            }
+            View::Broadcast(to) => {
+                strides = broadcast_strides(&shape, &strides, to);
+                shape = to.clone();
+            }
+        }
+    }
+    reshape_strides(&shape, &strides, &trace.meta(op.outputs[0]).shape).is_some()
 }
 
 /// The identity map of `shape`, with size-1 dims pinned to 0.
@@ -519,6 +562,14 @@ pub(crate) fn lower(
         let first = op.input_values().next();
         let kind = match op.kind {
             k if is_view(k) => match first.and_then(|v| kind_of(&v)) {
+                // A reshape the input's layout does not allow as a view would
+                // need a copy: the value is then evaluated (and the reshape
+                // fails below, to be handed back).
+                Some(Kind::Input { .. })
+                    if k == OpKind::Reshape && !reshape_is_view(trace, &l.kinds, inputs, id) =>
+                {
+                    Kind::Full
+                }
                 Some(Kind::Input { input, mut views }) => {
                     views.push(match op_shape(trace, id).map_err(|e| fail(id, e))? {
                         Some(Shape::Transpose(p)) => View::Transpose(p),

@@ -287,7 +287,25 @@ impl Trace {
         out
     }
 
-    /// For each value, the op that defines it (`None` for inputs).
+    /// The op that produces `v` (`None` for inputs).
+    pub fn producer(&self, v: ValueId) -> Option<OpId> {
+        if self.inputs.contains(&v) {
+            return None;
+        }
+        // The parser and the builder number op results in program order, so
+        // a binary search finds the producer; a trace built otherwise is
+        // still answered, by a scan.
+        let i = self.ops.partition_point(|o| o.outputs.iter().all(|o| o.0 < v.0));
+        if self.ops.get(i).is_some_and(|o| o.outputs.contains(&v)) {
+            return Some(OpId(i as u32));
+        }
+        self.ops
+            .iter()
+            .position(|o| o.outputs.contains(&v))
+            .map(|i| OpId(i as u32))
+    }
+
+    /// For each value, the op that produces it (`None` for inputs).
     pub fn producers(&self) -> Vec<Option<OpId>> {
         let mut p = vec![None; self.values.len()];
         for (id, op) in self.ops_with_ids() {

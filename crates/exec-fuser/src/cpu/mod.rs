@@ -258,10 +258,31 @@ impl CpuKernel {
                 ));
             }
         }
+        // An input whose run-time layout does not allow one of the region's
+        // reshapes as a view (the plan expected another layout) is read from
+        // a dense copy of the views before that reshape: slower, still right.
+        let mut copies: Vec<Option<(Tensor, usize)>> = vec![None; p.instrs.len()];
+        for (i, ins) in p.instrs.iter().enumerate() {
+            if let Instr::Load { load, .. } = ins {
+                let t = inputs[load.input];
+                if let Err(k) = apply_views(t, &load.views) {
+                    let (shape, strides, offset) = apply_views(t, &load.views[..k])
+                        .map_err(|_| "views before a reshape fail".to_string())?;
+                    let dense = t
+                        .view(shape, strides, offset as usize)
+                        .and_then(|v| v.contiguous())
+                        .map_err(|e| e.to_string())?;
+                    copies[i] = Some((dense, k));
+                }
+            }
+        }
         let mut sources = vec![None; p.instrs.len()];
         for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, .. } = ins {
-                sources[i] = Some(self.source(inputs[load.input], &load.views, &load.map)?);
+                sources[i] = Some(match &copies[i] {
+                    Some((dense, k)) => self.source(dense, &load.views[*k..], &load.map)?,
+                    None => self.source(inputs[load.input], &load.views, &load.map)?,
+                });
             }
         }
         let n = p.numel();
@@ -521,35 +542,12 @@ impl CpuKernel {
         map: &crate::program::IndexMap,
     ) -> Result<Source<'a>, String> {
         let p = &self.program;
-        let (mut shape, mut strides, mut offset) =
-            (t.shape().to_vec(), t.strides().to_vec(), t.offset() as isize);
-        for v in views {
-            match v {
-                View::Reshape(to) => {
-                    strides = reshape_strides(&shape, &strides, to).ok_or_else(|| {
-                        format!("a reshape to {to:?} of an input laid out as {strides:?} needs a copy")
-                    })?;
-                    shape = to.clone();
-                }
-                View::Transpose(perm) => {
-                    shape = perm.iter().map(|&q| shape[q]).collect();
-                    strides = perm.iter().map(|&q| strides[q]).collect();
-                }
-                View::Slice(params) => {
-                    for (d, &(start, len, step)) in params.iter().enumerate() {
-                        if len > 0 {
-                            offset += start as isize * strides[d];
-                        }
-                        shape[d] = len;
-                        strides[d] *= step as isize;
-                    }
-                }
-                View::Broadcast(to) => {
-                    strides = broadcast_strides(&shape, &strides, to);
-                    shape = to.clone();
-                }
-            }
-        }
+        let (shape, strides, mut offset) = apply_views(t, views).map_err(|k| {
+            format!(
+                "view {k} of an input (a reshape) needs a copy of its layout {:?}",
+                t.strides()
+            )
+        })?;
         if map.axes.len() != shape.len() {
             return Err(format!(
                 "a load maps {} dims onto an input of rank {}",
@@ -624,6 +622,39 @@ impl CpuKernel {
             masks,
         })
     }
+}
+
+/// `t`'s shape, strides and offset once `views` apply, or the index of the
+/// first reshape its layout does not allow as a view.
+fn apply_views(t: &Tensor, views: &[View]) -> Result<(Vec<usize>, Vec<isize>, isize), usize> {
+    let (mut shape, mut strides, mut offset) =
+        (t.shape().to_vec(), t.strides().to_vec(), t.offset() as isize);
+    for (k, v) in views.iter().enumerate() {
+        match v {
+            View::Reshape(to) => {
+                strides = reshape_strides(&shape, &strides, to).ok_or(k)?;
+                shape = to.clone();
+            }
+            View::Transpose(perm) => {
+                shape = perm.iter().map(|&q| shape[q]).collect();
+                strides = perm.iter().map(|&q| strides[q]).collect();
+            }
+            View::Slice(params) => {
+                for (d, &(start, len, step)) in params.iter().enumerate() {
+                    if len > 0 {
+                        offset += start as isize * strides[d];
+                    }
+                    shape[d] = len;
+                    strides[d] *= step as isize;
+                }
+            }
+            View::Broadcast(to) => {
+                strides = broadcast_strides(&shape, &strides, to);
+                shape = to.clone();
+            }
+        }
+    }
+    Ok((shape, strides, offset))
 }
 
 /// One tile being computed: the scratch its slots live in, and which
@@ -918,5 +949,49 @@ impl OutPtr {
             OutPtr::BF16(p) => go(p, pshape, strides, start, vals),
             OutPtr::Bool(p) => go(p, pshape, strides, start, vals),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::{IndexMap, Load, Store};
+
+    #[test]
+    fn a_reshape_the_layout_does_not_allow_reads_a_dense_copy() {
+        // transpose then flatten a [2, 3] input: not a view of its buffer.
+        let program = Program {
+            shape: vec![6],
+            reduced: vec![],
+            compute: DType::F32,
+            inputs: vec![DType::F32],
+            instrs: vec![Instr::Load {
+                load: Load {
+                    input: 0,
+                    views: vec![View::Transpose(vec![1, 0]), View::Reshape(vec![6])],
+                    map: IndexMap {
+                        axes: vec![Axis::Iter {
+                            dim: 0,
+                            scale: 1,
+                            offset: 0,
+                        }],
+                        masks: vec![],
+                    },
+                },
+                dst: 0,
+            }],
+            spaces: vec![Space::Full],
+            outputs: vec![Store {
+                reg: 0,
+                dtype: DType::F32,
+                shape: vec![6],
+            }],
+        };
+        let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
+        let out = CpuKernel::new(program).run(&[&x]).unwrap();
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+        );
     }
 }

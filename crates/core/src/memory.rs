@@ -1,0 +1,260 @@
+//! Liveness and peak memory of a plan's regions in a given order.
+//!
+//! A *buffer* is what a region allocates: each output it materialises. A
+//! zero-copy view made by an operator executor allocates nothing and keeps
+//! its base's buffer alive instead. A buffer is live from the step of the
+//! region that makes it until the last region that reads it (or one of its
+//! views), and to the end if it is returned. The peak follows the design's
+//! definition: at each step the region's outputs are counted before the
+//! buffers it was the last to read are freed; trace inputs are excluded from
+//! `peak_bytes` and counted, until their last read, in `peak_bytes_with_inputs`.
+
+use serde::Serialize;
+
+use crate::cost::is_free_view;
+use crate::executor::{ExecutorKind, Region};
+use crate::ir::{Trace, ValueId};
+
+/// One buffer of a plan.
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    /// The value that owns it (views of it share it).
+    pub value: ValueId,
+    /// Its size.
+    pub bytes: usize,
+    /// The region that makes it, or `None` for a trace input.
+    pub producer: Option<usize>,
+    /// The regions that read it or a view of it (sorted, unique).
+    pub readers: Vec<usize>,
+    /// Whether the trace returns it (or a view of it).
+    pub output: bool,
+}
+
+/// The memory facts of a plan's regions, independent of their order.
+#[derive(Clone, Debug)]
+pub struct MemoryGraph {
+    /// Every buffer; trace inputs first.
+    pub buffers: Vec<Buffer>,
+    /// The buffers each region makes.
+    pub makes: Vec<Vec<usize>>,
+    /// The buffers each region reads (sorted, unique).
+    pub reads: Vec<Vec<usize>>,
+    /// The regions each region must follow (sorted, unique).
+    pub preds: Vec<Vec<usize>>,
+    /// The regions that must follow each region (sorted, unique).
+    pub succs: Vec<Vec<usize>>,
+    /// The buffer each value lives in.
+    pub buffer_of: Vec<Option<usize>>,
+}
+
+impl MemoryGraph {
+    /// Builds the graph of `regions`; `kinds[r]` is the kind of region `r`'s
+    /// executor (only operator executors make zero-copy views).
+    pub fn new(trace: &Trace, regions: &[Region], kinds: &[ExecutorKind]) -> MemoryGraph {
+        // Only region outputs are materialised; a fused region's
+        // intermediates never are.
+        let mut region_of = vec![None; trace.values.len()];
+        for (r, region) in regions.iter().enumerate() {
+            for &v in &region.outputs {
+                region_of[v.index()] = Some(r);
+            }
+        }
+        let mut buffer_of: Vec<Option<usize>> = vec![None; trace.values.len()];
+        let mut buffers: Vec<Buffer> = Vec::new();
+        let mut makes = vec![Vec::new(); regions.len()];
+        for &v in &trace.inputs {
+            buffer_of[v.index()] = Some(buffers.len());
+            buffers.push(Buffer {
+                value: v,
+                bytes: trace.meta(v).bytes(),
+                producer: None,
+                readers: vec![],
+                output: false,
+            });
+        }
+        // Values in program order, so that a view's base has its buffer first.
+        for (id, op) in trace.ops_with_ids() {
+            for &v in &op.outputs {
+                let Some(r) = region_of[v.index()] else { continue };
+                let aliased = kinds[r] == ExecutorKind::Operator && is_free_view(trace, id);
+                let base = op.input_values().next().and_then(|b| buffer_of[b.index()]);
+                match (aliased, base) {
+                    (true, Some(b)) => buffer_of[v.index()] = Some(b),
+                    _ => {
+                        buffer_of[v.index()] = Some(buffers.len());
+                        makes[r].push(buffers.len());
+                        buffers.push(Buffer {
+                            value: v,
+                            bytes: trace.meta(v).bytes(),
+                            producer: Some(r),
+                            readers: vec![],
+                            output: false,
+                        });
+                    }
+                }
+            }
+        }
+        let mut reads = vec![Vec::new(); regions.len()];
+        for (r, region) in regions.iter().enumerate() {
+            for v in &region.inputs {
+                if let Some(b) = buffer_of[v.index()] {
+                    reads[r].push(b);
+                }
+            }
+            reads[r].sort_unstable();
+            reads[r].dedup();
+            for &b in &reads[r] {
+                buffers[b].readers.push(r);
+            }
+        }
+        for v in trace.outputs.iter() {
+            if let Some(b) = buffer_of[v.index()] {
+                buffers[b].output = true;
+            }
+        }
+        let mut preds = vec![Vec::new(); regions.len()];
+        let mut succs = vec![Vec::new(); regions.len()];
+        for (r, region) in regions.iter().enumerate() {
+            for v in &region.inputs {
+                if let Some(p) = region_of[v.index()]
+                    && p != r
+                {
+                    preds[r].push(p);
+                    succs[p].push(r);
+                }
+            }
+        }
+        for l in preds.iter_mut().chain(succs.iter_mut()) {
+            l.sort_unstable();
+            l.dedup();
+        }
+        MemoryGraph {
+            buffers,
+            makes,
+            reads,
+            preds,
+            succs,
+            buffer_of,
+        }
+    }
+
+    /// Regions in the graph.
+    pub fn len(&self) -> usize {
+        self.makes.len()
+    }
+
+    /// Whether there are no regions.
+    pub fn is_empty(&self) -> bool {
+        self.makes.is_empty()
+    }
+
+    /// Bytes region `r` allocates.
+    pub fn alloc(&self, r: usize) -> usize {
+        self.makes[r].iter().map(|&b| self.buffers[b].bytes).sum()
+    }
+
+    /// Whether `order` runs every region once, each after the regions it reads.
+    pub fn is_valid_order(&self, order: &[usize]) -> bool {
+        let mut pos = vec![usize::MAX; self.len()];
+        for (i, &r) in order.iter().enumerate() {
+            if r >= self.len() || pos[r] != usize::MAX {
+                return false;
+            }
+            pos[r] = i;
+        }
+        order.len() == self.len() && (0..self.len()).all(|r| self.preds[r].iter().all(|&p| pos[p] < pos[r]))
+    }
+
+    /// Live bytes over `order` (a valid order of every region).
+    pub fn timeline(&self, order: &[usize]) -> Timeline {
+        let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
+        let mut inputs_live: usize = self
+            .buffers
+            .iter()
+            .filter(|b| b.producer.is_none() && !b.readers.is_empty())
+            .map(|b| b.bytes)
+            .sum();
+        let mut live = 0usize;
+        let mut steps = Vec::with_capacity(order.len());
+        let (mut peak, mut peak_step, mut peak_with) = (0usize, None, inputs_live);
+        let mut live_set: Vec<bool> = vec![false; self.buffers.len()];
+        let mut at_peak: Vec<usize> = Vec::new();
+        for (s, &r) in order.iter().enumerate() {
+            for &b in &self.makes[r] {
+                live += self.buffers[b].bytes;
+                live_set[b] = true;
+            }
+            if live > peak || peak_step.is_none() {
+                peak = live;
+                peak_step = Some(s);
+                at_peak = (0..self.buffers.len()).filter(|&b| live_set[b]).collect();
+            }
+            peak_with = peak_with.max(live + inputs_live);
+            let at_step = live;
+            for &b in &self.reads[r] {
+                remaining[b] -= 1;
+                let buf = &self.buffers[b];
+                if remaining[b] > 0 || buf.output {
+                    continue;
+                }
+                if buf.producer.is_none() {
+                    inputs_live -= buf.bytes;
+                } else if live_set[b] {
+                    live -= buf.bytes;
+                    live_set[b] = false;
+                }
+            }
+            // A result nobody reads or returns is freed at once.
+            for &b in &self.makes[r] {
+                let buf = &self.buffers[b];
+                if buf.readers.is_empty() && !buf.output {
+                    live -= buf.bytes;
+                    live_set[b] = false;
+                }
+            }
+            steps.push(StepMemory {
+                region: r,
+                live_bytes: at_step,
+                live_after: live,
+            });
+        }
+        let mut live_at_peak: Vec<(ValueId, usize)> = at_peak
+            .into_iter()
+            .map(|b| (self.buffers[b].value, self.buffers[b].bytes))
+            .collect();
+        live_at_peak.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Timeline {
+            steps,
+            peak_bytes: peak,
+            peak_step,
+            peak_bytes_with_inputs: peak_with,
+            live_at_peak,
+        }
+    }
+}
+
+/// Live bytes at one step of a schedule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepMemory {
+    /// The region run at this step.
+    pub region: usize,
+    /// Live bytes once its outputs are allocated, before anything is freed.
+    pub live_bytes: usize,
+    /// Live bytes after it frees what it was the last to read.
+    pub live_after: usize,
+}
+
+/// Live bytes over a schedule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Timeline {
+    /// One entry per step.
+    pub steps: Vec<StepMemory>,
+    /// The most live bytes of intermediates and outputs at any step.
+    pub peak_bytes: usize,
+    /// The (first) step where that peak is reached.
+    pub peak_step: Option<usize>,
+    /// The same with the trace's inputs counted until their last read.
+    pub peak_bytes_with_inputs: usize,
+    /// The values whose buffers are live at the peak, largest first.
+    pub live_at_peak: Vec<(ValueId, usize)>,
+}
