@@ -4,6 +4,9 @@
 //! fuser (which lowers every region it refines). Growth between sizes shows
 //! whether planning stays near O(n log n).
 //!
+//! The `schedule` group times scheduling (min-peak, dfs, bfs) with the
+//! liveness it needs, on the same traces.
+//!
 //! `cargo bench -p switchyard-tests --bench plan`
 
 use std::sync::Arc;
@@ -12,6 +15,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::schedule::{Strategy, order};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
@@ -50,5 +54,29 @@ fn plan_time(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(plan, plan_time);
+/// Scheduling (min-peak) and liveness of a planned trace, per size: the
+/// memory graph is built, ordered, and its timeline computed.
+fn schedule_time(c: &mut Criterion) {
+    let device = DeviceModel::cpu_default();
+    let set = ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
+    let mut g = c.benchmark_group("schedule");
+    g.sample_size(10);
+    for n in [1_000usize, 10_000, 100_000] {
+        let trace = random_ops(n, 1).unwrap();
+        let plan = partition(&trace, &set, &device, &PartitionOptions::default()).unwrap();
+        g.throughput(Throughput::Elements(trace.ops.len() as u64));
+        for strategy in [Strategy::MinPeak, Strategy::Dfs, Strategy::Bfs] {
+            g.bench_with_input(BenchmarkId::new(strategy.name(), n), &plan, |b, p| {
+                b.iter(|| {
+                    let graph = p.memory_graph();
+                    let o = order(&graph, strategy);
+                    graph.timeline(&o).peak_bytes
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(plan, plan_time, schedule_time);
 criterion_main!(plan);

@@ -86,6 +86,10 @@ struct Planning {
     /// config's list; `enable`/`disable` in the config still apply).
     #[arg(long)]
     executors: Option<String>,
+    /// Region order: program, min-peak (the default), dfs or bfs (replaces
+    /// the config's `[scheduler] strategy`).
+    #[arg(long, value_name = "NAME")]
+    schedule: Option<String>,
 }
 
 impl Planning {
@@ -102,7 +106,14 @@ impl Planning {
         let opts = PartitionOptions {
             horizontal: config.partitioner.horizontal,
         };
-        Ok(partition_owned(trace, &set, &device, &opts)?)
+        let plan = partition_owned(trace, &set, &device, &opts)?;
+        let strategy = match &self.schedule {
+            Some(name) => name
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
+            None => config.strategy()?,
+        };
+        Ok(switchyard_core::schedule::schedule(plan, strategy))
     }
 }
 

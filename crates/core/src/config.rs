@@ -15,7 +15,7 @@
 //! horizontal = false       # merge independent ops into one fusion (raises peak memory)
 //!
 //! [scheduler]
-//! strategy = "program"
+//! strategy = "min-peak"
 //!
 //! [cache]
 //! capacity = 1024
@@ -37,9 +37,6 @@ use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::{self, Availability, ExecutorSet};
 
-/// Scheduling strategies this build supports.
-pub const SCHEDULES: &[&str] = &["program"];
-
 /// `[partitioner]`
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -54,14 +51,15 @@ pub struct PartitionerConfig {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
-    /// The region order: `program` keeps the trace's order.
+    /// The region order: `program`, `min-peak` (the default), `dfs` or `bfs`
+    /// (see [`crate::schedule`]).
     pub strategy: String,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
-            strategy: "program".into(),
+            strategy: crate::schedule::Strategy::MinPeak.name().into(),
         }
     }
 }
@@ -152,17 +150,16 @@ impl Config {
         Config::parse(&text, &path.display().to_string())
     }
 
+    /// The scheduling strategy `[scheduler] strategy` names.
+    pub fn strategy(&self) -> Result<crate::schedule::Strategy> {
+        self.scheduler.strategy.parse().map_err(|message| Error::Config {
+            key: "scheduler.strategy".into(),
+            message,
+        })
+    }
+
     fn check(&self) -> Result<()> {
-        if !SCHEDULES.contains(&self.scheduler.strategy.as_str()) {
-            return Err(Error::Config {
-                key: "scheduler.strategy".into(),
-                message: format!(
-                    "unknown strategy `{}` (this build supports: {})",
-                    self.scheduler.strategy,
-                    SCHEDULES.join(", ")
-                ),
-            });
-        }
+        self.strategy()?;
         if self.cache.capacity == 0 {
             return Err(Error::Config {
                 key: "cache.capacity".into(),

@@ -33,6 +33,7 @@ pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod runtime;
+pub mod schedule;
 pub mod tensor;
 pub mod text;
 

@@ -178,7 +178,6 @@ impl MemoryGraph {
         let mut steps = Vec::with_capacity(order.len());
         let (mut peak, mut peak_step, mut peak_with) = (0usize, None, inputs_live);
         let mut live_set: Vec<bool> = vec![false; self.buffers.len()];
-        let mut at_peak: Vec<usize> = Vec::new();
         for (s, &r) in order.iter().enumerate() {
             for &b in &self.makes[r] {
                 live += self.buffers[b].bytes;
@@ -187,7 +186,6 @@ impl MemoryGraph {
             if live > peak || peak_step.is_none() {
                 peak = live;
                 peak_step = Some(s);
-                at_peak = (0..self.buffers.len()).filter(|&b| live_set[b]).collect();
             }
             peak_with = peak_with.max(live + inputs_live);
             let at_step = live;
@@ -218,6 +216,7 @@ impl MemoryGraph {
                 live_after: live,
             });
         }
+        let at_peak = peak_step.map(|p| self.live_at(order, p)).unwrap_or_default();
         let mut live_at_peak: Vec<(ValueId, usize)> = at_peak
             .into_iter()
             .map(|b| (self.buffers[b].value, self.buffers[b].bytes))
@@ -230,6 +229,36 @@ impl MemoryGraph {
             peak_bytes_with_inputs: peak_with,
             live_at_peak,
         }
+    }
+}
+
+impl MemoryGraph {
+    /// The buffers live at step `step` of `order`, once its outputs are allocated.
+    fn live_at(&self, order: &[usize], step: usize) -> Vec<usize> {
+        let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
+        let mut live = vec![false; self.buffers.len()];
+        for (s, &r) in order.iter().enumerate() {
+            for &b in &self.makes[r] {
+                live[b] = true;
+            }
+            if s == step {
+                break;
+            }
+            for &b in &self.reads[r] {
+                remaining[b] -= 1;
+                if remaining[b] == 0 && !self.buffers[b].output {
+                    live[b] = false;
+                }
+            }
+            for &b in &self.makes[r] {
+                if self.buffers[b].readers.is_empty() && !self.buffers[b].output {
+                    live[b] = false;
+                }
+            }
+        }
+        (0..self.buffers.len())
+            .filter(|&b| live[b] && self.buffers[b].producer.is_some())
+            .collect()
     }
 }
 

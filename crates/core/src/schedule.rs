@@ -1,0 +1,402 @@
+//! Schedulers: the order a plan's regions run in.
+//!
+//! - `program` keeps the partitioner's order (the program's, region by region);
+//! - `dfs` finishes each output's dependencies depth-first, operands in program order;
+//! - `bfs` runs regions level by level, as soon as they are ready;
+//! - `min-peak` (the default) minimises the peak of live bytes: it tries a
+//!   greedy list scheduler (take the ready region that adds the least memory),
+//!   a Sethi–Ullman-style depth-first order (operands that need the most
+//!   memory first), and, for plans of at most [`EXACT_MAX`] regions, an exact
+//!   search over subsets; it keeps the best, and never returns a higher peak
+//!   than `program`.
+//!
+//! Orders are computed on a [`MemoryGraph`], so they see exactly the
+//! buffers the runtime allocates.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::str::FromStr;
+
+use crate::memory::MemoryGraph;
+use crate::plan::Plan;
+
+/// Plans of at most this many regions are also scheduled by exact search.
+pub const EXACT_MAX: usize = 16;
+
+/// Ready regions the greedy scheduler compares at each step; beyond this it
+/// looks at the earliest ones only, which keeps it O(n) on wide graphs.
+const GREEDY_WINDOW: usize = 256;
+
+/// How regions are ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// The partitioner's order.
+    Program,
+    /// The lowest peak of live bytes found.
+    MinPeak,
+    /// Depth-first from the outputs.
+    Dfs,
+    /// Level by level.
+    Bfs,
+}
+
+impl Strategy {
+    /// Every strategy, as config and `--schedule` name them.
+    pub const ALL: [Strategy; 4] = [Strategy::Program, Strategy::MinPeak, Strategy::Dfs, Strategy::Bfs];
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Program => "program",
+            Strategy::MinPeak => "min-peak",
+            Strategy::Dfs => "dfs",
+            Strategy::Bfs => "bfs",
+        }
+    }
+
+    /// The names, comma-separated, for messages.
+    pub fn names() -> String {
+        Strategy::ALL.map(Strategy::name).join(", ")
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Strategy, String> {
+        Strategy::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown strategy `{s}` (known: {})", Strategy::names()))
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The order `strategy` gives the regions of `g`.
+pub fn order(g: &MemoryGraph, strategy: Strategy) -> Vec<usize> {
+    match strategy {
+        Strategy::Program => (0..g.len()).collect(),
+        Strategy::Dfs => depth_first(g, false),
+        Strategy::Bfs => breadth_first(g),
+        Strategy::MinPeak => {
+            let fast = heuristic(g);
+            match exact(g) {
+                Some(best) if g.timeline(&best).peak_bytes < g.timeline(&fast).peak_bytes => best,
+                _ => fast,
+            }
+        }
+    }
+}
+
+/// The fast part of `min-peak`: the best of program order, the greedy list
+/// scheduler, the Sethi–Ullman order and plain depth-first (the first of the
+/// lowest, so ties keep program order), then, on plans of up to
+/// [`POLISH_MAX`] regions, moves of single regions within their dependencies
+/// while they lower the peak (or, at an equal peak, the total of live bytes).
+pub fn heuristic(g: &MemoryGraph) -> Vec<usize> {
+    let mut best: Option<((usize, usize), Vec<usize>)> = None;
+    for c in [
+        (0..g.len()).collect(),
+        greedy(g),
+        depth_first(g, true),
+        depth_first(g, false),
+    ] {
+        let score = score(g, &c);
+        if best.as_ref().is_none_or(|(p, _)| score < *p) {
+            best = Some((score, c));
+        }
+    }
+    let Some((mut current, mut order)) = best else {
+        return Vec::new();
+    };
+    if g.len() <= POLISH_MAX {
+        for _ in 0..POLISH_ROUNDS {
+            let mut improved = false;
+            for i in 0..order.len() {
+                let r = order[i];
+                // Where `r` may go: after its last operand, before its first reader.
+                let pos = |x: usize| order.iter().position(|&y| y == x).unwrap_or(0);
+                let lo = g.preds[r].iter().map(|&p| pos(p) + 1).max().unwrap_or(0);
+                let hi = g.succs[r].iter().map(|&q| pos(q)).min().unwrap_or(order.len());
+                for j in lo..hi.min(order.len()) {
+                    if j == i {
+                        continue;
+                    }
+                    let mut moved = order.clone();
+                    let x = moved.remove(i);
+                    moved.insert(if j > i { j - 1 } else { j }, x);
+                    let s = score(g, &moved);
+                    if s < current {
+                        current = s;
+                        order = moved;
+                        improved = true;
+                        break;
+                    }
+                }
+            }
+            if !improved {
+                break;
+            }
+        }
+    }
+    order
+}
+
+/// Plans up to this many regions get their order polished by moves.
+pub const POLISH_MAX: usize = 64;
+/// Passes of polishing at most.
+const POLISH_ROUNDS: usize = 16;
+
+/// What `min-peak` minimises: the peak, then the total of live bytes over
+/// the steps (which steers toward freeing early when peaks tie).
+fn score(g: &MemoryGraph, order: &[usize]) -> (usize, usize) {
+    let t = g.timeline(order);
+    (t.peak_bytes, t.steps.iter().map(|s| s.live_bytes).sum())
+}
+
+/// `plan` with its regions in the order `strategy` gives them, renumbered
+/// in that order.
+pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
+    if strategy == Strategy::Program {
+        return plan;
+    }
+    let order = order(&plan.memory_graph(), strategy);
+    let mut new_index = vec![0usize; order.len()];
+    for (new, &old) in order.iter().enumerate() {
+        new_index[old] = new;
+    }
+    let mut regions: Vec<Option<crate::executor::Region>> = plan.regions.drain(..).map(Some).collect();
+    plan.regions = order
+        .iter()
+        .enumerate()
+        .map(|(new, &old)| {
+            let mut r = regions[old].take().expect("an order names each region once");
+            r.id = new;
+            r
+        })
+        .collect();
+    plan.estimates = order.iter().map(|&old| plan.estimates[old]).collect();
+    for op in &mut plan.explanation.ops {
+        op.region = new_index[op.region];
+    }
+    plan
+}
+
+/// Regions whose dependencies are all done, kept up to date as regions run.
+struct Ready<'a> {
+    g: &'a MemoryGraph,
+    waiting: Vec<usize>,
+}
+
+impl<'a> Ready<'a> {
+    fn new(g: &'a MemoryGraph) -> Ready<'a> {
+        Ready {
+            g,
+            waiting: g.preds.iter().map(Vec::len).collect(),
+        }
+    }
+
+    /// Marks `r` done; returns the regions it makes ready.
+    fn done(&mut self, r: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        for &s in &self.g.succs[r] {
+            self.waiting[s] -= 1;
+            if self.waiting[s] == 0 {
+                out.push(s);
+            }
+        }
+        out
+    }
+}
+
+/// Takes, at each step, the ready region that adds the least to the live
+/// bytes (its outputs minus what it frees), then the smallest, then the one
+/// whose operands have the fewest readers left, then the earliest.
+fn greedy(g: &MemoryGraph) -> Vec<usize> {
+    let mut ready_set = Ready::new(g);
+    let mut ready: BTreeSet<usize> = (0..g.len()).filter(|&r| g.preds[r].is_empty()).collect();
+    let mut readers_left: Vec<usize> = g.buffers.iter().map(|b| b.readers.len()).collect();
+    let mut order = Vec::with_capacity(g.len());
+    while !ready.is_empty() {
+        let key = |r: usize| {
+            let alloc = g.alloc(r) as i64;
+            let freed: i64 = g.reads[r]
+                .iter()
+                .filter(|&&b| {
+                    let buf = &g.buffers[b];
+                    readers_left[b] == 1 && !buf.output && buf.producer.is_some()
+                })
+                .map(|&b| g.buffers[b].bytes as i64)
+                .sum();
+            // Then the region closest to freeing what it reads.
+            let pending: usize = g.reads[r]
+                .iter()
+                .filter(|&&b| g.buffers[b].producer.is_some())
+                .map(|&b| readers_left[b])
+                .sum();
+            (alloc - freed, alloc, pending, r)
+        };
+        let r = ready
+            .iter()
+            .take(GREEDY_WINDOW)
+            .copied()
+            .min_by_key(|&r| key(r))
+            .expect("not empty");
+        ready.remove(&r);
+        for &b in &g.reads[r] {
+            readers_left[b] -= 1;
+        }
+        order.push(r);
+        ready.extend(ready_set.done(r));
+    }
+    order
+}
+
+/// Post-order depth-first walk from the regions nothing depends on. With
+/// `by_need`, the operands that need the most memory to compute go first
+/// (Sethi–Ullman), so that fewer results wait while others are computed;
+/// otherwise in program order.
+fn depth_first(g: &MemoryGraph, by_need: bool) -> Vec<usize> {
+    let n = g.len();
+    // Memory each region needs to be computed with its operands, as if they
+    // formed a tree; an estimate on a DAG, which is all the ordering needs.
+    let mut need = vec![0usize; n];
+    if by_need {
+        for r in topological(g) {
+            let mut kids: Vec<usize> = g.preds[r].clone();
+            kids.sort_by_key(|&k| std::cmp::Reverse(need[k].saturating_sub(g.alloc(k))));
+            let (mut held, mut peak) = (0usize, 0usize);
+            for k in kids {
+                peak = peak.max(held + need[k]);
+                held += g.alloc(k);
+            }
+            need[r] = peak.max(held + g.alloc(r));
+        }
+    }
+    let sorted = |mut v: Vec<usize>| {
+        if by_need {
+            v.sort_by_key(|&k| (std::cmp::Reverse(need[k].saturating_sub(g.alloc(k))), k));
+        }
+        v
+    };
+    let roots = sorted((0..n).filter(|&r| g.succs[r].is_empty()).collect());
+    let mut done = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    for root in roots {
+        if done[root] {
+            continue;
+        }
+        // (region, its operands in visiting order, next operand)
+        let mut stack: Vec<(usize, Vec<usize>, usize)> = vec![(root, sorted(g.preds[root].clone()), 0)];
+        while let Some((r, kids, next)) = stack.last_mut() {
+            if let Some(&k) = kids.get(*next) {
+                *next += 1;
+                if !done[k] {
+                    let grand = sorted(g.preds[k].clone());
+                    stack.push((k, grand, 0));
+                }
+            } else {
+                let r = *r;
+                stack.pop();
+                if !done[r] {
+                    done[r] = true;
+                    order.push(r);
+                }
+            }
+        }
+    }
+    order
+}
+
+/// Regions in a topological order (program order when it is one).
+fn topological(g: &MemoryGraph) -> Vec<usize> {
+    let mut ready_set = Ready::new(g);
+    let mut ready: BTreeSet<usize> = (0..g.len()).filter(|&r| g.preds[r].is_empty()).collect();
+    let mut order = Vec::with_capacity(g.len());
+    while let Some(r) = ready.pop_first() {
+        order.push(r);
+        ready.extend(ready_set.done(r));
+    }
+    order
+}
+
+/// Level by level: a region runs once everything before it in the queue has.
+fn breadth_first(g: &MemoryGraph) -> Vec<usize> {
+    let mut ready_set = Ready::new(g);
+    let mut queue: VecDeque<usize> = (0..g.len()).filter(|&r| g.preds[r].is_empty()).collect();
+    let mut order = Vec::with_capacity(g.len());
+    while let Some(r) = queue.pop_front() {
+        order.push(r);
+        queue.extend(ready_set.done(r));
+    }
+    order
+}
+
+/// The order with the lowest peak, by dynamic programming over the sets of
+/// regions already run; `None` above [`EXACT_MAX`] regions.
+pub fn exact(g: &MemoryGraph) -> Option<Vec<usize>> {
+    let n = g.len();
+    if n > EXACT_MAX {
+        return None;
+    }
+    let full = (1usize << n) - 1;
+    let bit = |r: usize| 1usize << r;
+    let pred_mask: Vec<usize> = g
+        .preds
+        .iter()
+        .map(|p| p.iter().fold(0, |m, &r| m | bit(r)))
+        .collect();
+    // Bytes live once the regions of a set have run.
+    let bufs: Vec<(usize, usize, usize)> = g
+        .buffers
+        .iter()
+        .filter_map(|b| {
+            let p = b.producer?;
+            let readers = if b.output {
+                usize::MAX
+            } else {
+                b.readers.iter().fold(0, |m, &r| m | bit(r))
+            };
+            Some((bit(p), readers, b.bytes))
+        })
+        .collect();
+    let live = |s: usize| -> usize {
+        bufs.iter()
+            .filter(|(p, readers, _)| s & p != 0 && (*readers == usize::MAX || s & readers != *readers))
+            .map(|b| b.2)
+            .sum()
+    };
+    let alloc: Vec<usize> = (0..n).map(|r| g.alloc(r)).collect();
+    let mut best = vec![usize::MAX; full + 1];
+    let mut last = vec![usize::MAX; full + 1];
+    best[0] = 0;
+    for s in 0..=full {
+        if best[s] == usize::MAX {
+            continue;
+        }
+        let here = live(s);
+        for r in 0..n {
+            if s & bit(r) != 0 || pred_mask[r] & s != pred_mask[r] {
+                continue;
+            }
+            let t = s | bit(r);
+            let peak = best[s].max(here + alloc[r]);
+            if peak < best[t] {
+                best[t] = peak;
+                last[t] = r;
+            }
+        }
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut s = full;
+    while s != 0 {
+        let r = last[s];
+        order.push(r);
+        s &= !bit(r);
+    }
+    order.reverse();
+    Some(order)
+}

@@ -1,0 +1,135 @@
+//! Schedulers: the peaks of workloads 1 and 5, min-peak against program
+//! order and against the exact optimum, and every order computing the same
+//! results.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use switchyard_core::executor::Executor;
+use switchyard_core::io::random_inputs;
+use switchyard_core::plan::Plan;
+use switchyard_core::schedule::{Strategy, exact, heuristic, order, schedule};
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_fuser::FuserExecutor;
+use switchyard_tests::workloads::{BlockSize, llama, parallel_paths, random_ops, sliced_attention};
+use switchyard_tests::{assert_close, plan_on, run_plan};
+
+fn fused() -> Vec<Arc<dyn Executor>> {
+    vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]
+}
+
+fn fallback() -> Vec<Arc<dyn Executor>> {
+    vec![Arc::new(FallbackExecutor)]
+}
+
+fn peak(plan: &Plan) -> usize {
+    plan.planned_peak_bytes().0
+}
+
+const MIB: usize = 1 << 20;
+
+#[test]
+fn parallel_paths_peak_at_three_quarters_of_a_mib_in_either_order() {
+    for efficient in [true, false] {
+        let t = parallel_paths(10, 256, efficient).unwrap();
+        let plan = schedule(plan_on(&t, fused()).unwrap(), Strategy::MinPeak);
+        assert_eq!(peak(&plan), 786_432, "efficient: {efficient}");
+        // What the plan measures when it runs is what was planned.
+        let inputs = random_inputs(&t, 0);
+        let r = run_plan(plan, &inputs).unwrap();
+        assert_eq!(r.peak_bytes, 786_432);
+    }
+    // The eager orders, on the fallback in program order: 0.75 and 2.75 MiB.
+    let eager = |efficient| {
+        let t = parallel_paths(10, 256, efficient).unwrap();
+        peak(&schedule(plan_on(&t, fallback()).unwrap(), Strategy::Program))
+    };
+    assert_eq!((eager(true), eager(false)), (3 * MIB / 4, 11 * MIB / 4));
+}
+
+#[test]
+fn sliced_attention_depth_first_holds_one_slice_breadth_first_all() {
+    let (slices, seq, head) = (8, 256, 16);
+    let t = sliced_attention(slices, seq, head).unwrap();
+    let scores = seq * seq * 4;
+    let outputs = slices * seq * head * 4;
+    let dfs = peak(&schedule(plan_on(&t, fused()).unwrap(), Strategy::Dfs));
+    let bfs = peak(&schedule(plan_on(&t, fused()).unwrap(), Strategy::Bfs));
+    let min = peak(&schedule(plan_on(&t, fused()).unwrap(), Strategy::MinPeak));
+    // Depth-first: one slice's scores and probabilities, with the outputs so far.
+    assert!(dfs <= 2 * scores + 2 * outputs, "dfs {dfs}");
+    // Breadth-first: every slice's scores at once.
+    assert!(bfs >= slices * scores, "bfs {bfs}");
+    // So they differ by about the number of slices' scores.
+    assert!(bfs - dfs >= (slices - 2) * scores, "dfs {dfs}, bfs {bfs}");
+    assert!(min <= dfs);
+}
+
+#[test]
+fn min_peak_never_exceeds_program_order_on_eight_layers() {
+    let t = llama(8, BlockSize::SMALL).unwrap();
+    let program = schedule(plan_on(&t, fused()).unwrap(), Strategy::Program);
+    let min = schedule(plan_on(&t, fused()).unwrap(), Strategy::MinPeak);
+    assert!(
+        peak(&min) <= peak(&program),
+        "{} > {}",
+        peak(&min),
+        peak(&program)
+    );
+}
+
+#[test]
+fn min_peak_against_the_exact_optimum() {
+    // Small random plans: min-peak's fast heuristic is never above program
+    // order, never below the optimum, and equal to it on most; min-peak
+    // itself (which searches exactly at this size) is the optimum.
+    let (mut equal, mut total, mut gap, mut program_off) = (0usize, 0usize, 0f64, 0usize);
+    for seed in 0..200u64 {
+        let t = random_ops(10 + (seed % 5) as usize, seed).unwrap();
+        let plan = plan_on(&t, fallback()).unwrap();
+        let g = plan.memory_graph();
+        let Some(best) = exact(&g) else { continue };
+        let opt = g.timeline(&best).peak_bytes;
+        let min = g.timeline(&heuristic(&g)).peak_bytes;
+        assert_eq!(g.timeline(&order(&g, Strategy::MinPeak)).peak_bytes, opt);
+        let prog = g.timeline(&order(&g, Strategy::Program)).peak_bytes;
+        assert!(
+            opt <= min && min <= prog,
+            "seed {seed}: exact {opt}, min-peak {min}, program {prog}"
+        );
+        total += 1;
+        program_off += usize::from(prog > opt);
+        if min == opt {
+            equal += 1;
+        } else {
+            gap += (min - opt) as f64 / opt as f64;
+        }
+    }
+    eprintln!(
+        "min-peak's heuristic equals the optimum on {equal} of {total} plans (program order on {}); mean gap {:.2}%",
+        total - program_off,
+        100.0 * gap / total as f64
+    );
+    assert!(total >= 150 && equal * 10 >= total * 8, "{equal} of {total}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn every_order_is_valid_and_computes_the_same(n in 8usize..40, seed in any::<u64>()) {
+        let t = random_ops(n, seed).unwrap();
+        let inputs = random_inputs(&t, seed);
+        let base = run_plan(plan_on(&t, fused()).unwrap(), &inputs).unwrap();
+        for s in Strategy::ALL {
+            let plan = schedule(plan_on(&t, fused()).unwrap(), s);
+            let g = plan.memory_graph();
+            let identity: Vec<usize> = (0..plan.regions.len()).collect();
+            prop_assert!(g.is_valid_order(&identity), "{s}");
+            prop_assert!(plan.regions.iter().enumerate().all(|(i, r)| r.id == i));
+            let got = run_plan(plan, &inputs).unwrap();
+            for (a, b) in got.outputs.iter().zip(&base.outputs) {
+                assert_close(a, &b.to_f64_vec().unwrap(), 1e-4);
+            }
+        }
+    }
+}
