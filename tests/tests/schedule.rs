@@ -133,3 +133,91 @@ proptest! {
         }
     }
 }
+
+fn partitioned(t: &switchyard_core::Trace, horizontal: bool) -> Plan {
+    use switchyard_core::cost::DeviceModel;
+    use switchyard_core::executor::ExecutorSet;
+    use switchyard_core::partition::{PartitionOptions, partition};
+    partition(
+        t,
+        &ExecutorSet::new(fused()),
+        &DeviceModel::cpu_default(),
+        &PartitionOptions { horizontal },
+    )
+    .unwrap()
+}
+
+fn notes(plan: &Plan) -> Vec<String> {
+    plan.explanation
+        .ops
+        .iter()
+        .flat_map(|o| o.notes.clone())
+        .collect()
+}
+
+#[test]
+fn horizontal_merges_that_raise_the_peak_are_undone() {
+    use switchyard_core::fit::fit;
+    for efficient in [true, false] {
+        let t = parallel_paths(10, 256, efficient).unwrap();
+        // Merged as Thunder merges them, the relus of every path are live at once.
+        let merged = schedule(partitioned(&t, true), Strategy::MinPeak);
+        assert!(peak(&merged) > 2 * MIB, "{}", peak(&merged));
+        let plan = fit(partitioned(&t, true), Strategy::MinPeak, None).unwrap();
+        assert_eq!(peak(&plan), 786_432, "efficient: {efficient}");
+        assert!(
+            notes(&plan)
+                .iter()
+                .any(|n| n.contains("independent ops split apart"))
+        );
+        let inputs = random_inputs(&t, 0);
+        let r = run_plan(plan, &inputs).unwrap();
+        assert_eq!(r.peak_bytes, 786_432);
+    }
+    // Merges that cost nothing stay.
+    let t = switchyard_core::text::parse(
+        "input x: f32[64]\ninput y: f32[64]\na = exp(x)\nb = exp(y)\nc = add(a, b)\noutput c\n",
+    )
+    .unwrap();
+    let plan = fit(partitioned(&t, true), Strategy::MinPeak, None).unwrap();
+    assert_eq!(plan.regions.len(), 1);
+}
+
+#[test]
+fn a_fusion_that_holds_its_input_too_long_is_cut_at_the_peak() {
+    use switchyard_core::fit::fit;
+    // Fused, `m` stays live while `v` is written; cut after the sum, it is
+    // freed first.
+    let t = switchyard_core::text::parse(
+        "input x: f32[64, 64]\ninput z: f32[64, 64]\nm = matmul(x, x)\ns = sum(m, dims=[1], keepdim=true)\nv = mul(s, z)\noutput v\n",
+    )
+    .unwrap();
+    let fused_peak = peak(&schedule(partitioned(&t, false), Strategy::MinPeak));
+    let plan = fit(partitioned(&t, false), Strategy::MinPeak, None).unwrap();
+    assert_eq!((fused_peak, peak(&plan)), (32_768, 16_640));
+    assert!(notes(&plan).iter().any(|n| n.contains("cut at the peak")));
+    let inputs = random_inputs(&t, 0);
+    let want = switchyard_tests::run(&t, &inputs).unwrap();
+    let got = run_plan(plan, &inputs).unwrap();
+    assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-4);
+    assert_eq!(got.peak_bytes, 16_640);
+}
+
+#[test]
+fn a_memory_budget_reorders_to_fit_or_names_what_is_live() {
+    use switchyard_core::fit::fit;
+    let t = parallel_paths(10, 256, false).unwrap();
+    // In program order the breadth-first program needs 2.75 MiB; within a
+    // 1 MiB budget it is reordered to fit.
+    let plan = fit(plan_on(&t, fallback()).unwrap(), Strategy::Program, Some(MIB)).unwrap();
+    assert_eq!(peak(&plan), 786_432);
+    // Nothing fits in half a MiB: the error names the peak and the tensors.
+    let e = fit(plan_on(&t, fallback()).unwrap(), Strategy::Program, Some(MIB / 2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("needs 786432 bytes at its peak, over the memory budget of 524288 bytes"),
+        "{e}"
+    );
+    assert!(e.contains("(262144 bytes)"), "{e}");
+}

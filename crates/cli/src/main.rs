@@ -113,7 +113,8 @@ impl Planning {
                 .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
             None => config.strategy()?,
         };
-        Ok(switchyard_core::schedule::schedule(plan, strategy))
+        let budget = config.scheduler.memory_budget.map(|b| b as usize);
+        Ok(switchyard_core::fit::fit(plan, strategy, budget)?)
     }
 }
 

@@ -16,6 +16,7 @@
 //!
 //! [scheduler]
 //! strategy = "min-peak"
+//! memory_budget = 1073741824   # bytes, optional
 //!
 //! [cache]
 //! capacity = 1024
@@ -54,12 +55,16 @@ pub struct SchedulerConfig {
     /// The region order: `program`, `min-peak` (the default), `dfs` or `bfs`
     /// (see [`crate::schedule`]).
     pub strategy: String,
+    /// Bytes the plan's live intermediates and outputs may take at their
+    /// peak; a plan over it is reordered and re-fused to fit, or refused.
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             strategy: crate::schedule::Strategy::MinPeak.name().into(),
+            memory_budget: None,
         }
     }
 }
@@ -274,7 +279,7 @@ mod tests {
     #[test]
     fn parses_every_section() {
         let c = Config::parse(
-            "enable = [\"a\"]\ndisable = [\"b\"]\n[options.a]\nx = 1\n[partitioner]\nhorizontal = false\n[scheduler]\nstrategy = \"program\"\n[cache]\ncapacity = 8\n[cost]\nprofile = \"h200\"\n",
+            "enable = [\"a\"]\ndisable = [\"b\"]\n[options.a]\nx = 1\n[partitioner]\nhorizontal = false\n[scheduler]\nstrategy = \"program\"\nmemory_budget = 1048576\n[cache]\ncapacity = 8\n[cost]\nprofile = \"h200\"\n",
             "t.toml",
         )
         .unwrap();
@@ -282,6 +287,8 @@ mod tests {
         assert!(!c.partitioner.horizontal);
         assert!(!Config::default().partitioner.horizontal);
         assert_eq!(c.cache.capacity, 8);
+        assert_eq!(c.scheduler.memory_budget, Some(1_048_576));
+        assert_eq!(c.strategy().unwrap(), crate::schedule::Strategy::Program);
         assert_eq!(c.device_model().unwrap().name, "h200");
         assert_eq!(Config::parse("", "t.toml").unwrap(), Config::default());
     }

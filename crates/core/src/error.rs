@@ -88,6 +88,18 @@ pub enum Error {
         /// The device.
         device: String,
     },
+    /// No order and fusion of the plan fits the memory budget.
+    #[error(
+        "the plan needs {peak} bytes at its peak, over the memory budget of {budget} bytes; live at the peak: {live}"
+    )]
+    OverBudget {
+        /// The lowest peak found.
+        peak: usize,
+        /// The budget.
+        budget: usize,
+        /// The largest tensors live at that peak, with their sizes.
+        live: String,
+    },
     /// Reading or writing a file.
     #[error("{path}: {source}")]
     Io {

@@ -24,6 +24,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod executor;
+pub mod fit;
 pub mod io;
 pub mod ir;
 pub mod memory;
