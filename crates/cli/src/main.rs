@@ -21,7 +21,8 @@ use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors
 use switchyard_core::partition::{PartitionOptions, partition_owned};
 use switchyard_core::plan::Plan;
 use switchyard_core::report::{
-    CacheReport, OutputReport, RunReport, human_ns, plan_dot, plan_report, region_reports, render_plan,
+    CacheReport, OutputReport, RunReport, human_ns, memory_report, memory_timeline_svg, plan_dot,
+    plan_report, region_reports, render_plan,
 };
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::{Trace, text};
@@ -133,6 +134,10 @@ struct PlanArgs {
     /// Write the plan as a Graphviz graph to this file.
     #[arg(long)]
     dot: Option<PathBuf>,
+    /// Draw live bytes over the schedule, with the peak and the tensors live
+    /// at it, as SVG to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    memory_timeline: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -258,6 +263,8 @@ fn run(args: RunArgs) -> Result<()> {
             time_ns: median(&times),
             times_ns: times,
             compile_ns: compiled.compile_ns(),
+            planned_peak_bytes: plan.planned_peak_bytes().0,
+            timeline: memory_report(plan),
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -312,6 +319,10 @@ fn plan(args: PlanArgs) -> Result<()> {
     let plan = args.planning.plan(read_trace(&args.trace)?, &config)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.memory_timeline {
+        std::fs::write(path, memory_timeline_svg(&plan))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
         println!(

@@ -400,3 +400,53 @@ fn calibrate_writes_a_profile_config_can_use() {
         .unwrap());
     assert!(s.contains("regions on cpu-calibrated"), "{s}");
 }
+
+#[test]
+fn memory_timeline_in_json_and_svg() {
+    // `run --json`: the measured peak agrees with the planned one, and the
+    // timeline says where it is and what is live there.
+    let s = ok(bin()
+        .arg("run")
+        .arg(example("parallel_paths_inefficient.trace"))
+        .args(["--json", "--executors", "fallback", "--schedule", "program"])
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(v["peak_bytes"], v["planned_peak_bytes"]);
+    let steps = v["timeline"]["steps"].as_array().unwrap();
+    let peak_step = v["timeline"]["peak_step"].as_u64().unwrap() as usize;
+    assert_eq!(steps.len(), 40);
+    assert_eq!(steps[peak_step]["live_bytes"], 2_883_584);
+    assert_eq!(v["timeline"]["live_at_peak"].as_array().unwrap().len(), 11);
+    // `plan --memory-timeline`: an SVG with the peak marked and the tensors listed.
+    let svg_path = scratch("timeline.svg");
+    ok(bin()
+        .arg("plan")
+        .arg(example("parallel_paths_inefficient.trace"))
+        .args([
+            "--executors",
+            "fallback",
+            "--schedule",
+            "program",
+            "--memory-timeline",
+        ])
+        .arg(&svg_path)
+        .output()
+        .unwrap());
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("peak 2.75 MiB at step 10"), "{svg}");
+    assert!(
+        svg.contains("t1_9 — 256.00 KiB") && svg.contains("and 1 more"),
+        "{svg}"
+    );
+    let json = ok(bin()
+        .arg("plan")
+        .arg(example("parallel_paths_inefficient.trace"))
+        .arg("--json")
+        .output()
+        .unwrap());
+    let p: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(p["peak_bytes"], 786_432);
+    assert!(p["timeline"]["steps"].as_array().is_some_and(|s| !s.is_empty()));
+}

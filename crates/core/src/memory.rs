@@ -263,7 +263,7 @@ impl MemoryGraph {
 }
 
 /// Live bytes at one step of a schedule.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct StepMemory {
     /// The region run at this step.
     pub region: usize,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::StepMemory;
 use crate::plan::Plan;
 
 /// One region of a report.
@@ -65,6 +66,11 @@ pub struct RunReport {
     pub times_ns: Vec<u64>,
     /// Time spent compiling the plan.
     pub compile_ns: u64,
+    /// The peak the plan predicted (equal to `peak_bytes` when the executors
+    /// allocate what the plan says they do).
+    pub planned_peak_bytes: usize,
+    /// Live bytes over the schedule, as planned.
+    pub timeline: MemoryReport,
 }
 
 /// `switchyard plan --json`.
@@ -82,9 +88,178 @@ pub struct PlanReport {
     pub cache: CacheReport,
     /// The device model costs were estimated with.
     pub device: String,
+    /// Live bytes over the schedule.
+    pub timeline: MemoryReport,
     /// Why each op went where it did (with `--explain`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<ExplanationReport>,
+}
+
+/// Live bytes over a plan's schedule.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Per step (region in run order): live bytes with its outputs
+    /// allocated, and after it frees what it was the last to read.
+    pub steps: Vec<StepMemory>,
+    /// The step of the peak.
+    pub peak_step: Option<usize>,
+    /// The tensors live at the peak, largest first.
+    pub live_at_peak: Vec<LiveTensor>,
+}
+
+/// A tensor live at the peak.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LiveTensor {
+    /// Its name in the trace.
+    pub name: String,
+    /// Its buffer's size.
+    pub bytes: usize,
+}
+
+/// The timeline of `plan`, for reports.
+pub fn memory_report(plan: &Plan) -> MemoryReport {
+    let t = plan.timeline();
+    MemoryReport {
+        peak_step: t.peak_step,
+        live_at_peak: t
+            .live_at_peak
+            .iter()
+            .map(|&(v, bytes)| LiveTensor {
+                name: plan.trace.value(v).name.clone(),
+                bytes,
+            })
+            .collect(),
+        steps: t.steps,
+    }
+}
+
+/// Bytes for people: `768.00 KiB`.
+pub fn human_bytes(b: usize) -> String {
+    let f = b as f64;
+    if f >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", f / (1u64 << 30) as f64)
+    } else if f >= (1 << 20) as f64 {
+        format!("{:.2} MiB", f / (1 << 20) as f64)
+    } else if f >= 1024.0 {
+        format!("{:.2} KiB", f / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// An SVG drawing of live bytes over the plan's schedule: a step line per
+/// region, the peak marked, and the largest tensors live at it listed.
+pub fn memory_timeline_svg(plan: &Plan) -> String {
+    use std::fmt::Write;
+    let t = plan.timeline();
+    let (w, h, left, right, top, plot_h) = (900.0f64, 0.0f64, 90.0f64, 20.0f64, 50.0f64, 260.0f64);
+    let listed = t.live_at_peak.len().min(10);
+    let h = h + top + plot_h + 60.0 + 18.0 * (listed as f64 + 2.0);
+    let n = t.steps.len().max(1) as f64;
+    let top_bytes = t.peak_bytes.max(1) as f64;
+    let x = |i: f64| left + i * (w - left - right) / n;
+    let y = |b: usize| top + plot_h * (1.0 - b as f64 / top_bytes);
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{left}" y="24" font-size="15">Live bytes over {} regions: peak {} at step {}</text>"#,
+        t.steps.len(),
+        human_bytes(t.peak_bytes),
+        t.peak_step.map_or("-".into(), |s| s.to_string())
+    );
+    // Axes.
+    let (x0, x1, y0, y1) = (x(0.0), x(n), y(0), y(t.peak_bytes));
+    let _ = writeln!(
+        svg,
+        r##"<path d="M{x0} {y1} L{x0} {y0} L{x1} {y0}" stroke="#444" fill="none"/>"##
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+        x0 - 6.0,
+        y1 + 4.0,
+        human_bytes(t.peak_bytes)
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="end">0</text>"#,
+        x0 - 6.0,
+        y0 + 4.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">step (regions in run order)</text>"#,
+        (x0 + x1) / 2.0,
+        y0 + 28.0
+    );
+    // The step line: up to the step's peak while it runs, down to what stays after.
+    let mut d = format!("M{x0} {y0}");
+    let mut before = 0usize;
+    for (i, s) in t.steps.iter().enumerate() {
+        let (a, b) = (x(i as f64), x(i as f64 + 1.0));
+        let _ = write!(
+            d,
+            " L{a:.1} {:.1} L{a:.1} {:.1} L{b:.1} {:.1} L{b:.1} {:.1}",
+            y(before),
+            y(s.live_bytes),
+            y(s.live_bytes),
+            y(s.live_after)
+        );
+        before = s.live_after;
+    }
+    let _ = writeln!(
+        svg,
+        r##"<path d="{d}" stroke="#1f5fbf" stroke-width="1.5" fill="#1f5fbf22"/>"##
+    );
+    if let Some(p) = t.peak_step {
+        let px = (x(p as f64) + x(p as f64 + 1.0)) / 2.0;
+        let _ = writeln!(
+            svg,
+            r##"<circle cx="{px:.1}" cy="{:.1}" r="5" fill="#d62728"/><text x="{:.1}" y="{:.1}" fill="#d62728">peak (region {})</text>"##,
+            y(t.peak_bytes),
+            px + 8.0,
+            y(t.peak_bytes) - 8.0,
+            t.steps[p].region
+        );
+    }
+    let mut ly = y0 + 56.0;
+    let _ = writeln!(
+        svg,
+        r#"<text x="{left}" y="{ly}">Largest tensors live at the peak:</text>"#
+    );
+    for (v, bytes) in t.live_at_peak.iter().take(listed) {
+        ly += 18.0;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{ly}">{} — {}</text>"#,
+            left + 16.0,
+            xml_escape(&plan.trace.value(*v).name),
+            human_bytes(*bytes)
+        );
+    }
+    let more = t.live_at_peak.len() - listed;
+    if more > 0 {
+        ly += 18.0;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{ly}">and {more} more</text>"#,
+            left + 16.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
 }
 
 /// [`crate::partition::Explanation`] with each op written out as a statement.
@@ -165,6 +340,7 @@ pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
         estimated_ns: Some(plan.estimated_ns().round() as u64),
         cache: CacheReport::default(),
         device: plan.device.name.clone(),
+        timeline: memory_report(plan),
         explanation: explain.then(|| explanation_report(plan)),
     }
 }
