@@ -1,0 +1,416 @@
+//! Reading inputs through views, strides and masks, and writing outputs:
+//! the edges of a kernel, typed by the stored dtype.
+
+use half::{bf16, f16};
+use switchyard_core::meta::{broadcast_strides, contiguous_strides, reshape_strides};
+use switchyard_core::{DType, Stored, Tensor};
+
+use super::CpuKernel;
+use super::math::Arith;
+use crate::lower::MAX_RANK;
+use crate::program::{Axis, View};
+
+impl CpuKernel {
+    /// How a load reads `t` through `views` and `map`: strides per dim of
+    /// the walk, checked to stay inside the buffer.
+    pub(super) fn source<'a>(
+        &self,
+        t: &'a Tensor,
+        views: &[View],
+        map: &crate::program::IndexMap,
+    ) -> Result<Source<'a>, String> {
+        let p = &self.program;
+        let (shape, strides, mut offset) = apply_views(t, views).map_err(|k| {
+            format!(
+                "view {k} of an input (a reshape) needs a copy of its layout {:?}",
+                t.strides()
+            )
+        })?;
+        if map.axes.len() != shape.len() {
+            return Err(format!(
+                "a load maps {} dims onto an input of rank {}",
+                map.axes.len(),
+                shape.len()
+            ));
+        }
+        let mut it = [0isize; MAX_RANK];
+        for (a, &s) in map.axes.iter().zip(&strides) {
+            match *a {
+                Axis::Iter {
+                    dim,
+                    scale,
+                    offset: o,
+                } => {
+                    it[dim] += s * scale;
+                    offset += s * o;
+                }
+                Axis::Fixed(c) => offset += s * c,
+            }
+        }
+        let mut walk = [0isize; MAX_RANK];
+        for (k, &d) in self.perm.iter().enumerate() {
+            walk[k] = it[d];
+        }
+        let masks: Vec<(usize, usize, usize)> = map
+            .masks
+            .iter()
+            .map(|m| {
+                (
+                    self.perm.iter().position(|&d| d == m.dim).unwrap_or(0),
+                    m.lo,
+                    m.hi,
+                )
+            })
+            .collect();
+        // The offsets reached over the (masked) space must lie in the buffer.
+        let len = t.storage().map_or(0, |s| s.len()) as isize;
+        if p.numel() > 0 {
+            let (mut lo, mut hi) = (offset, offset);
+            for (k, &size) in self.pshape.iter().enumerate() {
+                let (a, b) = masks
+                    .iter()
+                    .filter(|m| m.0 == k)
+                    .fold((0, size), |(a, b), m| (a.max(m.1), b.min(m.2)));
+                if a >= b {
+                    continue;
+                }
+                let (x, y) = (walk[k] * a as isize, walk[k] * (b - 1) as isize);
+                lo += x.min(y);
+                hi += x.max(y);
+            }
+            if lo < 0 || hi >= len {
+                return Err(format!(
+                    "an input of shape {:?} is read outside its buffer (offsets {lo}..={hi} of {len})",
+                    t.shape()
+                ));
+            }
+        }
+        let dense_walk = contiguous_strides(&self.pshape);
+        let dense = masks.is_empty()
+            && self
+                .pshape
+                .iter()
+                .enumerate()
+                .all(|(k, &s)| s == 1 || walk[k] == dense_walk[k]);
+        Ok(Source {
+            data: Data::of(t)?,
+            walk,
+            offset,
+            dense,
+            masks,
+        })
+    }
+}
+
+/// `t`'s shape, strides and offset once `views` apply, or the index of the
+/// first reshape its layout does not allow as a view.
+pub(super) fn apply_views(t: &Tensor, views: &[View]) -> Result<(Vec<usize>, Vec<isize>, isize), usize> {
+    let (mut shape, mut strides, mut offset) =
+        (t.shape().to_vec(), t.strides().to_vec(), t.offset() as isize);
+    for (k, v) in views.iter().enumerate() {
+        match v {
+            View::Reshape(to) => {
+                strides = reshape_strides(&shape, &strides, to).ok_or(k)?;
+                shape = to.clone();
+            }
+            View::Transpose(perm) => {
+                shape = perm.iter().map(|&q| shape[q]).collect();
+                strides = perm.iter().map(|&q| strides[q]).collect();
+            }
+            View::Slice(params) => {
+                for (d, &(start, len, step)) in params.iter().enumerate() {
+                    if len > 0 {
+                        offset += start as isize * strides[d];
+                    }
+                    shape[d] = len;
+                    strides[d] *= step as isize;
+                }
+            }
+            View::Broadcast(to) => {
+                strides = broadcast_strides(&shape, &strides, to);
+                shape = to.clone();
+            }
+        }
+    }
+    Ok((shape, strides, offset))
+}
+
+/// An input's elements, typed.
+#[derive(Clone, Copy)]
+pub(super) enum Data<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+    Bool(&'a [bool]),
+}
+
+impl<'a> Data<'a> {
+    fn of(t: &'a Tensor) -> Result<Data<'a>, String> {
+        let missing = || format!("an input is {}, which the fuser does not read", t.dtype());
+        Ok(match t.dtype() {
+            DType::F32 => Data::F32(t.buffer().ok_or_else(missing)?),
+            DType::F64 => Data::F64(t.buffer().ok_or_else(missing)?),
+            DType::F16 => Data::F16(t.buffer().ok_or_else(missing)?),
+            DType::BF16 => Data::BF16(t.buffer().ok_or_else(missing)?),
+            DType::Bool => Data::Bool(t.buffer().ok_or_else(missing)?),
+            _ => return Err(missing()),
+        })
+    }
+}
+
+/// A stored type the backend reads and writes in compute type `C`.
+trait Port: Stored + Copy {
+    fn get<C: Arith>(self) -> C;
+    fn put<C: Arith>(c: C) -> Self;
+}
+
+impl Port for f32 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f32(self)
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        c.to_f32()
+    }
+}
+impl Port for f64 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f64(self)
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        c.to_f64()
+    }
+}
+impl Port for f16 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f32(self.to_f32())
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        f16::from_f64(c.to_f64())
+    }
+}
+impl Port for bf16 {
+    fn get<C: Arith>(self) -> C {
+        C::from_f32(self.to_f32())
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        bf16::from_f64(c.to_f64())
+    }
+}
+impl Port for bool {
+    fn get<C: Arith>(self) -> C {
+        if self { C::one() } else { C::zero() }
+    }
+    fn put<C: Arith>(c: C) -> Self {
+        c != C::zero()
+    }
+}
+
+/// An input as one load reads it: strides per walk dim, offset, masks.
+#[derive(Clone)]
+pub(super) struct Source<'a> {
+    data: Data<'a>,
+    walk: [isize; MAX_RANK],
+    offset: isize,
+    dense: bool,
+    /// `(walk dim, lo, hi)`: outside, the load yields 0 without reading.
+    masks: Vec<(usize, usize, usize)>,
+}
+
+impl Source<'_> {
+    pub(super) fn load<C: Arith>(&self, pshape: &[usize], start: usize, dst: &mut [C]) {
+        match self.data {
+            Data::F32(d) => self.load_typed(d, pshape, start, dst),
+            Data::F64(d) => self.load_typed(d, pshape, start, dst),
+            Data::F16(d) => self.load_typed(d, pshape, start, dst),
+            Data::BF16(d) => self.load_typed(d, pshape, start, dst),
+            Data::Bool(d) => self.load_typed(d, pshape, start, dst),
+        }
+    }
+
+    fn load_typed<T: Port, C: Arith>(&self, data: &[T], pshape: &[usize], start: usize, dst: &mut [C]) {
+        if dst.is_empty() {
+            return;
+        }
+        if self.dense {
+            let s = self.offset as usize + start;
+            let n = dst.len();
+            for (d, &v) in dst.iter_mut().zip(&data[s..s + n]) {
+                *d = v.get();
+            }
+            return;
+        }
+        let rank = pshape.len();
+        let mut idx = [0usize; MAX_RANK];
+        let mut rem = start;
+        for d in (0..rank).rev() {
+            idx[d] = rem % pshape[d];
+            rem /= pshape[d];
+        }
+        let at = |idx: &[usize; MAX_RANK]| -> isize {
+            self.offset + (0..rank).map(|d| idx[d] as isize * self.walk[d]).sum::<isize>()
+        };
+        let inside =
+            |idx: &[usize; MAX_RANK]| self.masks.iter().all(|&(d, lo, hi)| (lo..hi).contains(&idx[d]));
+        let inner = if rank == 0 { 1 } else { pshape[rank - 1] };
+        let step = if rank == 0 { 0 } else { self.walk[rank - 1] };
+        let mut k = 0;
+        while k < dst.len() {
+            // One run along the innermost dim.
+            let run = if rank == 0 {
+                1
+            } else {
+                (inner - idx[rank - 1]).min(dst.len() - k)
+            };
+            let off = at(&idx);
+            let out = &mut dst[k..k + run];
+            if self.masks.is_empty() {
+                for (j, d) in out.iter_mut().enumerate() {
+                    *d = data[(off + j as isize * step) as usize].get();
+                }
+            } else {
+                for (j, d) in out.iter_mut().enumerate() {
+                    let mut here = idx;
+                    if rank > 0 {
+                        here[rank - 1] += j;
+                    }
+                    *d = if inside(&here) {
+                        data[(off + j as isize * step) as usize].get()
+                    } else {
+                        C::zero()
+                    };
+                }
+            }
+            k += run;
+            // Carry into the outer dims.
+            if rank == 0 {
+                break;
+            }
+            idx[rank - 1] += run;
+            let mut d = rank - 1;
+            while idx[d] >= pshape[d] && d > 0 {
+                idx[d] = 0;
+                d -= 1;
+                idx[d] += 1;
+            }
+        }
+    }
+}
+
+/// An output buffer being filled by the tiles.
+pub(super) enum OutBuf {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Bool(Vec<bool>),
+}
+
+/// A raw pointer to an output's elements, shared by the threads; each writes
+/// its own tiles.
+#[derive(Clone, Copy)]
+pub(super) enum OutPtr {
+    F32(*mut f32),
+    F64(*mut f64),
+    F16(*mut f16),
+    BF16(*mut bf16),
+    Bool(*mut bool),
+}
+// SAFETY: threads write disjoint index ranges (their own tiles) of the buffers.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; the pointers themselves are never mutated.
+unsafe impl Sync for OutPtr {}
+
+impl OutBuf {
+    pub(super) fn new(dtype: DType, len: usize) -> Result<OutBuf, String> {
+        // Filled (not just reserved) so that no element is ever uninitialised,
+        // whatever the tiles cover.
+        Ok(match dtype {
+            DType::F32 => OutBuf::F32(vec![0.0; len]),
+            DType::F64 => OutBuf::F64(vec![0.0; len]),
+            DType::F16 => OutBuf::F16(vec![f16::ZERO; len]),
+            DType::BF16 => OutBuf::BF16(vec![bf16::ZERO; len]),
+            DType::Bool => OutBuf::Bool(vec![false; len]),
+            other => return Err(format!("the fuser does not write {other}")),
+        })
+    }
+
+    pub(super) fn ptr(&mut self) -> OutPtr {
+        match self {
+            OutBuf::F32(v) => OutPtr::F32(v.as_mut_ptr()),
+            OutBuf::F64(v) => OutPtr::F64(v.as_mut_ptr()),
+            OutBuf::F16(v) => OutPtr::F16(v.as_mut_ptr()),
+            OutBuf::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
+            OutBuf::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
+        }
+    }
+
+    pub(super) fn into_tensor(self, shape: &[usize]) -> Result<Tensor, String> {
+        match self {
+            OutBuf::F32(v) => Tensor::from_vec(v, shape),
+            OutBuf::F64(v) => Tensor::from_vec(v, shape),
+            OutBuf::F16(v) => Tensor::from_vec(v, shape),
+            OutBuf::BF16(v) => Tensor::from_vec(v, shape),
+            OutBuf::Bool(v) => Tensor::from_vec(v, shape),
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
+impl OutPtr {
+    /// Writes `vals` at element `at` onwards.
+    pub(super) fn write<C: Arith>(self, at: usize, vals: &[C]) {
+        fn go<T: Port, C: Arith>(p: *mut T, at: usize, vals: &[C]) {
+            for (i, &v) in vals.iter().enumerate() {
+                // SAFETY: `at + i` is within the buffer (the caller writes its own
+                // tile's range) and no other thread writes it.
+                unsafe { p.add(at + i).write(T::put(v)) };
+            }
+        }
+        match self {
+            OutPtr::F32(p) => go(p, at, vals),
+            OutPtr::F64(p) => go(p, at, vals),
+            OutPtr::F16(p) => go(p, at, vals),
+            OutPtr::BF16(p) => go(p, at, vals),
+            OutPtr::Bool(p) => go(p, at, vals),
+        }
+    }
+
+    /// Writes `vals`, the walk's elements `start..`, through `strides` per walk dim.
+    pub(super) fn scatter<C: Arith>(self, pshape: &[usize], strides: &[isize], start: usize, vals: &[C]) {
+        fn go<T: Port, C: Arith>(p: *mut T, pshape: &[usize], strides: &[isize], start: usize, vals: &[C]) {
+            if vals.is_empty() {
+                return;
+            }
+            let rank = pshape.len();
+            let mut idx = [0usize; MAX_RANK];
+            let mut rem = start;
+            for d in (0..rank).rev() {
+                idx[d] = rem % pshape[d];
+                rem /= pshape[d];
+            }
+            for &v in vals {
+                let off: isize = (0..rank).map(|d| idx[d] as isize * strides[d]).sum();
+                // SAFETY: the strides are the dense strides of the output's
+                // shape, so every index of the walk lands inside it, once.
+                unsafe { p.offset(off).write(T::put(v)) };
+                let mut d = rank;
+                while d > 0 {
+                    d -= 1;
+                    idx[d] += 1;
+                    if idx[d] < pshape[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+        }
+        match self {
+            OutPtr::F32(p) => go(p, pshape, strides, start, vals),
+            OutPtr::F64(p) => go(p, pshape, strides, start, vals),
+            OutPtr::F16(p) => go(p, pshape, strides, start, vals),
+            OutPtr::BF16(p) => go(p, pshape, strides, start, vals),
+            OutPtr::Bool(p) => go(p, pshape, strides, start, vals),
+        }
+    }
+}
