@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{OpId, OpKind, ReduceOp, Trace, UnaryOp, Uses, ValueId};
+use crate::ir::{OpId, OpKind, ReduceOp, Trace, Uses, ValueId};
 use crate::meta::reshape_strides;
 
 /// The figures that make up a device's cost model.
@@ -335,15 +335,7 @@ pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
                 .unwrap_or(1);
             2.0 * out * k as f64
         }
-        OpKind::Unary(
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Tanh
-            | UnaryOp::Sigmoid
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Erf,
-        ) => 8.0 * out,
+        OpKind::Unary(u) if u.is_transcendental() => 8.0 * out,
         OpKind::Reduce(ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::Amax | ReduceOp::Amin) => {
             o.input_values()
                 .next()

@@ -271,17 +271,7 @@ impl Program {
                 match i {
                     Instr::Load { .. } | Instr::Const { .. } | Instr::Expand { .. } => 0.0,
                     Instr::Reduce { .. } => full,
-                    Instr::Unary {
-                        op:
-                            UnaryOp::Exp
-                            | UnaryOp::Log
-                            | UnaryOp::Tanh
-                            | UnaryOp::Sigmoid
-                            | UnaryOp::Sin
-                            | UnaryOp::Cos
-                            | UnaryOp::Erf,
-                        ..
-                    } => 8.0 * n,
+                    Instr::Unary { op, .. } if op.is_transcendental() => 8.0 * n,
                     _ => n,
                 }
             })

@@ -63,6 +63,21 @@ op_enum!(
 );
 
 impl UnaryOp {
+    /// Whether the op is a transcendental function, which the cost model
+    /// prices at several arithmetic operations per element.
+    pub fn is_transcendental(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Erf
+        )
+    }
+
     /// Whether the op is defined only on floating-point dtypes.
     pub fn float_only(self) -> bool {
         !matches!(

@@ -135,6 +135,17 @@ pub(super) fn apply_views(t: &Tensor, views: &[View]) -> Result<(Vec<usize>, Vec
     Ok((shape, strides, offset))
 }
 
+/// The multi-index of element `start` of a dense walk over `pshape`.
+fn unravel(pshape: &[usize], start: usize) -> [usize; MAX_RANK] {
+    let mut idx = [0usize; MAX_RANK];
+    let mut rem = start;
+    for d in (0..pshape.len()).rev() {
+        idx[d] = rem % pshape[d];
+        rem /= pshape[d];
+    }
+    idx
+}
+
 /// An input's elements, typed.
 #[derive(Clone, Copy)]
 pub(super) enum Data<'a> {
@@ -241,12 +252,7 @@ impl Source<'_> {
             return;
         }
         let rank = pshape.len();
-        let mut idx = [0usize; MAX_RANK];
-        let mut rem = start;
-        for d in (0..rank).rev() {
-            idx[d] = rem % pshape[d];
-            rem /= pshape[d];
-        }
+        let mut idx = unravel(pshape, start);
         let at = |idx: &[usize; MAX_RANK]| -> isize {
             self.offset + (0..rank).map(|d| idx[d] as isize * self.walk[d]).sum::<isize>()
         };
@@ -383,12 +389,7 @@ impl OutPtr {
                 return;
             }
             let rank = pshape.len();
-            let mut idx = [0usize; MAX_RANK];
-            let mut rem = start;
-            for d in (0..rank).rev() {
-                idx[d] = rem % pshape[d];
-                rem /= pshape[d];
-            }
+            let mut idx = unravel(pshape, start);
             for &v in vals {
                 let off: isize = (0..rank).map(|d| idx[d] as isize * strides[d]).sum();
                 // SAFETY: the strides are the dense strides of the output's
