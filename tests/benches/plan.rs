@@ -5,7 +5,7 @@
 //! whether planning stays near O(n log n).
 //!
 //! The `schedule` group times scheduling (min-peak, dfs, bfs) with the
-//! liveness it needs, on the same traces.
+//! liveness and arena layout that follow it, on the same traces.
 //!
 //! `cargo bench -p switchyard-tests --bench plan`
 
@@ -54,8 +54,8 @@ fn plan_time(c: &mut Criterion) {
     g.finish();
 }
 
-/// Scheduling (min-peak) and liveness of a planned trace, per size: the
-/// memory graph is built, ordered, and its timeline computed.
+/// Scheduling and memory planning of a planned trace, per size: the memory
+/// graph is built, ordered, its timeline computed and its arena laid out.
 fn schedule_time(c: &mut Criterion) {
     let device = DeviceModel::cpu_default();
     let set = ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
@@ -70,7 +70,7 @@ fn schedule_time(c: &mut Criterion) {
                 b.iter(|| {
                     let graph = p.memory_graph();
                     let o = order(&graph, strategy);
-                    graph.timeline(&o).peak_bytes
+                    (graph.timeline(&o).peak_bytes, graph.arena(&o).size)
                 })
             });
         }

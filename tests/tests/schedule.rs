@@ -221,3 +221,57 @@ fn a_memory_budget_reorders_to_fit_or_names_what_is_live() {
     );
     assert!(e.contains("(262144 bytes)"), "{e}");
 }
+
+#[test]
+fn arena_offsets_never_overlap_while_live() {
+    use switchyard_tests::workloads::examples;
+    let mut plans: Vec<(String, Plan)> = examples()
+        .unwrap()
+        .into_iter()
+        .map(|(name, t)| {
+            (
+                name.to_string(),
+                schedule(plan_on(&t, fused()).unwrap(), Strategy::MinPeak),
+            )
+        })
+        .collect();
+    for seed in 0..20 {
+        let t = random_ops(60, seed).unwrap();
+        plans.push((
+            format!("random {seed}"),
+            schedule(plan_on(&t, fallback()).unwrap(), Strategy::MinPeak),
+        ));
+    }
+    for (name, plan) in plans {
+        let g = plan.memory_graph();
+        let order: Vec<usize> = (0..g.len()).collect();
+        let arena = g.arena(&order);
+        let iv = g.intervals(&order);
+        let peak = g.timeline(&order).peak_bytes;
+        assert!(
+            arena.size >= peak,
+            "{name}: arena {} under the peak {peak}",
+            arena.size
+        );
+        for a in 0..g.buffers.len() {
+            for b in a + 1..g.buffers.len() {
+                let (Some((s1, e1)), Some((s2, e2))) = (iv[a], iv[b]) else {
+                    continue;
+                };
+                if s1 > e2 || s2 > e1 {
+                    continue;
+                }
+                let (o1, o2) = (arena.offsets[a].unwrap(), arena.offsets[b].unwrap());
+                let (n1, n2) = (g.buffers[a].bytes, g.buffers[b].bytes);
+                assert!(
+                    o1 + n1 <= o2 || o2 + n2 <= o1 || n1 == 0 || n2 == 0,
+                    "{name}: buffers {a} and {b} are live together and overlap"
+                );
+                assert!(o1 + n1 <= arena.size && o2 + n2 <= arena.size);
+            }
+        }
+        if name.starts_with("parallel_paths") {
+            assert_eq!(arena.size, peak, "{name}: equal-sized buffers pack exactly");
+        }
+    }
+}

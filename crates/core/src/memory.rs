@@ -232,7 +232,117 @@ impl MemoryGraph {
     }
 }
 
+/// Where each buffer lives in one arena (CPU memory plan).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArenaPlan {
+    /// Byte offset of each buffer a region makes (`None` for trace inputs).
+    pub offsets: Vec<Option<usize>>,
+    /// The arena's size: at least the peak, more only by fragmentation.
+    pub size: usize,
+}
+
 impl MemoryGraph {
+    /// Each made buffer's live steps over `order`, inclusive: from the step
+    /// that makes it to the last step that reads it (the end, if returned).
+    pub fn intervals(&self, order: &[usize]) -> Vec<Option<(usize, usize)>> {
+        let mut step_of = vec![0usize; self.len()];
+        for (s, &r) in order.iter().enumerate() {
+            step_of[r] = s;
+        }
+        let end = order.len().saturating_sub(1);
+        self.buffers
+            .iter()
+            .map(|b| {
+                let first = step_of[b.producer?];
+                let last = if b.output {
+                    end
+                } else {
+                    b.readers.iter().map(|&r| step_of[r]).max().unwrap_or(first)
+                };
+                Some((first, last))
+            })
+            .collect()
+    }
+
+    /// Offsets for every buffer in one arena, by a sweep over `order` with a
+    /// best-fit free list: at each step the region's outputs take the
+    /// smallest free block that holds them (or grow the arena), then the
+    /// buffers whose last reader it was return their blocks, merged with
+    /// free neighbours. O(n log n).
+    pub fn arena(&self, order: &[usize]) -> ArenaPlan {
+        use std::collections::{BTreeMap, BTreeSet};
+        let intervals = self.intervals(order);
+        let mut frees_at: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
+        for (b, iv) in intervals.iter().enumerate() {
+            if let Some((_, last)) = iv
+                && !self.buffers[b].output
+            {
+                frees_at[*last].push(b);
+            }
+        }
+        let mut offsets = vec![None; self.buffers.len()];
+        // Free blocks by (size, offset) for best fit, and by offset for merging.
+        let mut by_size: BTreeSet<(usize, usize)> = BTreeSet::new();
+        let mut by_offset: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut size = 0usize;
+        for (s, &r) in order.iter().enumerate() {
+            for &b in &self.makes[r] {
+                let need = self.buffers[b].bytes;
+                let fit = by_size.range((need, 0)..).next().copied();
+                offsets[b] = Some(match fit {
+                    Some((len, off)) => {
+                        by_size.remove(&(len, off));
+                        by_offset.remove(&off);
+                        if len > need {
+                            by_size.insert((len - need, off + need));
+                            by_offset.insert(off + need, len - need);
+                        }
+                        off
+                    }
+                    None => {
+                        // A free block at the end grows in place.
+                        match by_offset.last_key_value().map(|(&o, &l)| (o, l)) {
+                            Some((off, len)) if off + len == size => {
+                                by_offset.remove(&off);
+                                by_size.remove(&(len, off));
+                                size = off + need;
+                                off
+                            }
+                            _ => {
+                                size += need;
+                                size - need
+                            }
+                        }
+                    }
+                });
+            }
+            for &b in &frees_at[s] {
+                let (Some(mut off), mut len) = (offsets[b], self.buffers[b].bytes) else {
+                    continue;
+                };
+                if len == 0 {
+                    continue;
+                }
+                if let Some((&o, &l)) = by_offset.range(..off).next_back()
+                    && o + l == off
+                {
+                    by_offset.remove(&o);
+                    by_size.remove(&(l, o));
+                    off = o;
+                    len += l;
+                }
+                if let Some(&l) = by_offset.get(&(off + len)) {
+                    by_offset.remove(&(off + len));
+                    by_size.remove(&(l, off + len));
+                    len += l;
+                }
+                by_offset.insert(off, len);
+                by_size.insert((len, off));
+            }
+        }
+        ArenaPlan { offsets, size }
+    }
+
     /// The buffers live at step `step` of `order`, once its outputs are allocated.
     fn live_at(&self, order: &[usize], step: usize) -> Vec<usize> {
         let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
