@@ -19,41 +19,78 @@ use crate::ir::OpId;
 use crate::plan::{Plan, region_boundary};
 use crate::schedule::{Strategy, schedule};
 
-/// Cuts tried at the peak, at most.
+/// Regions cut at the peak, one after another, at most.
 const VERTICAL_ROUNDS: usize = 8;
+/// Cut points tried in one region, at most.
+const CUTS: usize = 32;
 
 /// Schedules `plan` with `strategy`, undoes fusions that raise its peak, and
 /// checks it against `budget` (bytes).
 pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
     let mut plan = schedule(plan, strategy);
     let mut peak = plan.planned_peak_bytes().0;
-    // Horizontal merges: split into dataflow pieces when that lowers the peak.
-    let mut i = 0;
-    while i < plan.regions.len() {
-        let region = &plan.regions[i];
-        if kind(&plan, region) == ExecutorKind::Fusion {
-            let pieces = components(&plan, &region.ops);
-            if pieces.len() > 1 {
-                let candidate = schedule(replace(&plan, i, pieces), strategy);
-                let p = candidate.planned_peak_bytes().0;
-                if p < peak {
-                    let mut c = candidate;
-                    let ops = plan.regions[i].ops.clone();
-                    annotate(
-                        &mut c,
-                        &ops,
-                        format!(
-                            "independent ops split apart: merged, the plan peaks at {peak} bytes; split, at {p}"
-                        ),
-                    );
-                    plan = c;
-                    peak = p;
-                    i = 0;
-                    continue;
-                }
-            }
+    // Horizontal merges: split into dataflow pieces when that lowers the
+    // peak. Scheduling renumbers regions, so each is known by its first op,
+    // and each is tried once.
+    let mut tried: HashSet<OpId> = HashSet::new();
+    loop {
+        let next = plan.regions.iter().position(|r| {
+            kind(&plan, r) == ExecutorKind::Fusion
+                && r.ops.first().is_some_and(|o| !tried.contains(o))
+                && components(&plan, &r.ops).len() > 1
+        });
+        let Some(i) = next else { break };
+        tried.insert(plan.regions[i].ops[0]);
+        let pieces = components(&plan, &plan.regions[i].ops);
+        let candidate = schedule(replace(&plan, i, pieces), strategy);
+        let p = candidate.planned_peak_bytes().0;
+        if p < peak {
+            let mut c = candidate;
+            let ops = plan.regions[i].ops.clone();
+            annotate(
+                &mut c,
+                &ops,
+                format!("independent ops split apart: merged, the plan peaks at {peak} bytes; split, at {p}"),
+            );
+            plan = c;
+            peak = p;
+            // Others may help now that this one is apart.
+            tried.clear();
         }
-        i += 1;
+    }
+    // Merges that only help together: all of them apart at once.
+    let merged: Vec<Vec<OpId>> = plan
+        .regions
+        .iter()
+        .filter(|r| kind(&plan, r) == ExecutorKind::Fusion && components(&plan, &r.ops).len() > 1)
+        .map(|r| r.ops.clone())
+        .collect();
+    if !merged.is_empty() {
+        let mut candidate = plan.clone();
+        for ops in &merged {
+            let i = candidate
+                .regions
+                .iter()
+                .position(|r| r.ops == *ops)
+                .expect("the region is still there");
+            let pieces = components(&candidate, ops);
+            candidate = replace(&candidate, i, pieces);
+        }
+        let candidate = schedule(candidate, strategy);
+        let p = candidate.planned_peak_bytes().0;
+        if p < peak {
+            plan = candidate;
+            for ops in &merged {
+                annotate(
+                    &mut plan,
+                    ops,
+                    format!(
+                        "independent ops split apart with every other merge: the plan peaks at {p} bytes, not {peak}"
+                    ),
+                );
+            }
+            peak = p;
+        }
     }
     // Vertical fusion at the peak: cut the region there in two if that helps.
     for _ in 0..VERTICAL_ROUNDS {
@@ -64,7 +101,10 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
             break;
         }
         let mut best: Option<(usize, Plan)> = None;
-        for k in 1..r.ops.len() {
+        // At most CUTS cut points, spread over the region, so that a large
+        // region costs a bounded number of reschedules.
+        let stride = r.ops.len().div_ceil(CUTS).max(1);
+        for k in (1..r.ops.len()).step_by(stride) {
             let pieces = vec![r.ops[..k].to_vec(), r.ops[k..].to_vec()];
             let candidate = schedule(replace(&plan, step, pieces), strategy);
             let p = candidate.planned_peak_bytes().0;
