@@ -29,6 +29,35 @@ pub fn plan_on(trace: &Trace, executors: Vec<Arc<dyn Executor>>) -> Result<Plan>
     )
 }
 
+/// Partitions `trace` onto `executors` with `[options.NAME]` tables and
+/// horizontal merging as given, on the default CPU model.
+pub fn plan_with_options(
+    trace: &Trace,
+    executors: Vec<Arc<dyn Executor>>,
+    options: &[(&str, toml::Table)],
+    horizontal: bool,
+) -> Result<Plan> {
+    let mut set = ExecutorSet::new(executors);
+    for (name, table) in options {
+        set.options.insert((*name).to_string(), table.clone());
+    }
+    partition(
+        trace,
+        &set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions { horizontal },
+    )
+}
+
+/// Every note of the plan's explanation, op by op.
+pub fn notes(plan: &Plan) -> Vec<String> {
+    plan.explanation
+        .ops
+        .iter()
+        .flat_map(|o| o.notes.clone())
+        .collect()
+}
+
 /// Runs a plan once.
 pub fn run_plan(plan: Plan, inputs: &[Tensor]) -> Result<RunResult> {
     CompiledPlan::compile(plan)?.run(inputs, RunOptions::default())

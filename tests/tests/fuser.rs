@@ -9,7 +9,7 @@ use switchyard_core::text::parse;
 use switchyard_core::{DType, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
-use switchyard_tests::{assert_close, plan_on, run, run_plan};
+use switchyard_tests::{assert_close, notes, plan_on, plan_with_options, run, run_plan};
 
 fn tolerance(d: DType) -> f64 {
     match d {
@@ -369,18 +369,13 @@ fn workloads_get_no_view_only_regions() {
 /// fallback, checks the results against the fallback alone, and returns the
 /// plan.
 fn plan_with(src: &str, options: &str, horizontal: bool) -> switchyard_core::plan::Plan {
-    use switchyard_core::cost::DeviceModel;
-    use switchyard_core::executor::ExecutorSet;
-    use switchyard_core::partition::{PartitionOptions, partition};
     let t = parse(src).unwrap();
-    let mut set = ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
-    set.options
-        .insert("fuser".into(), options.parse::<toml::Table>().unwrap());
-    let plan = partition(
+    let options = [("fuser", options.parse::<toml::Table>().unwrap())];
+    let plan = plan_with_options(
         &t,
-        &set,
-        &DeviceModel::cpu_default(),
-        &PartitionOptions { horizontal },
+        vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
+        &options,
+        horizontal,
     )
     .unwrap();
     let inputs = random_inputs(&t, 3);
@@ -397,14 +392,6 @@ fn fused_regions(plan: &switchyard_core::plan::Plan) -> usize {
         .iter()
         .filter(|r| plan.executor_name(r) == "fuser")
         .count()
-}
-
-fn notes(plan: &switchyard_core::plan::Plan) -> Vec<String> {
-    plan.explanation
-        .ops
-        .iter()
-        .flat_map(|o| o.notes.clone())
-        .collect()
 }
 
 #[test]

@@ -12,7 +12,7 @@ use switchyard_core::schedule::{Strategy, exact, heuristic, order, schedule};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::workloads::{BlockSize, llama, parallel_paths, random_ops, sliced_attention};
-use switchyard_tests::{assert_close, plan_on, run_plan};
+use switchyard_tests::{assert_close, notes, plan_on, plan_with_options, run_plan};
 
 fn fused() -> Vec<Arc<dyn Executor>> {
     vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]
@@ -135,24 +135,7 @@ proptest! {
 }
 
 fn partitioned(t: &switchyard_core::Trace, horizontal: bool) -> Plan {
-    use switchyard_core::cost::DeviceModel;
-    use switchyard_core::executor::ExecutorSet;
-    use switchyard_core::partition::{PartitionOptions, partition};
-    partition(
-        t,
-        &ExecutorSet::new(fused()),
-        &DeviceModel::cpu_default(),
-        &PartitionOptions { horizontal },
-    )
-    .unwrap()
-}
-
-fn notes(plan: &Plan) -> Vec<String> {
-    plan.explanation
-        .ops
-        .iter()
-        .flat_map(|o| o.notes.clone())
-        .collect()
+    plan_with_options(t, fused(), &[], horizontal).unwrap()
 }
 
 #[test]

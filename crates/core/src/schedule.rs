@@ -313,24 +313,39 @@ fn depth_first(g: &MemoryGraph, by_need: bool) -> Vec<usize> {
 
 /// Regions in a topological order (program order when it is one).
 fn topological(g: &MemoryGraph) -> Vec<usize> {
-    let mut ready_set = Ready::new(g);
-    let mut ready: BTreeSet<usize> = (0..g.len()).filter(|&r| g.preds[r].is_empty()).collect();
-    let mut order = Vec::with_capacity(g.len());
-    while let Some(r) = ready.pop_first() {
-        order.push(r);
-        ready.extend(ready_set.done(r));
-    }
-    order
+    kahn(g, false)
 }
 
 /// Level by level: a region runs once everything before it in the queue has.
 fn breadth_first(g: &MemoryGraph) -> Vec<usize> {
+    kahn(g, true)
+}
+
+/// Kahn's walk over the region graph: with `fifo`, ready regions run in the
+/// order they became ready; otherwise the earliest region first.
+fn kahn(g: &MemoryGraph, fifo: bool) -> Vec<usize> {
     let mut ready_set = Ready::new(g);
-    let mut queue: VecDeque<usize> = (0..g.len()).filter(|&r| g.preds[r].is_empty()).collect();
+    let roots = (0..g.len()).filter(|&r| g.preds[r].is_empty());
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut earliest: BTreeSet<usize> = BTreeSet::new();
+    if fifo {
+        queue.extend(roots);
+    } else {
+        earliest.extend(roots);
+    }
     let mut order = Vec::with_capacity(g.len());
-    while let Some(r) = queue.pop_front() {
+    while let Some(r) = if fifo {
+        queue.pop_front()
+    } else {
+        earliest.pop_first()
+    } {
         order.push(r);
-        queue.extend(ready_set.done(r));
+        let newly = ready_set.done(r);
+        if fifo {
+            queue.extend(newly);
+        } else {
+            earliest.extend(newly);
+        }
     }
     order
 }
