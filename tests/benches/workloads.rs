@@ -2,7 +2,10 @@
 //! - plan-and-compile time of the transformer block for L = 1, 8 and 32 layers
 //!   (with the kernel cache, identical layers compile once);
 //! - per-call time of the small einsums of workload 2, with the fuser and with
-//!   the fallback alone.
+//!   the fallback alone;
+//! - per-call time of a repeated fused plan with two 64 MiB intermediates,
+//!   placed in the plan's arena (kept between calls) against allocated per
+//!   call.
 //!
 //! `cargo bench -p switchyard-tests --bench workloads`
 
@@ -64,5 +67,42 @@ fn einsums(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(workloads, plan_and_compile, einsums);
+/// Three fused regions over f32[4096, 4096]: the first two each leave a
+/// 64 MiB intermediate for the next (a row sum read across the rows ends a
+/// region), the last writes the output.
+const TWO_INTERMEDIATES: &str = "input x: f32[4096, 4096]
+a = tanh(x)
+r = sum(a, dims=[1], keepdim=true)
+t = reshape(r, shape=[1, 4096])
+b = mul(a, t)
+q = sum(b, dims=[1], keepdim=true)
+u = reshape(q, shape=[1, 4096])
+y = mul(b, u)
+output y
+";
+
+fn arena(c: &mut Criterion) {
+    let mut g = c.benchmark_group("arena");
+    g.sample_size(10);
+    let t = switchyard_core::text::parse(TWO_INTERMEDIATES).unwrap();
+    let inputs = random_inputs(&t, 0);
+    let plan = partition(
+        &t,
+        &ExecutorSet::new(both()),
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )
+    .unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    for (name, allocate_per_call) in [("arena", false), ("allocate_per_call", true)] {
+        let opts = RunOptions {
+            allocate_per_call,
+            ..RunOptions::default()
+        };
+        g.bench_function(name, |b| b.iter(|| compiled.run(&inputs, opts).unwrap()));
+    }
+    g.finish();
+}
+
+criterion_group!(workloads, plan_and_compile, einsums, arena);
 criterion_main!(workloads);

@@ -3,13 +3,13 @@
 //! results compared with the fallback's.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use switchyard_core::executor::{
     Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Refinement, Region,
 };
 use switchyard_core::ir::{OpId, OpKind};
-use switchyard_core::{Device, Result};
+use switchyard_core::{Device, OutputBuffer, Result, Tensor};
 use switchyard_exec_fallback::FallbackExecutor;
 
 /// How a scripted executor answers for one op name.
@@ -42,6 +42,9 @@ pub struct Scripted {
     /// Runs its regions on this device (its kernels insist their inputs are
     /// there), instead of where the trace puts the values.
     pub placement: Option<Device>,
+    /// Where its kernels keep every tensor they are given, as a badly
+    /// behaved kernel might.
+    pub keep: Option<Arc<Mutex<Vec<Tensor>>>>,
 }
 
 impl Scripted {
@@ -55,6 +58,7 @@ impl Scripted {
             hand_back: vec![],
             unavailable: None,
             placement: None,
+            keep: None,
         }
     }
 
@@ -68,6 +72,7 @@ impl Scripted {
             hand_back: vec![],
             unavailable: None,
             placement: None,
+            keep: None,
         }
     }
 
@@ -80,6 +85,12 @@ impl Scripted {
     /// Sets the answer for unscripted ops.
     pub fn otherwise(mut self, s: Script) -> Scripted {
         self.default = s;
+        self
+    }
+
+    /// Keeps the inputs its kernels are given in `store`.
+    pub fn keeping(mut self, store: Arc<Mutex<Vec<Tensor>>>) -> Scripted {
+        self.keep = Some(store);
         self
     }
 
@@ -193,6 +204,7 @@ impl Executor for Scripted {
         Ok(Box::new(PlacedKernel {
             inner,
             device: region.device,
+            keep: self.keep.clone(),
         }))
     }
 }
@@ -202,26 +214,43 @@ impl Executor for Scripted {
 struct PlacedKernel {
     inner: Box<dyn Kernel>,
     device: Device,
+    keep: Option<Arc<Mutex<Vec<Tensor>>>>,
 }
 
 impl Kernel for PlacedKernel {
-    fn run(&self, inputs: &[&switchyard_core::Tensor]) -> Result<Vec<switchyard_core::Tensor>> {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         use switchyard_core::device::move_to;
+        if let Some(keep) = &self.keep {
+            keep.lock().unwrap().extend(inputs.iter().map(|&t| t.clone()));
+        }
         if let Some(t) = inputs.iter().find(|t| t.device() != self.device) {
             return Err(switchyard_core::Error::Tensor {
                 name: "<input>".into(),
                 message: format!("reached a kernel on {} while on {}", self.device, t.device()),
             });
         }
-        let host: Vec<switchyard_core::Tensor> = inputs
+        let host: Vec<Tensor> = inputs
             .iter()
             .map(|t| move_to(t, Device::Cpu))
             .collect::<Result<_>>()?;
-        let refs: Vec<&switchyard_core::Tensor> = host.iter().collect();
+        let refs: Vec<&Tensor> = host.iter().collect();
         self.inner
             .run(&refs)?
             .iter()
             .map(|t| move_to(t, self.device))
             .collect()
+    }
+
+    /// Copies into the buffers given, so that tests with scripted executors
+    /// run their intermediates from the arena.
+    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+        let mut outs = self.run(inputs)?;
+        for (t, buf) in outs.iter_mut().zip(outputs) {
+            if let Some(mut buf) = buf {
+                buf.copy_from(t)?;
+                *t = buf.into_tensor();
+            }
+        }
+        Ok(outs)
     }
 }

@@ -56,7 +56,7 @@ impl Transfer for SimTransfer {
         let dense = tensor.contiguous()?;
         Tensor::from_device(
             Arc::new(SimBuffer {
-                data: dense.host()?.clone(),
+                data: dense.host()?.to_storage(),
             }),
             tensor.shape(),
         )

@@ -118,3 +118,99 @@ fn planned_peaks_equal_measured_peaks() {
         }
     }
 }
+
+fn same_bits(a: &[Tensor], b: &[Tensor]) -> bool {
+    let bits = |t: &Tensor| -> Vec<u64> { t.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect() };
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.shape() == y.shape() && bits(x) == bits(y))
+}
+
+#[test]
+fn intermediates_run_from_an_arena_kept_between_runs() {
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    use switchyard_exec_fuser::FuserExecutor;
+    use switchyard_tests::workloads::examples;
+    let per_call = RunOptions {
+        allocate_per_call: true,
+        ..RunOptions::default()
+    };
+    for (name, t) in examples().unwrap() {
+        for execs in [
+            vec![Arc::new(FallbackExecutor) as Arc<dyn switchyard_core::executor::Executor>],
+            vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
+        ] {
+            let fused = execs.len() > 1;
+            let plan = plan_on(&t, execs).unwrap();
+            let planned = plan.planned_peak_bytes();
+            let compiled = CompiledPlan::compile(plan).unwrap();
+            let inputs = random_inputs(&t, 2);
+            let fresh = compiled.run(&inputs, per_call).unwrap();
+            let first = compiled.run(&inputs, RunOptions::default()).unwrap();
+            let second = compiled.run(&inputs, RunOptions::default()).unwrap();
+            let what = format!("{name} (fuser: {fused})");
+            assert_eq!((fresh.arena_bytes, fresh.arena_reused), (0, false), "{what}");
+            assert!(!first.arena_reused && second.arena_reused, "{what}");
+            assert_eq!(first.arena_bytes, compiled.arena_bytes(), "{what}");
+            for r in [&fresh, &first, &second] {
+                assert_eq!(planned, (r.peak_bytes, r.peak_bytes_with_inputs), "{what}");
+            }
+            assert!(same_bits(&fresh.outputs, &first.outputs), "{what}");
+            assert!(same_bits(&fresh.outputs, &second.outputs), "{what}");
+        }
+    }
+}
+
+#[test]
+fn concurrent_runs_of_one_plan_each_get_an_arena() {
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    use switchyard_exec_fuser::FuserExecutor;
+    let t = workloads::llama(1, workloads::BlockSize::SMALL).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    let inputs: Vec<Vec<Tensor>> = (0..4).map(|s| random_inputs(&t, s)).collect();
+    let want: Vec<Vec<Tensor>> = inputs
+        .iter()
+        .map(|i| compiled.run(i, RunOptions::default()).unwrap().outputs)
+        .collect();
+    std::thread::scope(|s| {
+        for (i, w) in inputs.iter().zip(&want) {
+            let compiled = &compiled;
+            s.spawn(move || {
+                for _ in 0..3 {
+                    let got = compiled.run(i, RunOptions::default()).unwrap();
+                    assert!(same_bits(&got.outputs, w));
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn an_arena_is_not_reused_while_a_kernel_keeps_a_tensor_in_it() {
+    use std::sync::Mutex;
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    use switchyard_tests::fakes::{Script, Scripted};
+    let t = parse("input x: f32[64]\na = relu(x)\nb = exp(a)\nc = neg(b)\noutput c\n").unwrap();
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    // The hoarder runs relu and exp, copying their results into the arena,
+    // and keeps every input: x, then `a`, which lies in the arena.
+    let hoarder = Scripted::operator("hoarder")
+        .with("relu", Script::Accept(0.0))
+        .with("exp", Script::Accept(0.0))
+        .keeping(kept.clone())
+        .arc();
+    let plan = plan_on(&t, vec![hoarder, Arc::new(FallbackExecutor)]).unwrap();
+    assert_eq!(plan.executor_name(&plan.regions[1]), "hoarder");
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    let x1 = Tensor::from_vec((0..64).map(|i| i as f32 - 9.0).collect(), &[64]).unwrap();
+    let x2 = Tensor::from_vec(vec![7f32; 64], &[64]).unwrap();
+    compiled.run(&[x1], RunOptions::default()).unwrap();
+    let second = compiled.run(&[x2], RunOptions::default()).unwrap();
+    assert!(!second.arena_reused, "the first arena is still referenced");
+    let kept = kept.lock().unwrap();
+    let want: Vec<f32> = (0..64).map(|i| (i as f32 - 9.0).max(0.0)).collect();
+    assert_eq!(kept[1].to_vec::<f32>().unwrap(), want, "kept tensor overwritten");
+    assert_eq!(kept[3].to_vec::<f32>().unwrap(), vec![7f32; 64]);
+}

@@ -161,6 +161,10 @@ struct RunArgs {
     /// Print the run report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Allocate intermediates afresh on every run instead of placing them in
+    /// the plan's arena, which is kept from one run to the next.
+    #[arg(long)]
+    no_arena: bool,
 }
 
 fn read_trace(path: &Path) -> Result<Trace> {
@@ -203,7 +207,10 @@ fn run(args: RunArgs) -> Result<()> {
         Some(path) => load_inputs(path, trace)?,
         None => random_inputs(trace, args.seed),
     };
-    let opts = RunOptions { profile: args.json };
+    let opts = RunOptions {
+        profile: args.json,
+        allocate_per_call: args.no_arena,
+    };
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
     let mut last = None;
@@ -265,6 +272,7 @@ fn run(args: RunArgs) -> Result<()> {
             compile_ns: compiled.compile_ns(),
             planned_peak_bytes: plan.planned_peak_bytes().0,
             timeline: memory_report(plan),
+            arena_bytes: result.arena_bytes,
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -308,6 +316,12 @@ fn run(args: RunArgs) -> Result<()> {
         "             {} counting inputs",
         human_bytes(result.peak_bytes_with_inputs)
     );
+    if result.arena_bytes > 0 {
+        println!(
+            "             {} arena for the intermediates, kept between runs",
+            human_bytes(result.arena_bytes)
+        );
+    }
     if let Some(path) = &args.outputs {
         println!("outputs written to {}", path.display());
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::arena::OutputBuffer;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::ir::{OpId, Trace, Uses, ValueId};
@@ -114,6 +115,21 @@ pub trait Kernel: Send + Sync {
     /// Runs the region: `inputs` match [`Region::inputs`], and the result must
     /// match [`Region::outputs`] in order, dtype and shape.
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>>;
+
+    /// Runs the region writing output `k` into `outputs[k]` where one is
+    /// given (the runtime gives one for each output its memory plan places
+    /// in the arena, which is kept from one run to the next) and returning
+    /// that buffer as the tensor; outputs without one are allocated as
+    /// [`Kernel::run`] does.
+    ///
+    /// By default this is [`Kernel::run`], leaving the buffers unused: a
+    /// kernel that allocates as it computes gains nothing from a copy into
+    /// them. Kernels that can write in place override it, and so touch no
+    /// fresh memory when a plan runs again.
+    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+        drop(outputs);
+        self.run(inputs)
+    }
 }
 
 /// What a fusion executor allows the partitioner to do with its regions,

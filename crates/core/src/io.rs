@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::ir::Trace;
 use crate::meta::{ShapeDisplay, TensorMeta};
 use crate::rng;
-use crate::tensor::{Storage, Stored, Tensor};
+use crate::tensor::{HostData, Storage, Stored, Tensor};
 use crate::with_storage;
 
 fn to_st(d: DType) -> StDtype {
@@ -62,17 +62,17 @@ fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
     let t = crate::device::move_to(t, crate::Device::Cpu)?.contiguous()?;
     let mut out = Vec::with_capacity(t.numel() * t.dtype().size());
     match t.host()? {
-        Storage::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        Storage::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        Storage::F16(v) => v
+        HostData::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        HostData::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        HostData::F16(v) => v
             .iter()
             .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
-        Storage::BF16(v) => v
+        HostData::BF16(v) => v
             .iter()
             .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
-        Storage::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        Storage::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        Storage::Bool(v) => v.iter().for_each(|&x| out.push(u8::from(x))),
+        HostData::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        HostData::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        HostData::Bool(v) => v.iter().for_each(|&x| out.push(u8::from(x))),
     }
     Ok(out)
 }
@@ -192,7 +192,7 @@ pub fn random_inputs(trace: &Trace, seed: u64) -> Vec<Tensor> {
 
 /// A short human rendering of a tensor: dtype, shape, the first few values.
 pub fn preview(t: &Tensor, max: usize) -> String {
-    let Some(storage) = t.storage() else {
+    let Some(storage) = t.host_data() else {
         return format!("{}{} on {}", t.dtype(), ShapeDisplay(t.shape()), t.device());
     };
     let vals: Vec<String> = with_storage!(storage, data, T => {

@@ -17,6 +17,7 @@
 //! each value after its last use and measuring peak memory.
 #![deny(missing_docs)]
 
+pub mod arena;
 pub mod cache;
 pub mod config;
 pub mod cost;
@@ -38,11 +39,12 @@ pub mod schedule;
 pub mod tensor;
 pub mod text;
 
+pub use arena::OutputBuffer;
 pub use dtype::{DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use ir::{Trace, TraceBuilder};
 pub use meta::{Device, TensorMeta};
-pub use tensor::{FloatStored, Storage, Stored, Tensor};
+pub use tensor::{FloatStored, HostData, HostDataMut, Storage, Stored, Tensor};
 
 /// Re-exported so executors name the same `half` types as core.
 pub use half;

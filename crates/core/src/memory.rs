@@ -11,6 +11,7 @@
 
 use serde::Serialize;
 
+use crate::arena::ARENA_ALIGN;
 use crate::cost::is_free_view;
 use crate::executor::{ExecutorKind, Region};
 use crate::ir::{Trace, ValueId};
@@ -232,13 +233,20 @@ impl MemoryGraph {
     }
 }
 
-/// Where each buffer lives in one arena (CPU memory plan).
+/// Where each intermediate buffer lives in one arena (CPU memory plan).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArenaPlan {
-    /// Byte offset of each buffer a region makes (`None` for trace inputs).
+    /// Byte offset of each intermediate buffer. Trace inputs and returned
+    /// buffers are `None`: they belong to the caller and outlive the run.
     pub offsets: Vec<Option<usize>>,
-    /// The arena's size: at least the peak, more only by fragmentation.
+    /// The arena's size: at least the peak of live intermediates, more only
+    /// by fragmentation and rounding each buffer up to [`ARENA_ALIGN`].
     pub size: usize,
+}
+
+/// The bytes a buffer of `bytes` takes in an arena.
+pub fn arena_bytes(bytes: usize) -> usize {
+    bytes.div_ceil(ARENA_ALIGN) * ARENA_ALIGN
 }
 
 impl MemoryGraph {
@@ -264,12 +272,18 @@ impl MemoryGraph {
             .collect()
     }
 
-    /// Offsets for every buffer in one arena, by a sweep over `order` with a
-    /// best-fit free list: at each step the region's outputs take the
-    /// smallest free block that holds them (or grow the arena), then the
-    /// buffers whose last reader it was return their blocks, merged with
-    /// free neighbours. O(n log n).
+    /// Offsets for every intermediate buffer in one arena, by a sweep over
+    /// `order` with a best-fit free list: at each step the region's outputs
+    /// take the smallest free block that holds them (or grow the arena), then
+    /// the buffers whose last reader it was return their blocks, merged with
+    /// free neighbours. Each buffer is rounded up to [`ARENA_ALIGN`] bytes.
+    /// O(n log n).
     pub fn arena(&self, order: &[usize]) -> ArenaPlan {
+        self.arena_where(order, |_| true)
+    }
+
+    /// As [`MemoryGraph::arena`], placing only the intermediates `keep` accepts.
+    pub fn arena_where(&self, order: &[usize], keep: impl Fn(&Buffer) -> bool) -> ArenaPlan {
         use std::collections::{BTreeMap, BTreeSet};
         let intervals = self.intervals(order);
         let mut frees_at: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
@@ -286,8 +300,11 @@ impl MemoryGraph {
         let mut by_offset: BTreeMap<usize, usize> = BTreeMap::new();
         let mut size = 0usize;
         for (s, &r) in order.iter().enumerate() {
-            for &b in &self.makes[r] {
-                let need = self.buffers[b].bytes;
+            for &b in self.makes[r]
+                .iter()
+                .filter(|&&b| !self.buffers[b].output && keep(&self.buffers[b]))
+            {
+                let need = arena_bytes(self.buffers[b].bytes);
                 let fit = by_size.range((need, 0)..).next().copied();
                 offsets[b] = Some(match fit {
                     Some((len, off)) => {
@@ -317,7 +334,7 @@ impl MemoryGraph {
                 });
             }
             for &b in &frees_at[s] {
-                let (Some(mut off), mut len) = (offsets[b], self.buffers[b].bytes) else {
+                let (Some(mut off), mut len) = (offsets[b], arena_bytes(self.buffers[b].bytes)) else {
                     continue;
                 };
                 if len == 0 {

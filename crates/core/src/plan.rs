@@ -7,7 +7,8 @@ use std::sync::Arc;
 use crate::cost::DeviceModel;
 use crate::executor::{Context, Executor, Region};
 use crate::ir::{OpId, Trace, Uses, ValueId};
-use crate::memory::{MemoryGraph, Timeline};
+use crate::memory::{Buffer, MemoryGraph, Timeline};
+use crate::meta::Device;
 use crate::partition::Explanation;
 
 /// A trace ready to compile: composites lowered, every op in exactly one region.
@@ -128,5 +129,20 @@ impl Plan {
     pub fn planned_peak_bytes(&self) -> (usize, usize) {
         let t = self.timeline();
         (t.peak_bytes, t.peak_bytes_with_inputs)
+    }
+
+    /// The CPU memory plan over the order the regions run in: the arena
+    /// offset of each value the runtime places there (intermediates made on
+    /// the CPU), and the arena's size.
+    pub fn arena(&self) -> (Vec<Option<usize>>, usize) {
+        let graph = self.memory_graph();
+        let order: Vec<usize> = (0..self.regions.len()).collect();
+        let on_cpu = |b: &Buffer| b.producer.is_some_and(|r| self.regions[r].device == Device::Cpu);
+        let layout = graph.arena_where(&order, on_cpu);
+        let mut at = vec![None; self.trace.values.len()];
+        for (b, buffer) in graph.buffers.iter().enumerate() {
+            at[buffer.value.index()] = layout.offsets[b];
+        }
+        (at, layout.size)
     }
 }

@@ -71,6 +71,8 @@ pub struct RunReport {
     pub planned_peak_bytes: usize,
     /// Live bytes over the schedule, as planned.
     pub timeline: MemoryReport,
+    /// Bytes of the arena the intermediates lived in (0 when allocated per call).
+    pub arena_bytes: usize,
 }
 
 /// `switchyard plan --json`.
@@ -90,6 +92,8 @@ pub struct PlanReport {
     pub device: String,
     /// Live bytes over the schedule.
     pub timeline: MemoryReport,
+    /// Bytes of the CPU arena its intermediates are planned into.
+    pub arena_bytes: usize,
     /// Why each op went where it did (with `--explain`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<ExplanationReport>,
@@ -341,6 +345,7 @@ pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
         cache: CacheReport::default(),
         device: plan.device.name.clone(),
         timeline: memory_report(plan),
+        arena_bytes: plan.arena().1,
         explanation: explain.then(|| explanation_report(plan)),
     }
 }

@@ -5,10 +5,16 @@
 //! buffer bytes as DESIGN.md defines it: intermediates and outputs (inputs
 //! excluded), an op's outputs counted before its inputs are freed. Views add no
 //! bytes: bytes are counted per buffer, and a view keeps its buffer alive.
+//!
+//! Intermediates on the CPU live in an arena laid out by the memory plan
+//! ([`crate::memory::MemoryGraph::arena`]); the arena outlives the call, so a
+//! plan run again reuses the pages it touched the first time. Outputs get
+//! their own buffers, since the caller keeps them.
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use std::sync::Arc;
+use crate::arena::Arena;
 
 use crate::cache::{CacheStats, KernelCache, RegionKey};
 use crate::device::{move_to, transfer_for};
@@ -33,6 +39,12 @@ pub struct CompiledPlan {
     steps: Vec<Step>,
     /// Inputs that no region reads; their accounting ends at once.
     unread_inputs: Vec<ValueId>,
+    /// Each value's byte offset in the arena, for the intermediates the
+    /// memory plan places there.
+    arena_at: Vec<Option<usize>>,
+    arena_bytes: usize,
+    /// Arenas not in use by a run: one per run in flight at once, at most.
+    arenas: Mutex<Vec<Arena>>,
     compile_ns: u64,
     cache_stats: CacheStats,
 }
@@ -42,6 +54,9 @@ pub struct CompiledPlan {
 pub struct RunOptions {
     /// Record the time of each region.
     pub profile: bool,
+    /// Allocate every intermediate afresh instead of placing it in the
+    /// plan's arena: slower on large tensors; for comparison.
+    pub allocate_per_call: bool,
 }
 
 /// What one run produced and measured.
@@ -57,6 +72,11 @@ pub struct RunResult {
     pub region_ns: Vec<u64>,
     /// Nanoseconds for the whole run.
     pub time_ns: u64,
+    /// Bytes of the arena the intermediates lived in (0 when allocated per call).
+    pub arena_bytes: usize,
+    /// Whether the arena was one an earlier run had left, its pages already
+    /// touched.
+    pub arena_reused: bool,
 }
 
 /// Live buffers, by identity. A plan rarely has more than a few dozen live at
@@ -194,11 +214,15 @@ impl CompiledPlan {
             .copied()
             .filter(|v| last_read[v.index()].is_none() && !is_output(*v))
             .collect();
+        let (arena_at, arena_bytes) = plan.arena();
         Ok(CompiledPlan {
             plan,
             kernels,
             steps,
             unread_inputs,
+            arena_at,
+            arena_bytes,
+            arenas: Mutex::new(Vec::new()),
             compile_ns: start.elapsed().as_nanos() as u64,
             cache_stats,
         })
@@ -222,6 +246,31 @@ impl CompiledPlan {
     /// Number of regions, each with its kernel (shared between identical regions).
     pub fn kernel_count(&self) -> usize {
         self.kernels.len()
+    }
+
+    /// Bytes of the arena a run places the intermediates in.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    /// An arena for one run: a free one (`true`), or a new one.
+    fn take_arena(&self) -> (Arena, bool) {
+        let free = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match free {
+            Some(a) => (a, true),
+            None => (Arena::new(self.arena_bytes), false),
+        }
+    }
+
+    /// Gives a run's arena back for the next one, unless a tensor in it is
+    /// still referenced (a kernel kept one): then it is left to be freed
+    /// with that tensor, and the next run makes a new one.
+    fn return_arena(&self, mut arena: Arena) {
+        if arena.is_idle() {
+            self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        } else {
+            tracing::warn!("a tensor in the arena outlived its run; the next run allocates a new arena");
+        }
     }
 
     fn kernel_error(&self, region: usize, message: String) -> Error {
@@ -248,6 +297,13 @@ impl CompiledPlan {
                 ),
             });
         }
+        let (mut arena, arena_reused) = match opts.allocate_per_call {
+            true => (None, false),
+            false => {
+                let (a, reused) = self.take_arena();
+                (Some(a), reused)
+            }
+        };
         let mut slots: Vec<Option<Tensor>> = vec![None; trace.values.len()];
         let mut live = LiveBuffers::default();
         for (&id, t) in trace.inputs.iter().zip(inputs) {
@@ -287,8 +343,17 @@ impl CompiledPlan {
                     })
                 })
                 .collect::<Result<_>>()?;
+            let buffers = step
+                .outputs
+                .iter()
+                .map(|&v| {
+                    let (arena, off) = (arena.as_mut()?, self.arena_at[v.index()]?);
+                    let meta = trace.meta(v);
+                    arena.take(off, meta.dtype, &meta.shape)
+                })
+                .collect();
             let t0 = opts.profile.then(Instant::now);
-            let outs = kernel.run(&args).map_err(|e| match e {
+            let outs = kernel.run_into(&args, buffers).map_err(|e| match e {
                 Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
                 other => self.kernel_error(i, other.to_string()),
             })?;
@@ -319,7 +384,8 @@ impl CompiledPlan {
                 }
             }
         }
-        // Outputs are returned on the device the trace declares them on.
+        // Outputs are returned on the device the trace declares them on, and
+        // never in the arena, which the next run reuses.
         let outputs = trace
             .outputs
             .iter()
@@ -329,15 +395,22 @@ impl CompiledPlan {
                     name: value.name.clone(),
                     message: "was never computed".into(),
                 })?;
-                move_to(t, value.meta.device)
+                move_to(t, value.meta.device)?.out_of_arena()
             })
             .collect::<Result<Vec<_>>>()?;
+        drop(slots);
+        let arena_bytes = arena.as_ref().map_or(0, Arena::bytes);
+        if let Some(arena) = arena {
+            self.return_arena(arena);
+        }
         Ok(RunResult {
             outputs,
             peak_bytes: live.peak,
             peak_bytes_with_inputs: live.peak_with_inputs,
             region_ns,
             time_ns: start.elapsed().as_nanos() as u64,
+            arena_bytes,
+            arena_reused,
         })
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use crate::arena::ArenaBuf;
 use crate::device::DeviceBuffer;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -32,48 +33,117 @@ pub enum Storage {
     Bool(Vec<bool>),
 }
 
-/// Dispatches on a [`Storage`] with the element type bound to `$t` and the vec to `$v`.
+/// Dispatches on a [`HostData`] with the element type bound to `$t` and the
+/// slice to `$v`.
 #[macro_export]
 macro_rules! with_storage {
     ($s:expr, $v:ident, $t:ident => $body:expr) => {
         match $s {
-            $crate::tensor::Storage::F32($v) => {
+            $crate::tensor::HostData::F32($v) => {
                 #[allow(unused)]
                 type $t = f32;
                 $body
             }
-            $crate::tensor::Storage::F64($v) => {
+            $crate::tensor::HostData::F64($v) => {
                 #[allow(unused)]
                 type $t = f64;
                 $body
             }
-            $crate::tensor::Storage::F16($v) => {
+            $crate::tensor::HostData::F16($v) => {
                 #[allow(unused)]
                 type $t = $crate::half::f16;
                 $body
             }
-            $crate::tensor::Storage::BF16($v) => {
+            $crate::tensor::HostData::BF16($v) => {
                 #[allow(unused)]
                 type $t = $crate::half::bf16;
                 $body
             }
-            $crate::tensor::Storage::I32($v) => {
+            $crate::tensor::HostData::I32($v) => {
                 #[allow(unused)]
                 type $t = i32;
                 $body
             }
-            $crate::tensor::Storage::I64($v) => {
+            $crate::tensor::HostData::I64($v) => {
                 #[allow(unused)]
                 type $t = i64;
                 $body
             }
-            $crate::tensor::Storage::Bool($v) => {
+            $crate::tensor::HostData::Bool($v) => {
                 #[allow(unused)]
                 type $t = bool;
                 $body
             }
         }
     };
+}
+
+/// A host buffer's elements, borrowed and typed.
+#[derive(Clone, Copy, Debug)]
+pub enum HostData<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// f64 elements.
+    F64(&'a [f64]),
+    /// f16 elements.
+    F16(&'a [f16]),
+    /// bf16 elements.
+    BF16(&'a [bf16]),
+    /// i32 elements.
+    I32(&'a [i32]),
+    /// i64 elements.
+    I64(&'a [i64]),
+    /// bool elements.
+    Bool(&'a [bool]),
+}
+
+impl HostData<'_> {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I32(_) => DType::I32,
+            HostData::I64(_) => DType::I64,
+            HostData::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        with_storage!(*self, v, T => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An owned copy.
+    pub fn to_storage(&self) -> Storage {
+        with_storage!(*self, v, T => T::into_storage(v.to_vec()))
+    }
+}
+
+/// A host buffer's elements, borrowed mutably and typed.
+#[derive(Debug)]
+pub enum HostDataMut<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// f64 elements.
+    F64(&'a mut [f64]),
+    /// f16 elements.
+    F16(&'a mut [f16]),
+    /// bf16 elements.
+    BF16(&'a mut [bf16]),
+    /// i32 elements.
+    I32(&'a mut [i32]),
+    /// i64 elements.
+    I64(&'a mut [i64]),
+    /// bool elements.
+    Bool(&'a mut [bool]),
 }
 
 impl Storage {
@@ -92,7 +162,20 @@ impl Storage {
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        with_storage!(self, v, T => v.len())
+        self.data().len()
+    }
+
+    /// The elements, borrowed.
+    pub fn data(&self) -> HostData<'_> {
+        match self {
+            Storage::F32(v) => HostData::F32(v),
+            Storage::F64(v) => HostData::F64(v),
+            Storage::F16(v) => HostData::F16(v),
+            Storage::BF16(v) => HostData::BF16(v),
+            Storage::I32(v) => HostData::I32(v),
+            Storage::I64(v) => HostData::I64(v),
+            Storage::Bool(v) => HostData::Bool(v),
+        }
     }
 
     /// Whether the buffer holds no elements.
@@ -121,8 +204,10 @@ impl Storage {
 
 /// An element type that has a [`Storage`] variant.
 pub trait Stored: Element {
-    /// The elements, if the storage holds this type.
-    fn slice(s: &Storage) -> Option<&[Self]>;
+    /// The elements, if the data holds this type.
+    fn slice(d: HostData<'_>) -> Option<&[Self]>;
+    /// The elements, mutably, if the data holds this type.
+    fn slice_mut(d: HostDataMut<'_>) -> Option<&mut [Self]>;
     /// Wraps a vec as storage.
     fn into_storage(v: Vec<Self>) -> Storage;
 }
@@ -130,9 +215,15 @@ pub trait Stored: Element {
 macro_rules! stored {
     ($t:ty, $var:ident) => {
         impl Stored for $t {
-            fn slice(s: &Storage) -> Option<&[Self]> {
-                match s {
-                    Storage::$var(v) => Some(v),
+            fn slice(d: HostData<'_>) -> Option<&[Self]> {
+                match d {
+                    HostData::$var(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(d: HostDataMut<'_>) -> Option<&mut [Self]> {
+                match d {
+                    HostDataMut::$var(v) => Some(v),
                     _ => None,
                 }
             }
@@ -155,6 +246,7 @@ stored!(bool, Bool);
 #[derive(Clone, Debug)]
 enum Buffer {
     Host(Arc<Storage>),
+    Arena(Arc<ArenaBuf>),
     Device(Arc<dyn DeviceBuffer>),
 }
 
@@ -162,6 +254,7 @@ impl Buffer {
     fn len(&self) -> usize {
         match self {
             Buffer::Host(s) => s.len(),
+            Buffer::Arena(a) => a.len(),
             Buffer::Device(d) => d.len(),
         }
     }
@@ -300,6 +393,7 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &self.buffer {
             Buffer::Host(s) => s.dtype(),
+            Buffer::Arena(a) => a.dtype(),
             Buffer::Device(d) => d.dtype(),
         }
     }
@@ -307,7 +401,7 @@ impl Tensor {
     /// Where the elements are.
     pub fn device(&self) -> Device {
         match &self.buffer {
-            Buffer::Host(_) => Device::Cpu,
+            Buffer::Host(_) | Buffer::Arena(_) => Device::Cpu,
             Buffer::Device(d) => d.device(),
         }
     }
@@ -315,7 +409,7 @@ impl Tensor {
     /// The device layer's buffer, for a tensor off the host.
     pub fn device_buffer(&self) -> Option<&Arc<dyn DeviceBuffer>> {
         match &self.buffer {
-            Buffer::Host(_) => None,
+            Buffer::Host(_) | Buffer::Arena(_) => None,
             Buffer::Device(d) => Some(d),
         }
     }
@@ -345,17 +439,36 @@ impl Tensor {
         numel(&self.shape)
     }
 
-    /// The host buffer (`None` for a tensor on a device).
-    pub fn storage(&self) -> Option<&Storage> {
+    /// The whole host buffer's elements (`None` for a tensor on a device).
+    pub fn host_data(&self) -> Option<HostData<'_>> {
         match &self.buffer {
-            Buffer::Host(s) => Some(s),
+            Buffer::Host(s) => Some(s.data()),
+            Buffer::Arena(a) => Some(a.data()),
             Buffer::Device(_) => None,
         }
     }
 
-    /// The host buffer, or an error naming the device the tensor is on.
-    pub fn host(&self) -> Result<&Storage> {
-        self.storage().ok_or_else(|| Error::Tensor {
+    /// Whether the buffer lies in a compiled plan's arena (which is reused by
+    /// its next run).
+    pub(crate) fn in_arena(&self) -> bool {
+        matches!(self.buffer, Buffer::Arena(_))
+    }
+
+    /// A tensor over an arena buffer, dense and row-major.
+    pub(crate) fn from_arena(buf: Arc<ArenaBuf>, shape: &[usize]) -> Tensor {
+        debug_assert_eq!(buf.len(), numel(shape));
+        Tensor {
+            buffer: Buffer::Arena(buf),
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            offset: 0,
+        }
+    }
+
+    /// The whole host buffer's elements, or an error naming the device the
+    /// tensor is on.
+    pub fn host(&self) -> Result<HostData<'_>> {
+        self.host_data().ok_or_else(|| Error::Tensor {
             name: "<tensor>".into(),
             message: format!("is on {}, not in host memory", self.device()),
         })
@@ -365,6 +478,7 @@ impl Tensor {
     pub fn storage_id(&self) -> usize {
         match &self.buffer {
             Buffer::Host(s) => Arc::as_ptr(s) as usize,
+            Buffer::Arena(a) => Arc::as_ptr(a) as usize,
             Buffer::Device(d) => Arc::as_ptr(d) as *const u8 as usize,
         }
     }
@@ -381,7 +495,7 @@ impl Tensor {
 
     /// The elements in buffer order when the tensor is one dense, whole buffer.
     pub fn contiguous_data<T: Stored>(&self) -> Option<&[T]> {
-        let data = T::slice(self.storage()?)?;
+        let data = T::slice(self.host_data()?)?;
         if self.is_contiguous() {
             data.get(self.offset..self.offset + self.numel())
         } else {
@@ -391,7 +505,7 @@ impl Tensor {
 
     /// The whole buffer as a slice of `T` (views index into it with their strides).
     pub fn buffer<T: Stored>(&self) -> Option<&[T]> {
-        T::slice(self.storage()?)
+        T::slice(self.host_data()?)
     }
 
     /// Buffer offsets of every element, in row-major logical order.
@@ -404,7 +518,7 @@ impl Tensor {
         if let Some(d) = self.contiguous_data::<T>() {
             return Some(d.to_vec());
         }
-        let data = T::slice(self.storage()?)?;
+        let data = T::slice(self.host_data()?)?;
         Some(self.offsets().map(|o| data[o]).collect())
     }
 
@@ -420,7 +534,22 @@ impl Tensor {
         if self.is_contiguous() && self.offset == 0 && host.len() == self.numel() {
             return Ok(self.clone());
         }
-        let storage = with_storage!(host, data, T => {
+        self.dense_copy()
+    }
+
+    /// This tensor with its own buffer if it lies in an arena, so that it
+    /// outlives the run that made it.
+    pub(crate) fn out_of_arena(self) -> Result<Tensor> {
+        if self.in_arena() {
+            self.dense_copy()
+        } else {
+            Ok(self)
+        }
+    }
+
+    /// A dense copy in a new host buffer.
+    fn dense_copy(&self) -> Result<Tensor> {
+        let storage = with_storage!(self.host()?, data, T => {
             let v: Vec<T> = self.offsets().map(|o| data[o]).collect();
             T::into_storage(v)
         });

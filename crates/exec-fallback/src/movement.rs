@@ -2,7 +2,7 @@
 //! copying ops (`cat`, `gather`, `index_select`).
 
 use switchyard_core::meta::{broadcast_strides, reshape_strides};
-use switchyard_core::{Element, Storage, Stored, Tensor, with_storage};
+use switchyard_core::{Element, HostData, Storage, Stored, Tensor, with_storage};
 
 use crate::elementwise::contiguous;
 
@@ -80,13 +80,13 @@ pub(crate) fn cat(xs: &[&Tensor], dim: usize, out_shape: &[usize]) -> Result<Sto
 
 fn indices(idx: &Tensor) -> Result<Vec<i64>, String> {
     match idx.host().map_err(|e| e.to_string())? {
-        Storage::I32(_) => Ok(idx
+        HostData::I32(_) => Ok(idx
             .to_vec::<i32>()
             .ok_or("bad index")?
             .into_iter()
             .map(i64::from)
             .collect()),
-        Storage::I64(_) => idx.to_vec::<i64>().ok_or_else(|| "bad index".to_string()),
+        HostData::I64(_) => idx.to_vec::<i64>().ok_or_else(|| "bad index".to_string()),
         other => Err(format!("index must be i32 or i64, got {}", other.dtype())),
     }
 }

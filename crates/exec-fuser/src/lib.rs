@@ -33,7 +33,7 @@ use switchyard_core::executor::{
 };
 use switchyard_core::ir::{OpId, OpKind, ValueId};
 use switchyard_core::plan::region_boundary;
-use switchyard_core::{Error, Result, Tensor};
+use switchyard_core::{Error, OutputBuffer, Result, Tensor};
 
 /// The executor's registered name.
 pub const NAME: &str = "fuser";
@@ -330,12 +330,23 @@ struct FusedKernel {
     kernel: cpu::CpuKernel,
 }
 
-impl Kernel for FusedKernel {
-    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.kernel.run(inputs).map_err(|message| Error::Kernel {
+impl FusedKernel {
+    fn error(&self, message: String) -> Error {
+        Error::Kernel {
             executor: NAME.into(),
             op: format!("fused region {}", self.region),
             message,
-        })
+        }
+    }
+}
+
+impl Kernel for FusedKernel {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.run_into(inputs, Vec::new())
+    }
+
+    /// Stores straight into the given buffers: no copy, no fresh pages.
+    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+        self.kernel.run(inputs, outputs).map_err(|m| self.error(m))
     }
 }

@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use switchyard_core::meta::{broadcast_strides, contiguous_strides, reshape_strides};
-use switchyard_core::{DType, Stored, Tensor};
+use switchyard_core::{DType, HostDataMut, OutputBuffer, Stored, Tensor};
 
 use super::CpuKernel;
 use super::math::Arith;
@@ -63,7 +63,7 @@ impl CpuKernel {
             })
             .collect();
         // The offsets reached over the (masked) space must lie in the buffer.
-        let len = t.storage().map_or(0, |s| s.len()) as isize;
+        let len = t.host_data().map_or(0, |s| s.len()) as isize;
         if p.numel() > 0 {
             let (mut lo, mut hi) = (offset, offset);
             for (k, &size) in self.pshape.iter().enumerate() {
@@ -303,8 +303,9 @@ impl Source<'_> {
     }
 }
 
-/// An output buffer being filled by the tiles.
+/// An output buffer being filled by the tiles: the runtime's, or our own.
 pub(super) enum OutBuf {
+    Given(OutputBuffer),
     F32(Vec<f32>),
     F64(Vec<f64>),
     F16(Vec<f16>),
@@ -341,18 +342,27 @@ impl OutBuf {
         })
     }
 
-    pub(super) fn ptr(&mut self) -> OutPtr {
-        match self {
+    pub(super) fn ptr(&mut self) -> Result<OutPtr, String> {
+        Ok(match self {
+            OutBuf::Given(b) => match b.data_mut() {
+                HostDataMut::F32(v) => OutPtr::F32(v.as_mut_ptr()),
+                HostDataMut::F64(v) => OutPtr::F64(v.as_mut_ptr()),
+                HostDataMut::F16(v) => OutPtr::F16(v.as_mut_ptr()),
+                HostDataMut::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
+                HostDataMut::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
+                other => return Err(format!("the fuser does not write {other:?}")),
+            },
             OutBuf::F32(v) => OutPtr::F32(v.as_mut_ptr()),
             OutBuf::F64(v) => OutPtr::F64(v.as_mut_ptr()),
             OutBuf::F16(v) => OutPtr::F16(v.as_mut_ptr()),
             OutBuf::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
             OutBuf::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
-        }
+        })
     }
 
     pub(super) fn into_tensor(self, shape: &[usize]) -> Result<Tensor, String> {
         match self {
+            OutBuf::Given(b) => Ok(b.into_tensor()),
             OutBuf::F32(v) => Tensor::from_vec(v, shape),
             OutBuf::F64(v) => Tensor::from_vec(v, shape),
             OutBuf::F16(v) => Tensor::from_vec(v, shape),

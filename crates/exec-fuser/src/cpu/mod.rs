@@ -17,7 +17,7 @@ mod stream;
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::meta::contiguous_strides;
-use switchyard_core::{DType, Tensor};
+use switchyard_core::{DType, OutputBuffer, Tensor};
 
 use crate::program::{Instr, Program, Space};
 use io::{OutBuf, OutPtr, Source, apply_views};
@@ -108,15 +108,24 @@ impl CpuKernel {
         }
     }
 
-    /// Runs the program on `inputs`.
-    pub(crate) fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    /// Runs the program on `inputs`, storing output `k` into `given[k]`
+    /// where there is one (missing entries allocate).
+    pub(crate) fn run(
+        &self,
+        inputs: &[&Tensor],
+        given: Vec<Option<OutputBuffer>>,
+    ) -> Result<Vec<Tensor>, String> {
         match self.program.compute {
-            DType::F64 => self.run_in::<f64>(inputs),
-            _ => self.run_in::<f32>(inputs),
+            DType::F64 => self.run_in::<f64>(inputs, given),
+            _ => self.run_in::<f32>(inputs, given),
         }
     }
 
-    fn run_in<C: Arith>(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run_in<C: Arith>(
+        &self,
+        inputs: &[&Tensor],
+        mut given: Vec<Option<OutputBuffer>>,
+    ) -> Result<Vec<Tensor>, String> {
         let p = &self.program;
         if inputs.len() != p.inputs.len() {
             return Err(format!(
@@ -126,7 +135,7 @@ impl CpuKernel {
             ));
         }
         for (k, (t, &d)) in inputs.iter().zip(&p.inputs).enumerate() {
-            if t.dtype() != d || t.storage().is_none() {
+            if t.dtype() != d || t.host_data().is_none() {
                 return Err(format!(
                     "input {k} is {} on {}, expected host {d}",
                     t.dtype(),
@@ -162,18 +171,30 @@ impl CpuKernel {
             }
         }
         let n = p.numel();
+        given.resize_with(p.outputs.len(), || None);
         let mut outs: Vec<OutBuf> = p
             .outputs
             .iter()
-            .map(|s| {
+            .zip(given)
+            .enumerate()
+            .map(|(k, (s, buf))| {
                 let len = match p.spaces[s.reg] {
                     Space::Full => n,
                     Space::Row => self.rows,
                 };
-                OutBuf::new(s.dtype, len)
+                match buf {
+                    Some(b) if b.dtype() != s.dtype || b.len() != len => Err(format!(
+                        "the buffer given for output {k} holds {} {}, expected {len} {}",
+                        b.len(),
+                        b.dtype(),
+                        s.dtype
+                    )),
+                    Some(b) => Ok(OutBuf::Given(b)),
+                    None => OutBuf::new(s.dtype, len),
+                }
             })
             .collect::<Result<_, _>>()?;
-        let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutBuf::ptr).collect();
+        let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutBuf::ptr).collect::<Result<_, _>>()?;
         // Full outputs are dense in the iteration shape; walk their strides in walk order.
         let dense = contiguous_strides(&p.shape);
         let out_strides: Vec<isize> = self.perm.iter().map(|&d| dense[d]).collect();
@@ -325,8 +346,42 @@ mod tests {
 
     #[test]
     fn a_reshape_the_layout_does_not_allow_reads_a_dense_copy() {
-        // transpose then flatten a [2, 3] input: not a view of its buffer.
-        let program = Program {
+        let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
+        let out = CpuKernel::new(transpose_flatten()).run(&[&x], vec![]).unwrap();
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+        );
+    }
+
+    #[test]
+    fn outputs_go_into_the_buffers_given() {
+        let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
+        let kernel = CpuKernel::new(transpose_flatten());
+        let mut given = OutputBuffer::new(DType::F32, &[6]);
+        given.slice_mut::<f32>().unwrap().fill(f32::NAN);
+        let at = given.slice_mut::<f32>().unwrap().as_ptr();
+        let out = kernel.run(&[&x], vec![Some(given)]).unwrap();
+        assert_eq!(
+            out[0].contiguous_data::<f32>().unwrap().as_ptr(),
+            at,
+            "written in place"
+        );
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+        );
+        let wrong = OutputBuffer::new(DType::F64, &[6]);
+        let e = kernel.run(&[&x], vec![Some(wrong)]).unwrap_err();
+        assert!(
+            e.contains("the buffer given for output 0 holds 6 f64, expected 6 f32"),
+            "{e}"
+        );
+    }
+
+    /// Transposes then flattens a [2, 3] input: not a view of its buffer.
+    fn transpose_flatten() -> Program {
+        Program {
             shape: vec![6],
             reduced: vec![],
             compute: DType::F32,
@@ -352,12 +407,6 @@ mod tests {
                 dtype: DType::F32,
                 shape: vec![6],
             }],
-        };
-        let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
-        let out = CpuKernel::new(program).run(&[&x]).unwrap();
-        assert_eq!(
-            out[0].to_vec::<f32>().unwrap(),
-            vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
-        );
+        }
     }
 }

@@ -1,0 +1,324 @@
+//! The arena a compiled plan's intermediates live in, and the output buffers
+//! that kernels write into.
+//!
+//! The memory plan ([`crate::memory::MemoryGraph::arena`]) gives every
+//! intermediate buffer an offset in one allocation, and the runtime keeps
+//! that allocation from one call to the next: a repeated plan writes into
+//! pages it has touched before instead of faulting in fresh ones.
+//!
+//! Soundness does not rest on the plan being right. [`Arena::take`] hands
+//! out a range only when no buffer of the arena that is still referenced
+//! overlaps it, so a shared slice of one buffer and the mutable slice of a
+//! kernel's output never alias, whatever a kernel does with its tensors.
+
+use std::cell::UnsafeCell;
+use std::sync::{Arc, Weak};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::meta::{ShapeDisplay, numel};
+use crate::tensor::{HostData, HostDataMut, Stored, Tensor};
+use crate::with_storage;
+
+/// Alignment of every buffer in an arena, in bytes: a cache line, so that no
+/// two buffers share one and vector loads start aligned.
+pub const ARENA_ALIGN: usize = 64;
+
+#[repr(C, align(64))]
+struct Line([u8; ARENA_ALIGN]);
+
+/// One zeroed, cache-line aligned allocation.
+struct Block {
+    lines: Box<[UnsafeCell<Line>]>,
+}
+
+// SAFETY: the block is only read and written through `ArenaBuf`s, and
+// `Arena::take` never lets two referenced ones overlap; a mutable slice is
+// only made by an `OutputBuffer`, which holds the only reference to its
+// buffer.
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn new(bytes: usize) -> Block {
+        let n = bytes.div_ceil(ARENA_ALIGN);
+        if n == 0 {
+            return Block { lines: Box::new([]) };
+        }
+        // Zeroed by the allocator: large blocks come straight from the OS as
+        // untouched pages, so an arena costs nothing until it is used.
+        let layout = std::alloc::Layout::array::<UnsafeCell<Line>>(n).expect("arena size overflows");
+        // SAFETY: the layout has a nonzero size; all-zero bytes are a valid
+        // `Line`, and `UnsafeCell` has the layout of what it holds, so the
+        // allocation is `n` initialised elements, owned by the box.
+        let lines = unsafe {
+            let p = std::alloc::alloc_zeroed(layout).cast::<UnsafeCell<Line>>();
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
+        };
+        Block { lines }
+    }
+
+    fn bytes(&self) -> usize {
+        self.lines.len() * ARENA_ALIGN
+    }
+
+    fn base(&self) -> *mut u8 {
+        UnsafeCell::raw_get(self.lines.as_ptr()).cast::<u8>()
+    }
+}
+
+/// One buffer in an arena: `len` elements of `dtype` at byte `offset`.
+#[derive(Debug)]
+pub(crate) struct ArenaBuf {
+    block: Arc<Block>,
+    offset: usize,
+    dtype: DType,
+    len: usize,
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Block({} bytes)", self.bytes())
+    }
+}
+
+macro_rules! typed {
+    ($dtype:expr, $ctor:ident, $from:ident, $ptr:expr, $len:expr) => {
+        match $dtype {
+            DType::F32 => $ctor::F32(std::slice::$from($ptr.cast(), $len)),
+            DType::F64 => $ctor::F64(std::slice::$from($ptr.cast(), $len)),
+            DType::F16 => $ctor::F16(std::slice::$from($ptr.cast(), $len)),
+            DType::BF16 => $ctor::BF16(std::slice::$from($ptr.cast(), $len)),
+            DType::I32 => $ctor::I32(std::slice::$from($ptr.cast(), $len)),
+            DType::I64 => $ctor::I64(std::slice::$from($ptr.cast(), $len)),
+            DType::Bool => $ctor::Bool(std::slice::$from($ptr.cast(), $len)),
+        }
+    };
+}
+
+impl ArenaBuf {
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `Arena::take` checked that the range lies in the block.
+        unsafe { self.block.base().add(self.offset) }
+    }
+
+    /// The elements.
+    pub(crate) fn data(&self) -> HostData<'_> {
+        let p = self.ptr();
+        // SAFETY: the range is aligned for the dtype and inside the block;
+        // every bit pattern is a valid element (bool ranges are zeroed when
+        // taken, and written only through `&mut [bool]`); no mutable slice
+        // of it exists while it is shared (see `OutputBuffer::data_mut`).
+        unsafe { typed!(self.dtype, HostData, from_raw_parts, p.cast_const(), self.len) }
+    }
+}
+
+/// A buffer a kernel writes one output into: dense, row-major, exactly the
+/// output's dtype and shape. The runtime gives one per output that the
+/// memory plan places in its arena; [`OutputBuffer::new`] makes a
+/// standalone one.
+#[derive(Debug)]
+pub struct OutputBuffer {
+    buf: Arc<ArenaBuf>,
+    shape: Vec<usize>,
+}
+
+impl OutputBuffer {
+    /// A zeroed buffer in memory of its own.
+    pub fn new(dtype: DType, shape: &[usize]) -> OutputBuffer {
+        let len = numel(shape);
+        OutputBuffer {
+            buf: Arc::new(ArenaBuf {
+                block: Arc::new(Block::new(len * dtype.size())),
+                offset: 0,
+                dtype,
+                len,
+            }),
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// The output's element type.
+    pub fn dtype(&self) -> DType {
+        self.buf.dtype
+    }
+
+    /// The output's shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.buf.len
+    }
+
+    /// Whether the output has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.buf.len == 0
+    }
+
+    /// The elements, to write.
+    pub fn data_mut(&mut self) -> HostDataMut<'_> {
+        let p = self.buf.ptr();
+        // SAFETY: as `ArenaBuf::data` for the range; exclusive because this
+        // value holds the only strong reference to its buffer (it is never
+        // cloned before `into_tensor` consumes it) and `&mut self` is unique.
+        unsafe { typed!(self.buf.dtype, HostDataMut, from_raw_parts_mut, p, self.buf.len) }
+    }
+
+    /// The elements as `T`, if `T` is the dtype.
+    pub fn slice_mut<T: Stored>(&mut self) -> Option<&mut [T]> {
+        T::slice_mut(self.data_mut())
+    }
+
+    /// Copies `t`'s elements in, in logical order. `t` must have this
+    /// buffer's dtype and shape and be in host memory.
+    pub fn copy_from(&mut self, t: &Tensor) -> Result<()> {
+        if t.dtype() != self.dtype() || t.shape() != self.shape {
+            return Err(Error::Tensor {
+                name: "<output>".into(),
+                message: format!(
+                    "expected {}{} but got {}{}",
+                    self.dtype(),
+                    ShapeDisplay(&self.shape),
+                    t.dtype(),
+                    ShapeDisplay(t.shape())
+                ),
+            });
+        }
+        with_storage!(t.host()?, src, T => {
+            let dst = T::slice_mut(self.data_mut()).expect("dtypes are equal");
+            match t.contiguous_data::<T>() {
+                Some(d) => dst.copy_from_slice(d),
+                None => dst.iter_mut().zip(t.offsets()).for_each(|(d, o)| *d = src[o]),
+            }
+        });
+        Ok(())
+    }
+
+    /// The written output as a tensor.
+    pub fn into_tensor(self) -> Tensor {
+        Tensor::from_arena(self.buf, &self.shape)
+    }
+}
+
+/// An arena owned by one run at a time: the block, and the buffers handed
+/// out of it, known weakly so that a range is reused only once nothing
+/// refers to what was there.
+pub(crate) struct Arena {
+    block: Arc<Block>,
+    live: Vec<(usize, usize, Weak<ArenaBuf>)>,
+}
+
+impl Arena {
+    /// A zeroed arena of at least `bytes` bytes.
+    pub(crate) fn new(bytes: usize) -> Arena {
+        Arena {
+            block: Arc::new(Block::new(bytes)),
+            live: Vec::new(),
+        }
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.block.bytes()
+    }
+
+    /// A buffer for an output of `dtype` and `shape` at byte `offset`, or
+    /// `None` when the range is misaligned, outside the arena, or overlaps a
+    /// buffer still referenced (the kernel then allocates the output).
+    pub(crate) fn take(&mut self, offset: usize, dtype: DType, shape: &[usize]) -> Option<OutputBuffer> {
+        let len = numel(shape);
+        let end = offset.checked_add(len.checked_mul(dtype.size())?)?;
+        if !offset.is_multiple_of(ARENA_ALIGN) || end > self.block.bytes() {
+            return None;
+        }
+        self.live.retain(|(_, _, w)| w.strong_count() > 0);
+        // Empty ranges overlap nothing.
+        if self
+            .live
+            .iter()
+            .any(|&(s, e, _)| s < end && offset < e && s < e && offset < end)
+        {
+            return None;
+        }
+        if dtype == DType::Bool {
+            // SAFETY: the range is inside the block and no referenced buffer
+            // overlaps it; zero bytes make it valid bools whatever was there.
+            unsafe { self.block.base().add(offset).write_bytes(0, end - offset) };
+        }
+        let buf = Arc::new(ArenaBuf {
+            block: self.block.clone(),
+            offset,
+            dtype,
+            len,
+        });
+        self.live.push((offset, end, Arc::downgrade(&buf)));
+        Some(OutputBuffer {
+            buf,
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// Whether no buffer of the arena is referenced any more, so that the
+    /// next run may have it.
+    pub(crate) fn is_idle(&mut self) -> bool {
+        self.live.retain(|(_, _, w)| w.strong_count() > 0);
+        self.live.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_reused_only_once_nothing_refers_to_it() {
+        let mut arena = Arena::new(4 * ARENA_ALIGN);
+        let mut a = arena.take(0, DType::F32, &[16]).unwrap();
+        a.slice_mut::<f32>().unwrap().fill(1.5);
+        let a = a.into_tensor();
+        assert!(a.in_arena());
+        // Overlapping a referenced buffer: refused.
+        assert!(arena.take(0, DType::F32, &[4]).is_none());
+        assert!(arena.take(32, DType::F32, &[4]).is_none());
+        // Beside it, misaligned, or past the end: as expected.
+        assert!(arena.take(ARENA_ALIGN, DType::F32, &[16]).is_some());
+        assert!(arena.take(8, DType::F32, &[1]).is_none());
+        assert!(arena.take(3 * ARENA_ALIGN, DType::F32, &[17]).is_none());
+        let view = a.view(vec![4], vec![4], 0).unwrap();
+        drop(a);
+        assert!(!arena.is_idle(), "a view keeps its buffer");
+        assert_eq!(view.to_vec::<f32>().unwrap(), vec![1.5; 4]);
+        drop(view);
+        assert!(arena.is_idle());
+        let mut b = arena.take(0, DType::Bool, &[64]).unwrap();
+        assert!(
+            b.slice_mut::<bool>().unwrap().iter().all(|&x| !x),
+            "bool ranges are zeroed"
+        );
+    }
+
+    #[test]
+    fn copy_from_checks_and_copies_views() {
+        let t = Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3]).unwrap();
+        let tt = t.view(vec![3, 2], vec![1, 3], 0).unwrap();
+        let mut out = OutputBuffer::new(DType::I32, &[3, 2]);
+        out.copy_from(&tt).unwrap();
+        assert_eq!(out.into_tensor().to_vec::<i32>().unwrap(), vec![1, 4, 2, 5, 3, 6]);
+        let mut wrong = OutputBuffer::new(DType::F32, &[3, 2]);
+        let e = wrong.copy_from(&tt).unwrap_err().to_string();
+        assert!(e.contains("expected f32[3, 2] but got i32[3, 2]"), "{e}");
+    }
+}
