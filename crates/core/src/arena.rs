@@ -12,6 +12,7 @@
 //! kernel's output never alias, whatever a kernel does with its tensors.
 
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::dtype::DType;
@@ -279,6 +280,42 @@ impl Arena {
     }
 }
 
+/// One arena kept between runs, taken and given back without a lock: a run
+/// takes it if it is there, and gives it back if the slot is empty (a run in
+/// flight at the same time as another makes its own, freed after it).
+#[derive(Default)]
+pub(crate) struct ArenaSlot {
+    slot: AtomicPtr<Arena>,
+}
+
+impl ArenaSlot {
+    /// The kept arena, if there is one.
+    pub(crate) fn take(&self) -> Option<Arena> {
+        let p = self.slot.swap(std::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: a non-null pointer in the slot came from `Box::into_raw`
+        // in `put`, and the swap made this call its only owner.
+        (!p.is_null()).then(|| *unsafe { Box::from_raw(p) })
+    }
+
+    /// Keeps `arena` for the next run, unless one is kept already.
+    pub(crate) fn put(&self, arena: Arena) {
+        let p = Box::into_raw(Box::new(arena));
+        let kept = self
+            .slot
+            .compare_exchange(std::ptr::null_mut(), p, Ordering::Release, Ordering::Relaxed);
+        if kept.is_err() {
+            // SAFETY: `p` was not stored, so it is still ours alone.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+impl Drop for ArenaSlot {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +345,17 @@ mod tests {
             b.slice_mut::<bool>().unwrap().iter().all(|&x| !x),
             "bool ranges are zeroed"
         );
+    }
+
+    #[test]
+    fn the_slot_keeps_one_arena() {
+        let slot = ArenaSlot::default();
+        assert!(slot.take().is_none());
+        slot.put(Arena::new(64));
+        slot.put(Arena::new(128));
+        assert_eq!(slot.take().map(|a| a.bytes()), Some(64), "the first one is kept");
+        assert!(slot.take().is_none());
+        slot.put(Arena::new(64));
     }
 
     #[test]

@@ -11,10 +11,10 @@
 //! plan run again reuses the pages it touched the first time. Outputs get
 //! their own buffers, since the caller keeps them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::arena::Arena;
+use crate::arena::{Arena, ArenaSlot};
 
 use crate::cache::{CacheStats, KernelCache, RegionKey};
 use crate::device::{move_to, transfer_for};
@@ -43,8 +43,8 @@ pub struct CompiledPlan {
     /// memory plan places there.
     arena_at: Vec<Option<usize>>,
     arena_bytes: usize,
-    /// Arenas not in use by a run: one per run in flight at once, at most.
-    arenas: Mutex<Vec<Arena>>,
+    /// The arena kept for the next run.
+    arenas: ArenaSlot,
     compile_ns: u64,
     cache_stats: CacheStats,
 }
@@ -222,7 +222,7 @@ impl CompiledPlan {
             unread_inputs,
             arena_at,
             arena_bytes,
-            arenas: Mutex::new(Vec::new()),
+            arenas: ArenaSlot::default(),
             compile_ns: start.elapsed().as_nanos() as u64,
             cache_stats,
         })
@@ -255,8 +255,7 @@ impl CompiledPlan {
 
     /// An arena for one run: a free one (`true`), or a new one.
     fn take_arena(&self) -> (Arena, bool) {
-        let free = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match free {
+        match self.arenas.take() {
             Some(a) => (a, true),
             None => (Arena::new(self.arena_bytes), false),
         }
@@ -267,7 +266,7 @@ impl CompiledPlan {
     /// with that tensor, and the next run makes a new one.
     fn return_arena(&self, mut arena: Arena) {
         if arena.is_idle() {
-            self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+            self.arenas.put(arena);
         } else {
             tracing::warn!("a tensor in the arena outlived its run; the next run allocates a new arena");
         }
