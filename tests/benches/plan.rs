@@ -47,7 +47,18 @@ fn plan_time(c: &mut Criterion) {
         for (name, execs) in &sets {
             let set = ExecutorSet::new(execs.clone());
             g.bench_with_input(BenchmarkId::new(*name, n), &trace, |b, t| {
-                b.iter(|| partition(t, &set, &device, &PartitionOptions { horizontal: true }).unwrap())
+                b.iter(|| {
+                    partition(
+                        t,
+                        &set,
+                        &device,
+                        &PartitionOptions {
+                            horizontal: true,
+                            ..PartitionOptions::default()
+                        },
+                    )
+                    .unwrap()
+                })
             });
         }
     }

@@ -45,7 +45,10 @@ pub fn plan_with_options(
         trace,
         &set,
         &DeviceModel::cpu_default(),
-        &PartitionOptions { horizontal },
+        &PartitionOptions {
+            horizontal,
+            ..PartitionOptions::default()
+        },
     )
 }
 
@@ -63,9 +66,19 @@ pub fn run_plan(plan: Plan, inputs: &[Tensor]) -> Result<RunResult> {
     CompiledPlan::compile(plan)?.run(inputs, RunOptions::default())
 }
 
-/// Runs a trace on the fallback executor alone: the reference results.
+/// Runs a trace on the fallback executor alone: the reference results. Hints
+/// that name other executors are set aside (`hint_policy = "prefer"`).
 pub fn run(trace: &Trace, inputs: &[Tensor]) -> Result<RunResult> {
-    run_plan(plan_on(trace, vec![Arc::new(FallbackExecutor)])?, inputs)
+    let plan = partition(
+        trace,
+        &ExecutorSet::new(vec![Arc::new(FallbackExecutor)]),
+        &DeviceModel::cpu_default(),
+        &PartitionOptions {
+            hint_policy: switchyard_core::hints::HintPolicy::Prefer,
+            ..PartitionOptions::default()
+        },
+    )?;
+    run_plan(plan, inputs)
 }
 
 /// Parses trace text and runs it on the fallback; returns the outputs.

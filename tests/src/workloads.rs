@@ -145,6 +145,12 @@ impl BlockSize {
 /// q/k/v projections, rope (rotate-half), causal sdpa, output projection, residual,
 /// rms_norm, SwiGLU MLP, residual.
 pub fn llama(layers: usize, s: BlockSize) -> Result<Trace> {
+    llama_hinted(layers, s, Attrs::new())
+}
+
+/// [`llama`] with each layer's two ropes (q and k) in a span carrying
+/// `rope_hints` (none when empty).
+pub fn llama_hinted(layers: usize, s: BlockSize, rope_hints: Attrs) -> Result<Trace> {
     let hd = s.dim / s.heads;
     let mut b = TraceBuilder::new();
     let mut x = b.input("x", DType::F32, &[s.seq, s.dim])?;
@@ -185,20 +191,28 @@ pub fn llama(layers: usize, s: BlockSize) -> Result<Trace> {
             let t = named(&mut b, &p(&format!("{name}_t")), OpKind::Transpose, &[r], perm)?;
             heads.push(t);
         }
-        let q = named(
-            &mut b,
-            &p("q_rope"),
-            c(CompositeOp::Rope),
-            &[heads[0], cos, sin],
-            Attrs::new(),
-        )?;
-        let k = named(
-            &mut b,
-            &p("k_rope"),
-            c(CompositeOp::Rope),
-            &[heads[1], cos, sin],
-            Attrs::new(),
-        )?;
+        let ropes = |b: &mut TraceBuilder| -> Result<(ValueId, ValueId)> {
+            let q = named(
+                b,
+                &p("q_rope"),
+                c(CompositeOp::Rope),
+                &[heads[0], cos, sin],
+                Attrs::new(),
+            )?;
+            let k = named(
+                b,
+                &p("k_rope"),
+                c(CompositeOp::Rope),
+                &[heads[1], cos, sin],
+                Attrs::new(),
+            )?;
+            Ok((q, k))
+        };
+        let (q, k) = if rope_hints.is_empty() {
+            ropes(&mut b)?
+        } else {
+            b.hinted(rope_hints.clone(), ropes)?
+        };
         let causal = Attrs::new().with("causal", true);
         let att = named(&mut b, &p("att"), c(CompositeOp::Sdpa), &[q, k, heads[2]], causal)?;
         let att_t = named(
@@ -253,6 +267,12 @@ pub fn llama(layers: usize, s: BlockSize) -> Result<Trace> {
 /// Workload 5: attention over `slices` independent slices written as parallel
 /// paths (per slice: q·kᵀ, scale, softmax, ·v), the results concatenated.
 pub fn sliced_attention(slices: usize, seq: usize, head_dim: usize) -> Result<Trace> {
+    sliced_attention_hinted(slices, seq, head_dim, Attrs::new())
+}
+
+/// [`sliced_attention`] with every op in a span carrying `hints` (none when
+/// empty).
+pub fn sliced_attention_hinted(slices: usize, seq: usize, head_dim: usize, hints: Attrs) -> Result<Trace> {
     let mut b = TraceBuilder::new();
     let mut outs = Vec::new();
     let scale = 1.0 / (head_dim as f64).sqrt();
@@ -262,6 +282,10 @@ pub fn sliced_attention(slices: usize, seq: usize, head_dim: usize) -> Result<Tr
         let k = b.input(&format!("k{i}"), DType::F32, &[seq, head_dim])?;
         let v = b.input(&format!("v{i}"), DType::F32, &[seq, head_dim])?;
         qkv.push((q, k, v));
+    }
+    let hinted = !hints.is_empty();
+    if hinted {
+        b.open_span(hints);
     }
     for (i, &(q, k, v)) in qkv.iter().enumerate() {
         let kt = named(
@@ -294,6 +318,9 @@ pub fn sliced_attention(slices: usize, seq: usize, head_dim: usize) -> Result<Tr
         )?);
     }
     let out = named(&mut b, "out", OpKind::Cat, &outs, Attrs::new().with("dim", 0i64))?;
+    if hinted {
+        b.close_span();
+    }
     b.output(&[out]);
     b.finish()
 }

@@ -23,7 +23,10 @@ fn plan_with(trace: &Trace, executors: Vec<Arc<dyn Executor>>, horizontal: bool)
         trace,
         &ExecutorSet::new(executors),
         &DeviceModel::cpu_default(),
-        &PartitionOptions { horizontal },
+        &PartitionOptions {
+            horizontal,
+            ..PartitionOptions::default()
+        },
     )
 }
 

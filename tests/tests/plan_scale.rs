@@ -24,7 +24,10 @@ fn twenty_thousand_ops_plan() {
         &t,
         &set,
         &DeviceModel::cpu_default(),
-        &PartitionOptions { horizontal: true },
+        &PartitionOptions {
+            horizontal: true,
+            ..PartitionOptions::default()
+        },
     )
     .unwrap();
     let n: usize = plan.regions.iter().map(|r| r.ops.len()).sum();

@@ -81,6 +81,13 @@ fn transformer_block_with_a_fuser_poor_at_cat() {
     ]);
     check(
         "transformer_block.fuser",
-        &explain("transformer_block", &set, &PartitionOptions { horizontal: true }),
+        &explain(
+            "transformer_block",
+            &set,
+            &PartitionOptions {
+                horizontal: true,
+                ..PartitionOptions::default()
+            },
+        ),
     );
 }

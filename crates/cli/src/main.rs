@@ -106,6 +106,7 @@ impl Planning {
         let device = config.device_model()?;
         let opts = PartitionOptions {
             horizontal: config.partitioner.horizontal,
+            hint_policy: config.hint_policy,
         };
         let plan = partition_owned(trace, &set, &device, &opts)?;
         let strategy = match &self.schedule {

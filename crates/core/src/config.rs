@@ -11,6 +11,8 @@
 //! [options.myexec]
 //! tile = 64
 //!
+//! hint_policy = "strict"  # or "prefer": hints that cannot be honoured warn
+//!
 //! [partitioner]
 //! horizontal = false       # merge independent ops into one fusion (off by default)
 //!
@@ -37,6 +39,7 @@ use serde::Deserialize;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::{self, Availability, ExecutorSet};
+use crate::hints::HintPolicy;
 
 /// `[partitioner]`
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -115,6 +118,10 @@ pub struct Config {
     /// Executors to remove from the list.
     #[serde(default)]
     pub disable: Vec<String>,
+    /// What a hint that cannot be honoured is: `strict` (the default), an
+    /// error; `prefer`, a warning in the plan.
+    #[serde(default)]
+    pub hint_policy: HintPolicy,
     /// `[options.NAME]`: options of each executor.
     #[serde(default)]
     pub options: BTreeMap<String, toml::Table>,
@@ -136,12 +143,20 @@ impl Config {
     /// Parses config text; `source` names it in messages.
     pub fn parse(text: &str, source: &str) -> Result<Config> {
         let c: Config = toml::from_str(text).map_err(|e| {
-            let key = e.span().map(|s| text[s].trim().to_string()).unwrap_or_default();
+            // The whole line of a bad value, so that the message shows its key.
+            let at = e.span().map(|s| {
+                let start = text[..s.start].rfind('\n').map_or(0, |i| i + 1);
+                let end = text[s.end..].find('\n').map_or(text.len(), |i| s.end + i);
+                let line = text[..s.start].matches('\n').count() + 1;
+                (
+                    line,
+                    text[start..end].lines().next().unwrap_or("").trim().to_string(),
+                )
+            });
             Error::Config {
-                key: if key.is_empty() {
-                    source.to_string()
-                } else {
-                    format!("{source}: {key}")
+                key: match at {
+                    Some((line, what)) if !what.is_empty() => format!("{source}:{line}: {what}"),
+                    _ => source.to_string(),
                 },
                 message: e.message().to_string(),
             }
@@ -283,11 +298,13 @@ mod tests {
     #[test]
     fn parses_every_section() {
         let c = Config::parse(
-            "enable = [\"a\"]\ndisable = [\"b\"]\n[options.a]\nx = 1\n[partitioner]\nhorizontal = false\n[scheduler]\nstrategy = \"program\"\nmemory_budget = 1048576\n[cache]\ncapacity = 8\n[cost]\nprofile = \"h200\"\n",
+            "enable = [\"a\"]\ndisable = [\"b\"]\nhint_policy = \"prefer\"\n[options.a]\nx = 1\n[partitioner]\nhorizontal = false\n[scheduler]\nstrategy = \"program\"\nmemory_budget = 1048576\n[cache]\ncapacity = 8\n[cost]\nprofile = \"h200\"\n",
             "t.toml",
         )
         .unwrap();
         assert_eq!(c.enable, vec!["a"]);
+        assert_eq!(c.hint_policy, HintPolicy::Prefer);
+        assert_eq!(Config::default().hint_policy, HintPolicy::Strict);
         assert!(!c.partitioner.horizontal);
         assert!(!Config::default().partitioner.horizontal);
         assert_eq!(c.cache.capacity, 8);
@@ -312,6 +329,12 @@ mod tests {
         let e = err("[scheduler]\nstrategy = \"sideways\"\n");
         assert!(
             e.contains("`scheduler.strategy`: unknown strategy `sideways`"),
+            "{e}"
+        );
+        let e = err("hint_policy = \"lenient\"\n");
+        assert!(
+            e.contains("hint_policy")
+                && e.contains("unknown variant `lenient`, expected `strict` or `prefer`"),
             "{e}"
         );
         let e = err("[cache]\ncapacity = 0\n");

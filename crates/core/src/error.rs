@@ -66,6 +66,18 @@ pub enum Error {
         /// Each executor's reason.
         reasons: String,
     },
+    /// A hint cannot be honoured, and the hint policy is strict.
+    #[error(
+        "{op}: hint {hint} cannot be honoured: {reason} (with `hint_policy = \"prefer\"` it is a warning)"
+    )]
+    Hint {
+        /// The op.
+        op: String,
+        /// `key=value`.
+        hint: String,
+        /// Why.
+        reason: String,
+    },
     /// A config file or option is wrong.
     #[error("config: `{key}`: {message}")]
     Config {

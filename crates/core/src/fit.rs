@@ -15,6 +15,7 @@ use std::collections::HashSet;
 
 use crate::error::{Error, Result};
 use crate::executor::{ExecutorKind, Region};
+use crate::hints::HintPolicy;
 use crate::ir::OpId;
 use crate::plan::{Plan, region_boundary};
 use crate::schedule::{Strategy, schedule};
@@ -28,6 +29,9 @@ const CUTS: usize = 32;
 /// checks it against `budget` (bytes).
 pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
     let mut plan = schedule(plan, strategy);
+    // A `group` hint keeps its ops in one region: those regions stay whole.
+    let hints = crate::hints::Hints::of_trace(&plan.trace);
+    let whole = |r: &Region| r.ops.iter().any(|o| hints[o.index()].group.is_some());
     let mut peak = plan.planned_peak_bytes().0;
     // Horizontal merges: split into dataflow pieces when that lowers the
     // peak. Scheduling renumbers regions, so each is known by its first op,
@@ -36,6 +40,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
     loop {
         let next = plan.regions.iter().position(|r| {
             kind(&plan, r) == ExecutorKind::Fusion
+                && !whole(r)
                 && r.ops.first().is_some_and(|o| !tried.contains(o))
                 && components(&plan, &r.ops).len() > 1
         });
@@ -62,7 +67,9 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
     let merged: Vec<Vec<OpId>> = plan
         .regions
         .iter()
-        .filter(|r| kind(&plan, r) == ExecutorKind::Fusion && components(&plan, &r.ops).len() > 1)
+        .filter(|r| {
+            kind(&plan, r) == ExecutorKind::Fusion && !whole(r) && components(&plan, &r.ops).len() > 1
+        })
         .map(|r| r.ops.clone())
         .collect();
     if !merged.is_empty() {
@@ -97,7 +104,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
         let t = plan.timeline();
         let Some(step) = t.peak_step else { break };
         let r = &plan.regions[step];
-        if kind(&plan, r) != ExecutorKind::Fusion || r.ops.len() < 2 {
+        if kind(&plan, r) != ExecutorKind::Fusion || r.ops.len() < 2 || whole(r) {
             break;
         }
         let mut best: Option<(usize, Plan)> = None;
@@ -121,6 +128,22 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
         );
         plan = c;
         peak = p;
+    }
+    // Scheduling is where a `schedule` hint can fail; under the strict
+    // policy that is an error, as in partitioning.
+    if plan.explanation.hint_policy == HintPolicy::Strict {
+        let failed = plan
+            .explanation
+            .ops
+            .iter()
+            .find_map(|o| o.hints.iter().find(|h| !h.honoured).map(|h| (o.op, h)));
+        if let Some((op, h)) = failed {
+            return Err(Error::Hint {
+                op: plan.trace.describe_op(op),
+                hint: h.hint.clone(),
+                reason: h.why.clone().unwrap_or_default(),
+            });
+        }
     }
     let Some(budget) = budget else { return Ok(plan) };
     if peak > budget && strategy != Strategy::MinPeak {

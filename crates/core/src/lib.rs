@@ -26,6 +26,7 @@ pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod fit;
+pub mod hints;
 pub mod io;
 pub mod ir;
 pub mod memory;

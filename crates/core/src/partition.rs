@@ -26,6 +26,7 @@ use serde::Serialize;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::{Availability, Claim, Context, ExecutorKind, ExecutorSet, Region};
+use crate::hints::{HintOutcome, HintPolicy, Hints};
 use crate::ir::{OpId, Trace, decompose_round};
 use crate::plan::{Plan, region_boundary};
 
@@ -34,13 +35,16 @@ use crate::plan::{Plan, region_boundary};
 pub struct PartitionOptions {
     /// Merge independent ops of one fusion executor into one region.
     pub horizontal: bool,
+    /// What a hint that cannot be honoured is.
+    pub hint_policy: HintPolicy,
 }
 
 impl Default for PartitionOptions {
-    /// The defaults of `[partitioner]` in config.
+    /// The defaults of the config.
     fn default() -> Self {
         PartitionOptions {
             horizontal: crate::config::PartitionerConfig::default().horizontal,
+            hint_policy: HintPolicy::default(),
         }
     }
 }
@@ -67,6 +71,9 @@ pub struct OpExplanation {
     pub region: usize,
     /// What moved it, in order (handed back, dissolved, split out).
     pub notes: Vec<String>,
+    /// Each hint in force on it, and whether the plan honours it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<HintOutcome>,
 }
 
 /// Everything the partitioner decided, and why.
@@ -82,6 +89,10 @@ pub struct Explanation {
     pub ops: Vec<OpExplanation>,
     /// How many times regions were re-formed after refinement.
     pub rounds: usize,
+    /// Hints not honoured under `hint_policy = "prefer"`, one line each.
+    pub warnings: Vec<String>,
+    /// The policy the plan was made under, for the passes after partitioning.
+    pub hint_policy: HintPolicy,
 }
 
 struct Exec {
@@ -154,6 +165,32 @@ pub fn partition_owned(
     let t_claims = t0.elapsed();
     let mut banned = vec![vec![false; execs.len()]; n];
     let mut notes: Vec<Vec<String>> = vec![Vec::new(); n];
+    let hints = Hints::of_trace(&lowered);
+    let groups = crate::hints::groups(&hints);
+    let convex: Vec<Option<OpId>> = groups
+        .iter()
+        .map(|g| outsider(&lowered, &g.2, consumers))
+        .collect();
+    // Hints found impossible under `prefer`: the op is then placed as if
+    // unhinted, and the reason is kept for the explanation.
+    let mut executor_failed: Vec<Option<String>> = vec![None; n];
+    let mut group_failed: Vec<Option<String>> = vec![None; groups.len()];
+    let policy = opts.hint_policy;
+    let fail = |op: OpId, hint: String, reason: String, warnings: &mut Vec<String>| -> Result<()> {
+        let what = lowered.describe_op(op);
+        match policy {
+            HintPolicy::Strict => Err(Error::Hint {
+                op: what,
+                hint,
+                reason,
+            }),
+            HintPolicy::Prefer => {
+                tracing::warn!("{what}: hint {hint} not honoured: {reason}");
+                warnings.push(format!("{what}: hint {hint} not honoured: {reason}"));
+                Ok(())
+            }
+        }
+    };
 
     let pick = |op: usize, banned: &[Vec<bool>]| -> Option<usize> {
         let open = |k: usize| !banned[op][k] && claims[op][k].cost().is_some();
@@ -165,15 +202,70 @@ pub fn partition_owned(
     let mut assign = vec![0usize; n];
     let mut rounds = 0;
     let mut settled: HashSet<(usize, Vec<OpId>)> = HashSet::new();
-    let regions = loop {
+    let (regions, group_of) = loop {
         rounds += 1;
+        // Ops a hint holds on their executor: no cost-based move takes them off.
+        let mut pinned = vec![false; n];
         for (op, slot) in assign.iter_mut().enumerate() {
-            *slot = match pick(op, &banned) {
+            let forced = match (&hints[op].executor, &executor_failed[op]) {
+                (Some(name), None) => {
+                    match hinted_executor(op, name, &claims, &banned, &execs, &notes, &explanation) {
+                        Ok(k) => Some(k),
+                        Err(reason) => {
+                            fail(
+                                OpId(op as u32),
+                                format!("executor={name}"),
+                                reason.clone(),
+                                &mut explanation.warnings,
+                            )?;
+                            executor_failed[op] = Some(reason);
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            pinned[op] = forced.is_some();
+            *slot = match forced.or_else(|| pick(op, &banned)) {
                 Some(k) => k,
                 None => return Err(unclaimed(&lowered, op, &claims, &notes, &execs, &explanation)),
             };
         }
-        let regions = cluster(&lowered, &assign, consumers, &execs);
+        // Each group goes whole to the first fusion executor that takes all its ops.
+        let mut group_of: Vec<Option<usize>> = vec![None; n];
+        for (g, (_, name, ops)) in groups.iter().enumerate() {
+            if group_failed[g].is_some() {
+                continue;
+            }
+            let alone = ops.iter().find(|o| hints[o.index()].alone());
+            let placed = match (convex[g], alone) {
+                (Some(between), _) => Err(format!(
+                    "{} lies between its ops, so they cannot form one region",
+                    lowered.describe_op(between)
+                )),
+                (None, Some(&o)) => Err(format!("{} is hinted fuse=false", lowered.describe_op(o))),
+                (None, None) => group_executor(ops, &assign, &pinned, &claims, &banned, &execs, &lowered),
+            };
+            match placed {
+                Ok(k) => {
+                    for &op in ops {
+                        assign[op.index()] = k;
+                        pinned[op.index()] = true;
+                        group_of[op.index()] = Some(g);
+                    }
+                }
+                Err(reason) => {
+                    fail(
+                        ops[0],
+                        format!("group={name}"),
+                        reason.clone(),
+                        &mut explanation.warnings,
+                    )?;
+                    group_failed[g] = Some(reason);
+                }
+            }
+        }
+        let regions = cluster(&lowered, &assign, consumers, &execs, &hints, &group_of);
         let mut changed = false;
         for (k, ops) in regions
             .iter()
@@ -196,10 +288,9 @@ pub fn partition_owned(
             }
         }
         if !changed {
-            for (k, ops) in regions
-                .iter()
-                .filter(|(k, _)| execs[*k].kind == ExecutorKind::Fusion)
-            {
+            for (k, ops) in regions.iter().filter(|(k, ops)| {
+                execs[*k].kind == ExecutorKind::Fusion && !ops.iter().any(|o| pinned[o.index()])
+            }) {
                 changed |= reconsider(
                     *k,
                     ops,
@@ -213,13 +304,14 @@ pub fn partition_owned(
             }
         }
         if !changed {
-            changed = spend_fuel(&regions, &execs, &mut banned, &mut notes);
+            changed = spend_fuel(&regions, &execs, &pinned, &mut banned, &mut notes);
         }
         if !changed {
-            break regions;
+            break (regions, group_of);
         }
     };
     explanation.rounds = rounds;
+    explanation.hint_policy = policy;
     let t_regions = t0.elapsed();
 
     let mut plan_regions = Vec::with_capacity(regions.len());
@@ -241,6 +333,7 @@ pub fn partition_owned(
             device,
         });
     }
+    let region_sizes: Vec<usize> = plan_regions.iter().map(|r| r.ops.len()).collect();
     explanation.ops = (0..n)
         .map(|op| OpExplanation {
             op: OpId(op as u32),
@@ -255,6 +348,20 @@ pub fn partition_owned(
             chosen: execs[assign[op]].name.clone(),
             region: region_of[op],
             notes: std::mem::take(&mut notes[op]),
+            hints: hint_outcomes(
+                &hints[op],
+                &execs[assign[op]].name,
+                region_sizes[region_of[op]],
+                executor_failed[op].as_deref(),
+                hints[op].group.as_ref().map(|_| match group_of[op] {
+                    Some(_) => None,
+                    None => groups
+                        .iter()
+                        .position(|g| Some(&g.0) == hints[op].group.as_ref().map(|h| &h.0))
+                        .and_then(|g| group_failed[g].clone())
+                        .or_else(|| Some("its ops are not in one region".into())),
+                }),
+            ),
         })
         .collect();
     tracing::debug!(
@@ -381,100 +488,284 @@ fn unclaimed(
     }
 }
 
+/// The executor an `executor=NAME` hint sends `op` to, or why it cannot.
+fn hinted_executor(
+    op: usize,
+    name: &str,
+    claims: &[Vec<Claim>],
+    banned: &[Vec<bool>],
+    execs: &[Exec],
+    notes: &[Vec<String>],
+    ex: &Explanation,
+) -> std::result::Result<usize, String> {
+    let Some(k) = execs.iter().position(|e| e.name == name) else {
+        if let Some((_, why)) = ex.unavailable.iter().find(|(n, _)| n == name) {
+            return Err(format!("{name} is unavailable: {why}"));
+        }
+        let enabled: Vec<&str> = execs.iter().map(|e| e.name.as_str()).collect();
+        return Err(format!("{name} is not enabled (enabled: {})", enabled.join(", ")));
+    };
+    match &claims[op][k] {
+        Claim::Reject(why) => Err(format!("{name} rejects it: {why}")),
+        Claim::Accept(_) if banned[op][k] => {
+            let why = notes[op].iter().rev().find(|n| n.contains(name));
+            Err(format!(
+                "{name} gave it up: {}",
+                why.map_or("no reason given", |s| s.as_str())
+            ))
+        }
+        Claim::Accept(_) => Ok(k),
+    }
+}
+
+/// The first fusion executor that takes every op of a group (and that any
+/// `executor` hint among them names), or why there is none.
+fn group_executor(
+    ops: &[OpId],
+    assign: &[usize],
+    pinned: &[bool],
+    claims: &[Vec<Claim>],
+    banned: &[Vec<bool>],
+    execs: &[Exec],
+    trace: &Trace,
+) -> std::result::Result<usize, String> {
+    let mut reasons = Vec::new();
+    for (k, e) in execs
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == ExecutorKind::Fusion)
+    {
+        let refusal = ops.iter().find_map(|&op| {
+            let o = op.index();
+            let what = trace.describe_op(op);
+            match &claims[o][k] {
+                Claim::Reject(why) => Some(format!("{} rejects {what}: {why}", e.name)),
+                _ if banned[o][k] => Some(format!("{} handed back {what}", e.name)),
+                _ if pinned[o] && assign[o] != k => {
+                    Some(format!("{what} is hinted to {}", execs[assign[o]].name))
+                }
+                _ => None,
+            }
+        });
+        match refusal {
+            None => return Ok(k),
+            Some(r) => reasons.push(r),
+        }
+    }
+    if reasons.is_empty() {
+        reasons.push("no fusion executor is enabled".into());
+    }
+    Err(format!("no executor can fuse them all: {}", reasons.join("; ")))
+}
+
+/// An op outside `ops` on a path between two of them, if there is one: then
+/// no region can hold exactly them without a cycle.
+fn outsider(trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> Option<OpId> {
+    let inside: HashSet<OpId> = ops.iter().copied().collect();
+    // Ops outside reachable from the group, and where each came from.
+    let mut seen: HashSet<OpId> = HashSet::new();
+    let mut stack: Vec<OpId> = Vec::new();
+    let users = |o: OpId| {
+        trace
+            .op(o)
+            .outputs
+            .iter()
+            .flat_map(|v| consumers[v.index()].iter().copied())
+    };
+    for &o in ops {
+        stack.extend(users(o).filter(|u| !inside.contains(u)));
+    }
+    while let Some(o) = stack.pop() {
+        if !seen.insert(o) {
+            continue;
+        }
+        for u in users(o) {
+            if inside.contains(&u) {
+                return Some(o);
+            }
+            if !seen.contains(&u) {
+                stack.push(u);
+            }
+        }
+    }
+    None
+}
+
+/// Whether each hint on an op is honoured by where it ended.
+fn hint_outcomes(
+    hints: &Hints,
+    chosen: &str,
+    region_size: usize,
+    executor_failed: Option<&str>,
+    group_failed: Option<Option<String>>,
+) -> Vec<HintOutcome> {
+    hints
+        .entries()
+        .into_iter()
+        .map(|(key, value)| {
+            let why = match key {
+                "executor" if chosen != value => {
+                    Some(executor_failed.map_or_else(|| format!("runs on {chosen}"), str::to_string))
+                }
+                "group" => group_failed.clone().flatten(),
+                "fuse" if value == "false" && region_size > 1 => {
+                    Some(format!("its region holds {region_size} ops"))
+                }
+                _ => None,
+            };
+            HintOutcome {
+                hint: format!("{key}={value}"),
+                honoured: why.is_none(),
+                why,
+            }
+        })
+        .collect()
+}
+
 /// Cuts the ops into regions by a topological walk (see the module docs).
+///
+/// The walk is over units: an op, or all the ops of a group (`group_of`),
+/// which form a region of their own. An op hinted `fuse=false` is a region
+/// of its own too, and a region takes no op whose hints conflict with its
+/// ops'.
 fn cluster(
     trace: &Trace,
     assign: &[usize],
     consumers: &[Vec<OpId>],
     execs: &[Exec],
+    hints: &[Hints],
+    group_of: &[Option<usize>],
 ) -> Vec<(usize, Vec<OpId>)> {
     let n = trace.ops.len();
     let producers = trace.producers();
-    let mut waiting = vec![0usize; n];
-    for (id, op) in trace.ops_with_ids() {
-        let mut seen: Vec<OpId> = op.input_values().filter_map(|v| producers[v.index()]).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        waiting[id.index()] = seen.len();
-    }
-    let mut ready_any: BTreeSet<OpId> = BTreeSet::new();
-    let mut ready_by: Vec<BTreeSet<OpId>> = vec![BTreeSet::new(); execs.len()];
+    // Units numbered in the order of their first op, so that the lowest
+    // ready unit is the earliest in program order.
+    let mut unit_of = vec![0usize; n];
+    let mut units: Vec<Vec<OpId>> = Vec::new();
+    let mut group_unit: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
     for op in 0..n {
-        if waiting[op] == 0 {
-            ready_any.insert(OpId(op as u32));
-            ready_by[assign[op]].insert(OpId(op as u32));
+        let u = match group_of[op] {
+            Some(g) => *group_unit.entry(g).or_insert_with(|| {
+                units.push(Vec::new());
+                units.len() - 1
+            }),
+            None => {
+                units.push(Vec::new());
+                units.len() - 1
+            }
+        };
+        unit_of[op] = u;
+        units[u].push(OpId(op as u32));
+    }
+    let m = units.len();
+    let is_group = |u: usize| group_of[units[u][0].index()].is_some();
+    let exec_of = |u: usize| assign[units[u][0].index()];
+    // Distinct producer units of each unit, and consumer units.
+    let edges = |u: usize, up: bool| -> Vec<usize> {
+        let mut out: Vec<usize> = units[u]
+            .iter()
+            .flat_map(|&o| -> Vec<usize> {
+                if up {
+                    trace
+                        .op(o)
+                        .input_values()
+                        .filter_map(|v| producers[v.index()])
+                        .map(|p| unit_of[p.index()])
+                        .collect()
+                } else {
+                    trace
+                        .op(o)
+                        .outputs
+                        .iter()
+                        .flat_map(|v| consumers[v.index()].iter().map(|c| unit_of[c.index()]))
+                        .collect()
+                }
+            })
+            .filter(|&x| x != u)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    };
+    let unit_consumers: Vec<Vec<usize>> = (0..m).map(|u| edges(u, false)).collect();
+    let mut waiting: Vec<usize> = (0..m).map(|u| edges(u, true).len()).collect();
+    let mut ready_any: BTreeSet<usize> = BTreeSet::new();
+    let mut ready_by: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); execs.len()];
+    for u in 0..m {
+        if waiting[u] == 0 {
+            ready_any.insert(u);
+            ready_by[exec_of(u)].insert(u);
         }
     }
     let mut regions = Vec::new();
-    let mut done = vec![false; n];
-    // Takes `op`, and reports the ops it makes ready.
+    // Takes unit `u`, and reports the units it makes ready.
     let mut take =
-        |op: OpId, ready_any: &mut BTreeSet<OpId>, ready_by: &mut Vec<BTreeSet<OpId>>| -> Vec<OpId> {
-            ready_any.remove(&op);
-            ready_by[assign[op.index()]].remove(&op);
-            done[op.index()] = true;
+        |u: usize, ready_any: &mut BTreeSet<usize>, ready_by: &mut Vec<BTreeSet<usize>>| -> Vec<usize> {
+            ready_any.remove(&u);
+            ready_by[exec_of(u)].remove(&u);
             let mut newly = Vec::new();
-            let mut users: Vec<OpId> = trace
-                .op(op)
-                .outputs
-                .iter()
-                .flat_map(|v| consumers[v.index()].iter().copied())
-                .collect();
-            users.sort_unstable();
-            users.dedup();
-            for u in users {
-                waiting[u.index()] -= 1;
-                if waiting[u.index()] == 0 {
-                    ready_any.insert(u);
-                    ready_by[assign[u.index()]].insert(u);
-                    newly.push(u);
+            for &c in &unit_consumers[u] {
+                waiting[c] -= 1;
+                if waiting[c] == 0 {
+                    ready_any.insert(c);
+                    ready_by[exec_of(c)].insert(c);
+                    newly.push(c);
                 }
             }
             newly
         };
     while let Some(&start) = ready_any.first() {
-        let k = assign[start.index()];
-        let mut ops = vec![start];
-        let mut vertical: BTreeSet<OpId> = BTreeSet::new();
+        let k = exec_of(start);
+        let mut ops = units[start].clone();
         let newly = take(start, &mut ready_any, &mut ready_by);
-        if execs[k].kind == ExecutorKind::Fusion {
-            // Consumers of the region on this executor still waiting for other operands.
-            let mut blocked: BTreeSet<OpId> = BTreeSet::new();
-            let note_consumers = |op: OpId, blocked: &mut BTreeSet<OpId>| {
-                for v in &trace.op(op).outputs {
-                    blocked.extend(consumers[v.index()].iter().filter(|u| assign[u.index()] == k));
-                }
+        let first = units[start][0].index();
+        let closed = is_group(start) || hints[first].alone();
+        if execs[k].kind == ExecutorKind::Fusion && !closed {
+            let mut region_hints = hints[first].clone();
+            // A unit may join: one op, on this executor, not alone, and whose
+            // hints agree with the region's.
+            let joins = |u: usize, region_hints: &Hints| {
+                let h = &hints[units[u][0].index()];
+                exec_of(u) == k && !is_group(u) && !h.alone() && h.conflict(region_hints).is_none()
             };
-            note_consumers(start, &mut blocked);
-            vertical.extend(newly.into_iter().filter(|u| assign[u.index()] == k));
+            let mut vertical: BTreeSet<usize> = newly.into_iter().filter(|&u| exec_of(u) == k).collect();
+            // Consumers of the region on this executor still waiting for other operands.
+            let mut blocked: BTreeSet<usize> = BTreeSet::new();
+            blocked.extend(unit_consumers[start].iter().filter(|&&c| exec_of(c) == k));
             loop {
                 let next = match vertical.pop_first() {
-                    Some(v) => Some(v),
+                    Some(v) if joins(v, &region_hints) => Some(v),
+                    Some(_) => continue,
                     None => {
                         // A ready sibling that a blocked consumer needs joins the
                         // region, so that their consumer can join too (a cat of
                         // two computed parts); only then independent ops, if
                         // horizontal merging is on.
-                        let sibling = blocked.iter().find_map(|&u| {
-                            trace
-                                .op(u)
-                                .input_values()
+                        let sibling = blocked.iter().find_map(|&c| {
+                            units[c]
+                                .iter()
+                                .flat_map(|&o| trace.op(o).input_values())
                                 .filter_map(|v| producers[v.index()])
-                                .find(|p| ready_by[k].contains(p))
+                                .map(|p| unit_of[p.index()])
+                                .find(|&p| ready_by[k].contains(&p) && joins(p, &region_hints))
                         });
                         match sibling {
                             Some(p) => Some(p),
-                            None if execs[k].horizontal => ready_by[k].first().copied(),
+                            None if execs[k].horizontal => {
+                                ready_by[k].iter().copied().find(|&u| joins(u, &region_hints))
+                            }
                             None => None,
                         }
                     }
                 };
                 let Some(next) = next else { break };
-                ops.push(next);
+                let op = units[next][0];
+                ops.push(op);
+                region_hints.absorb(&hints[op.index()]);
                 blocked.remove(&next);
-                note_consumers(next, &mut blocked);
+                blocked.extend(unit_consumers[next].iter().filter(|&&c| exec_of(c) == k));
                 let newly = take(next, &mut ready_any, &mut ready_by);
-                vertical.extend(newly.into_iter().filter(|u| assign[u.index()] == k));
+                vertical.extend(newly.into_iter().filter(|&u| exec_of(u) == k));
             }
         }
         regions.push((k, ops));
@@ -563,6 +854,7 @@ fn reconsider(
 fn spend_fuel(
     regions: &[(usize, Vec<OpId>)],
     execs: &[Exec],
+    pinned: &[bool],
     banned: &mut [Vec<bool>],
     notes: &mut [Vec<String>],
 ) -> bool {
@@ -570,6 +862,10 @@ fn spend_fuel(
     let mut changed = false;
     for (k, ops) in regions {
         let Some(fuel) = execs[*k].fuel else { continue };
+        // A hint outranks fuel.
+        if ops.iter().any(|o| pinned[o.index()]) {
+            continue;
+        }
         used[*k] += 1;
         if used[*k] <= fuel {
             continue;

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hints::HintOutcome;
 use crate::memory::StepMemory;
 use crate::plan::Plan;
 
@@ -21,6 +22,18 @@ pub struct RegionReport {
     /// Measured median time, for runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_ns: Option<u64>,
+    /// Its hinted ops, each with its hints and whether they are honoured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<OpHintReport>,
+}
+
+/// One hinted op's hints, for reports.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpHintReport {
+    /// The op, as a statement with its line.
+    pub op: String,
+    /// Each hint: `key=value`, whether honoured, and why not.
+    pub hints: Vec<HintOutcome>,
 }
 
 /// Kernel-cache statistics.
@@ -94,6 +107,8 @@ pub struct PlanReport {
     pub timeline: MemoryReport,
     /// Bytes of the CPU arena its intermediates are planned into.
     pub arena_bytes: usize,
+    /// Hints not honoured (under `hint_policy = "prefer"`), one line each.
+    pub warnings: Vec<String>,
     /// Why each op went where it did (with `--explain`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<ExplanationReport>,
@@ -294,6 +309,9 @@ pub struct OpExplanationReport {
     pub region: usize,
     /// What moved it.
     pub notes: Vec<String>,
+    /// Its hints, and whether each is honoured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<HintOutcome>,
 }
 
 /// The explanation of a plan, for reports.
@@ -312,6 +330,7 @@ pub fn explanation_report(plan: &Plan) -> ExplanationReport {
                 chosen: o.chosen.clone(),
                 region: o.region,
                 notes: o.notes.clone(),
+                hints: o.hints.clone(),
             })
             .collect(),
         rounds: ex.rounds,
@@ -330,8 +349,35 @@ pub fn region_reports(plan: &Plan) -> Vec<RegionReport> {
             ops: r.ops.iter().map(|&o| plan.trace.describe_op(o)).collect(),
             estimated_ns: Some(est.round() as u64),
             time_ns: None,
+            hints: r
+                .ops
+                .iter()
+                .filter_map(|&o| {
+                    let hints = &plan.explanation.ops.get(o.index())?.hints;
+                    (!hints.is_empty()).then(|| OpHintReport {
+                        op: plan.trace.describe_op(o),
+                        hints: hints.clone(),
+                    })
+                })
+                .collect(),
         })
         .collect()
+}
+
+/// An op's hints for people: `executor=fallback, fuse=false (not honoured:
+/// ...)`, or `None` when it has none.
+pub fn hints_text(hints: &[HintOutcome]) -> Option<String> {
+    if hints.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = hints
+        .iter()
+        .map(|h| match &h.why {
+            None => h.hint.clone(),
+            Some(why) => format!("{} (not honoured: {why})", h.hint),
+        })
+        .collect();
+    Some(parts.join(", "))
 }
 
 /// The JSON plan report.
@@ -346,6 +392,7 @@ pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
         device: plan.device.name.clone(),
         timeline: memory_report(plan),
         arena_bytes: plan.arena().1,
+        warnings: plan.explanation.warnings.clone(),
         explanation: explain.then(|| explanation_report(plan)),
     }
 }
@@ -391,8 +438,23 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
             human_ns(*est)
         );
         for &o in &r.ops {
-            let _ = writeln!(s, "  {}", plan.trace.describe_op(o));
+            let hinted = plan
+                .explanation
+                .ops
+                .get(o.index())
+                .and_then(|e| hints_text(&e.hints));
+            match hinted {
+                Some(h) => {
+                    let _ = writeln!(s, "  {}    # hint {h}", plan.trace.describe_op(o));
+                }
+                None => {
+                    let _ = writeln!(s, "  {}", plan.trace.describe_op(o));
+                }
+            }
         }
+    }
+    for w in &plan.explanation.warnings {
+        let _ = writeln!(s, "warning: {w}");
     }
     if !explain {
         return s;
@@ -425,6 +487,13 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
         }
         for n in &op.notes {
             let _ = writeln!(s, "      note: {n}");
+        }
+        for h in &op.hints {
+            let verdict = match &h.why {
+                None => "honoured".to_string(),
+                Some(why) => format!("not honoured: {why}"),
+            };
+            let _ = writeln!(s, "      hint {}: {verdict}", h.hint);
         }
     }
     s

@@ -12,10 +12,16 @@
 //!
 //! Orders are computed on a [`MemoryGraph`], so they see exactly the
 //! buffers the runtime allocates.
+//!
+//! The strategy is a per-span decision: regions whose ops carry a
+//! `schedule=...` hint keep, among themselves, the order that strategy gives
+//! the whole plan (added to the graph as a chain of dependencies), and the
+//! plan's strategy places everything around them.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::str::FromStr;
 
+use crate::hints::HintPolicy;
 use crate::memory::MemoryGraph;
 use crate::plan::Plan;
 
@@ -78,7 +84,7 @@ impl std::fmt::Display for Strategy {
 /// The order `strategy` gives the regions of `g`.
 pub fn order(g: &MemoryGraph, strategy: Strategy) -> Vec<usize> {
     match strategy {
-        Strategy::Program => (0..g.len()).collect(),
+        Strategy::Program => program(g),
         Strategy::Dfs => depth_first(g, false),
         Strategy::Bfs => breadth_first(g),
         Strategy::MinPeak => {
@@ -98,12 +104,7 @@ pub fn order(g: &MemoryGraph, strategy: Strategy) -> Vec<usize> {
 /// while they lower the peak (or, at an equal peak, the total of live bytes).
 pub fn heuristic(g: &MemoryGraph) -> Vec<usize> {
     let mut best: Option<((usize, usize), Vec<usize>)> = None;
-    for c in [
-        (0..g.len()).collect(),
-        greedy(g),
-        depth_first(g, true),
-        depth_first(g, false),
-    ] {
+    for c in [program(g), greedy(g), depth_first(g, true), depth_first(g, false)] {
         let score = score(g, &c);
         if best.as_ref().is_none_or(|(p, _)| score < *p) {
             best = Some((score, c));
@@ -157,13 +158,27 @@ fn score(g: &MemoryGraph, order: &[usize]) -> (usize, usize) {
     (t.peak_bytes, t.steps.iter().map(|s| s.live_bytes).sum())
 }
 
+/// Program order, or the earliest-first topological order when extra
+/// dependencies (schedule hints) rule program order out.
+fn program(g: &MemoryGraph) -> Vec<usize> {
+    let plain: Vec<usize> = (0..g.len()).collect();
+    if g.is_valid_order(&plain) {
+        plain
+    } else {
+        topological(g)
+    }
+}
+
 /// `plan` with its regions in the order `strategy` gives them, renumbered
-/// in that order.
+/// in that order; regions under a `schedule` hint keep its order among
+/// themselves.
 pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
-    if strategy == Strategy::Program {
+    let mut g = plan.memory_graph();
+    let hinted = constrain(&mut g, &mut plan);
+    if strategy == Strategy::Program && !hinted {
         return plan;
     }
-    let order = order(&plan.memory_graph(), strategy);
+    let order = order(&g, strategy);
     let mut new_index = vec![0usize; order.len()];
     for (new, &old) in order.iter().enumerate() {
         new_index[old] = new;
@@ -183,6 +198,63 @@ pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
         op.region = new_index[op.region];
     }
     plan
+}
+
+/// Adds to `g`, for each strategy a `schedule` hint names, a chain through
+/// its hinted regions in the order that strategy gives the whole plan. A
+/// chain that would close a cycle with the others (two hinted spans asking
+/// for crossing orders) is left out, and its hints are marked not honoured
+/// in the plan's explanation. Returns whether any chain was added.
+fn constrain(g: &mut MemoryGraph, plan: &mut Plan) -> bool {
+    let hints = crate::hints::Hints::of_trace(&plan.trace);
+    let wanted: Vec<Option<Strategy>> = plan
+        .regions
+        .iter()
+        .map(|r| r.ops.iter().find_map(|o| hints[o.index()].schedule))
+        .collect();
+    let mut strategies: Vec<Strategy> = wanted.iter().flatten().copied().collect();
+    strategies.sort_by_key(|s| s.name());
+    strategies.dedup();
+    let base = g.clone();
+    let mut added = false;
+    for s in strategies {
+        let chain: Vec<usize> = order(&base, s)
+            .into_iter()
+            .filter(|&r| wanted[r] == Some(s))
+            .collect();
+        let mut trial = g.clone();
+        for w in chain.windows(2) {
+            trial.succs[w[0]].push(w[1]);
+            trial.preds[w[1]].push(w[0]);
+        }
+        if kahn(&trial, false).len() == trial.len() {
+            *g = trial;
+            added = true;
+        } else {
+            let why =
+                format!("the order `{s}` gives its regions crosses the order another schedule hint asks for");
+            let hint = format!("schedule={s}");
+            for &r in &chain {
+                for o in &plan.regions[r].ops {
+                    let Some(e) = plan.explanation.ops.get_mut(o.index()) else {
+                        continue;
+                    };
+                    for h in e.hints.iter_mut().filter(|h| h.hint == hint) {
+                        h.honoured = false;
+                        h.why = Some(why.clone());
+                    }
+                }
+            }
+            let warning = format!("hint {hint} not honoured: {why}");
+            if plan.explanation.hint_policy == HintPolicy::Prefer
+                && !plan.explanation.warnings.contains(&warning)
+            {
+                tracing::warn!("{warning}");
+                plan.explanation.warnings.push(warning);
+            }
+        }
+    }
+    added
 }
 
 /// Regions whose dependencies are all done, kept up to date as regions run.

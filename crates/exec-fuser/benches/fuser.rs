@@ -37,7 +37,10 @@ fn transcendental() -> String {
 
 fn compiled(src: &str, executors: Vec<Arc<dyn Executor>>) -> (CompiledPlan, Vec<switchyard_core::Tensor>) {
     let t = parse(src).unwrap();
-    let opts = PartitionOptions { horizontal: true };
+    let opts = PartitionOptions {
+        horizontal: true,
+        ..PartitionOptions::default()
+    };
     let plan = partition(
         &t,
         &ExecutorSet::new(executors),

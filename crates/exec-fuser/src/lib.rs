@@ -155,9 +155,16 @@ impl Executor for FuserExecutor {
             ops.retain(|o| !gone.contains(o));
             handed_back.extend(out);
         }
-        handed_back.extend(self.split_cats(&mut ops, cx));
-        if options.bookend {
-            handed_back.extend(peel_bookends(&mut ops, cx));
+        // A `group` hint asks for its ops fused together: the cost-based
+        // hand-backs, which only ever save a little, defer to it.
+        let grouped = ops
+            .iter()
+            .any(|&o| cx.trace.hints_of(o).iter().any(|(k, _)| k == "group"));
+        if !grouped {
+            handed_back.extend(self.split_cats(&mut ops, cx));
+            if options.bookend {
+                handed_back.extend(peel_bookends(&mut ops, cx));
+            }
         }
         Refinement { handed_back }
     }

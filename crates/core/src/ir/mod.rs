@@ -401,6 +401,9 @@ impl Trace {
                     p.0
                 )));
             }
+            for (k, v) in span.hints.iter() {
+                crate::hints::check(k, v).map_err(|m| Error::InvalidTrace(format!("hint span #{s}: {m}")))?;
+            }
         }
         for (id, op) in self.ops_with_ids() {
             if let Some(s) = op.span

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::hints;
 use crate::ir::{Attr, Attrs, OpKind, Operand, Trace, TraceBuilder, ValueId, is_reserved_word};
 use crate::meta::{Device, TensorMeta, contiguous_strides};
 use crate::text::lexer::{Spanned, Tok, lex};
@@ -16,10 +17,6 @@ use crate::text::lexer::{Spanned, Tok, lex};
 fn reserved_value_name(name: &str) -> bool {
     is_reserved_word(name) || matches!(name, "input" | "output" | "hint")
 }
-
-/// Hint keys and what each accepts.
-const HINT_KEYS: &[&str] = &["executor", "schedule", "fuse", "group"];
-const SCHEDULES: &[&str] = &["program", "min-peak", "dfs", "bfs"];
 
 struct Parser<'a> {
     toks: Vec<Spanned>,
@@ -318,19 +315,19 @@ impl<'a> Parser<'a> {
                         Tok::Ident(key) => {
                             let key_at = self.here();
                             self.next();
-                            if !HINT_KEYS.contains(&key.as_str()) {
+                            if !hints::KEYS.contains(&key.as_str()) {
                                 return Err(self.error_at(
                                     key_at,
                                     format!(
                                         "unknown hint `{key}` (expected one of: {})",
-                                        HINT_KEYS.join(", ")
+                                        hints::KEYS.join(", ")
                                     ),
                                 ));
                             }
                             self.expect_punct('=', "after the hint key")?;
                             let val_at = self.here();
                             let value = self.attr_value()?;
-                            check_hint(&key, &value).map_err(|m| self.error_at(val_at, m))?;
+                            hints::check(&key, &value).map_err(|m| self.error_at(val_at, m))?;
                             if hints.0.insert(key.clone(), value).is_some() {
                                 return Err(self.error_at(key_at, format!("hint `{key}` is given twice")));
                             }
@@ -452,20 +449,6 @@ impl<'a> Parser<'a> {
             self.defined_at.insert(n, op_at.0);
         }
         self.end_of_statement()
-    }
-}
-
-fn check_hint(key: &str, value: &Attr) -> Result<(), String> {
-    match (key, value) {
-        ("fuse", Attr::Bool(_)) => Ok(()),
-        ("fuse", _) => Err(format!("hint `fuse` must be true or false, got `{value}`")),
-        ("schedule", Attr::Str(s)) if SCHEDULES.contains(&s.as_str()) => Ok(()),
-        ("schedule", _) => Err(format!(
-            "hint `schedule` must be one of {} (quote \"min-peak\"), got `{value}`",
-            SCHEDULES.join(", ")
-        )),
-        (_, Attr::Str(_)) => Ok(()),
-        _ => Err(format!("hint `{key}` must be a name, got `{value}`")),
     }
 }
 
