@@ -214,6 +214,15 @@ fn strict_hints_that_cannot_be_honoured_are_errors_and_prefer_warns() {
         assert!(p.explanation.warnings[0].contains(reason));
         let o = &p.explanation.ops[1].hints[0];
         assert!(!o.honoured && o.why.as_deref().unwrap().contains(reason), "{o:?}");
+        let json = serde_json::to_value(switchyard_core::report::plan_report(&p, false)).unwrap();
+        assert!(json["warnings"][0].as_str().unwrap().contains(reason), "{json}");
+        let hinted = json["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r.get("hints").is_some())
+            .unwrap();
+        assert_eq!(hinted["hints"][0]["hints"][0]["honoured"], false, "{hinted}");
         let shown = switchyard_core::report::render_plan(&p, false);
         assert!(
             shown.contains("# hint executor=") && shown.contains("not honoured"),
@@ -304,6 +313,29 @@ fn workload_5_schedule_hints_give_the_depth_and_breadth_first_peaks() {
         assert_eq!(p.planned_peak_bytes().0, want, "schedule={strategy}");
         assert!(outcomes(&p).iter().all(|o| o.2));
     }
+}
+
+#[test]
+fn the_builder_takes_a_closure_for_a_hinted_span_and_checks_its_hints() {
+    use switchyard_core::{DType, TraceBuilder};
+    let mut b = TraceBuilder::new();
+    let x = b.input("x", DType::F32, &[8]).unwrap();
+    let y = b
+        .hinted(Attrs::new().with("executor", "fallback"), |b| b.exp(x))
+        .unwrap();
+    let z = b.relu(y).unwrap();
+    b.output(&[z]);
+    let t = b.finish().unwrap();
+    let h = Hints::of_trace(&t);
+    assert_eq!(h[0].executor.as_deref(), Some("fallback"));
+    assert!(h[1].is_empty());
+    assert_eq!(parse(&t.to_string()).unwrap(), t, "round trip");
+    let mut b = TraceBuilder::new();
+    let x = b.input("x", DType::F32, &[8]).unwrap();
+    let y = b.hinted(Attrs::new().with("fuse", 3i64), |b| b.exp(x)).unwrap();
+    b.output(&[y]);
+    let e = b.finish().unwrap_err().to_string();
+    assert!(e.contains("hint `fuse` must be true or false, got `3`"), "{e}");
 }
 
 #[test]
