@@ -662,27 +662,21 @@ fn cluster(
     let exec_of = |u: usize| assign[units[u][0].index()];
     // Distinct producer units of each unit, and consumer units.
     let edges = |u: usize, up: bool| -> Vec<usize> {
-        let mut out: Vec<usize> = units[u]
-            .iter()
-            .flat_map(|&o| -> Vec<usize> {
-                if up {
-                    trace
-                        .op(o)
-                        .input_values()
-                        .filter_map(|v| producers[v.index()])
-                        .map(|p| unit_of[p.index()])
-                        .collect()
-                } else {
-                    trace
-                        .op(o)
-                        .outputs
-                        .iter()
-                        .flat_map(|v| consumers[v.index()].iter().map(|c| unit_of[c.index()]))
-                        .collect()
+        let mut out: Vec<usize> = Vec::new();
+        for &o in &units[u] {
+            if up {
+                for v in trace.op(o).input_values() {
+                    if let Some(p) = producers[v.index()] {
+                        out.push(unit_of[p.index()]);
+                    }
                 }
-            })
-            .filter(|&x| x != u)
-            .collect();
+            } else {
+                for v in &trace.op(o).outputs {
+                    out.extend(consumers[v.index()].iter().map(|c| unit_of[c.index()]));
+                }
+            }
+        }
+        out.retain(|&x| x != u);
         out.sort_unstable();
         out.dedup();
         out
