@@ -103,6 +103,39 @@ pub fn assert_close(got: &Tensor, want: &[f64], tol: f64) {
     }
 }
 
+/// The shared library a workspace crate builds (`cargo test --workspace`
+/// builds every member's library, plugins included), beside the test
+/// binaries. Panics with how to build it if it is not there.
+pub fn built_library(crate_name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    // target/<profile>/deps/<test binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binaries live in target/<profile>/deps");
+    let file = format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        crate_name.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    );
+    // `cargo test` and `cargo bench` leave it in deps/, `cargo build` in
+    // the profile's directory.
+    let candidates = [profile_dir.join("deps").join(&file), profile_dir.join(&file)];
+    let Some(path) = candidates.iter().find(|p| p.exists()).cloned() else {
+        let release = if profile_dir.ends_with("release") {
+            " --release"
+        } else {
+            ""
+        };
+        panic!(
+            "{} is not built; `cargo build{release} -p {crate_name}` builds it",
+            candidates[1].display()
+        );
+    };
+    path
+}
+
 /// The path of a file in the repository.
 pub fn repo_path(rel: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

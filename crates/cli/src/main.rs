@@ -16,15 +16,18 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use switchyard_core::cache::KernelCache;
 use switchyard_core::config::{Config, executor_statuses};
-use switchyard_core::executor::Availability;
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::{Availability, ExecutorSet};
 use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors};
-use switchyard_core::partition::{PartitionOptions, partition_owned};
+use switchyard_core::partition::PartitionOptions;
+use switchyard_core::pipeline::Planner;
 use switchyard_core::plan::Plan;
+use switchyard_core::plugin::LoadedPlugin;
 use switchyard_core::report::{
     CacheReport, OutputReport, RunReport, human_ns, memory_report, memory_timeline_svg, plan_dot,
     plan_report, region_reports, render_plan,
 };
-use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_core::runtime::RunOptions;
 use switchyard_core::{Trace, text};
 
 /// Keeps the built-in executors linked: their `inventory` entries live in
@@ -51,8 +54,16 @@ enum Command {
     Run(RunArgs),
     /// Show how a trace is partitioned onto executors, and why.
     Plan(PlanArgs),
-    /// List the registered executors with version, kind and availability.
-    Executors,
+    /// List the executors (registered and from plugins) with version, kind,
+    /// devices, plugin ABI version and availability.
+    Executors {
+        /// A config file whose `[[plugin]]`s to load.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Load this executor plugin (a shared library); may be repeated.
+        #[arg(long, value_name = "PATH")]
+        plugin: Vec<PathBuf>,
+    },
     /// Measure this CPU (bandwidth, FLOP/s per dtype, per-call overheads) and
     /// write a cost-model profile that `[cost] profile = "FILE"` can name.
     Calibrate {
@@ -91,6 +102,10 @@ struct Planning {
     /// the config's `[scheduler] strategy`).
     #[arg(long, value_name = "NAME")]
     schedule: Option<String>,
+    /// Load this executor plugin (a shared library) besides the config's;
+    /// may be repeated.
+    #[arg(long, value_name = "PATH")]
+    plugin: Vec<PathBuf>,
 }
 
 impl Planning {
@@ -101,23 +116,62 @@ impl Planning {
         })
     }
 
-    fn plan(&self, trace: Trace, config: &Config) -> Result<Plan> {
-        let set = config.executor_set(self.executors.as_deref())?;
-        let device = config.device_model()?;
-        let opts = PartitionOptions {
-            horizontal: config.partitioner.horizontal,
-            hint_policy: config.hint_policy,
-        };
-        let plan = partition_owned(trace, &set, &device, &opts)?;
+    /// Loads the plugins (warning about those that cannot be), and returns
+    /// the executor set with them and their names.
+    fn executors(&self, config: &Config) -> Result<(ExecutorSet, Vec<String>)> {
+        let plugins = load_plugins(config, &self.plugin);
+        let names = plugins.iter().map(|p| p.executor.info().name).collect();
+        Ok((
+            config.executor_set_with(self.executors.as_deref(), &plugins)?,
+            names,
+        ))
+    }
+
+    fn planner<'a>(
+        &self,
+        config: &Config,
+        set: &'a ExecutorSet,
+        device: &'a DeviceModel,
+        options: &'a PartitionOptions,
+    ) -> Result<Planner<'a>> {
         let strategy = match &self.schedule {
             Some(name) => name
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
             None => config.strategy()?,
         };
-        let budget = config.scheduler.memory_budget.map(|b| b as usize);
-        Ok(switchyard_core::fit::fit(plan, strategy, budget)?)
+        Ok(Planner {
+            set,
+            device,
+            options,
+            strategy,
+            budget: config.scheduler.memory_budget.map(|b| b as usize),
+        })
     }
+
+    fn plan(&self, trace: Trace, config: &Config) -> Result<Plan> {
+        let (set, _) = self.executors(config)?;
+        let device = config.device_model()?;
+        let opts = partition_options(config);
+        Ok(self.planner(config, &set, &device, &opts)?.plan(&trace)?)
+    }
+}
+
+fn partition_options(config: &Config) -> PartitionOptions {
+    PartitionOptions {
+        horizontal: config.partitioner.horizontal,
+        hint_policy: config.hint_policy,
+    }
+}
+
+/// The config's plugins and `extra`; each that cannot be loaded is a
+/// warning, and skipped.
+fn load_plugins(config: &Config, extra: &[PathBuf]) -> Vec<LoadedPlugin> {
+    let (loaded, failed) = config.load_plugins(extra);
+    for e in failed {
+        eprintln!("warning: {e} (skipped)");
+    }
+    loaded
 }
 
 #[derive(clap::Args)]
@@ -199,9 +253,15 @@ fn human_bytes(b: usize) -> String {
 fn run(args: RunArgs) -> Result<()> {
     let trace = read_trace(&args.trace)?;
     let config = args.planning.config()?;
-    let plan = args.planning.plan(trace, &config)?;
+    let (set, plugins) = args.planning.executors(&config)?;
+    let device = config.device_model()?;
+    let opts = partition_options(&config);
+    let planner = args.planning.planner(&config, &set, &device, &opts)?;
     let cache = KernelCache::new(config.cache.capacity);
-    let compiled = CompiledPlan::compile_with(plan, &cache)?;
+    let (compiled, set_aside) = planner.compile(&trace, &cache, &plugins)?;
+    for why in set_aside {
+        eprintln!("warning: {why}");
+    }
     // Lowering keeps the inputs, so the plan's trace names them as the file did.
     let trace = &compiled.plan().trace;
     let inputs = match &args.inputs {
@@ -350,23 +410,44 @@ fn plan(args: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-fn executors() -> Result<()> {
+fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
+    let config = match &config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    let loaded = load_plugins(&config, &plugins);
     println!(
-        "{:<12} {:<9} {:<9} {:<10} availability",
-        "name", "version", "kind", "devices"
+        "{:<14} {:<9} {:<9} {:<10} {:<4} availability",
+        "name", "version", "kind", "devices", "abi"
     );
-    for (info, availability) in executor_statuses() {
+    let rows = executor_statuses()
+        .into_iter()
+        .map(|(info, a)| (info, a, None))
+        .chain(
+            loaded
+                .iter()
+                .map(|p| (p.executor.info(), p.executor.availability(), Some(p))),
+        );
+    for (info, availability, plugin) in rows {
         let avail = match availability {
             Availability::Available => "available".to_string(),
             Availability::Unavailable(why) => format!("unavailable: {why}"),
         };
         let kind = format!("{:?}", info.kind).to_lowercase();
+        let (abi, from) = match plugin {
+            Some(p) => (
+                p.abi_version.to_string(),
+                format!(" (plugin {})", p.path.display()),
+            ),
+            None => ("-".to_string(), String::new()),
+        };
         println!(
-            "{:<12} {:<9} {:<9} {:<10} {avail}",
+            "{:<14} {:<9} {:<9} {:<10} {:<4} {avail}{from}",
             info.name,
             info.version,
             kind,
-            info.devices.join(",")
+            info.devices.join(","),
+            abi
         );
     }
     Ok(())
@@ -382,7 +463,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Plan(args) => plan(args),
-        Command::Executors => executors(),
+        Command::Executors { config, plugin } => executors(config, plugin),
         Command::Calibrate { output, quick } => calibrate::measure(quick).and_then(|m| {
             match output {
                 Some(path) => {

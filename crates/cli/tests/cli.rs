@@ -328,6 +328,75 @@ fn executors_lists_the_registry() {
     );
 }
 
+/// The example plugin's shared library, as the build left it.
+fn matmul_plugin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let file = format!(
+        "{}switchyard_matmul_plugin{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [deps.join(&file), deps.parent().unwrap().join(&file)]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the example plugin is built with the tests")
+}
+
+#[test]
+fn plugins_load_from_the_command_line_and_config() {
+    let plugin = matmul_plugin();
+    let s = ok(bin()
+        .args(["executors", "--plugin"])
+        .arg(&plugin)
+        .output()
+        .unwrap());
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("tiled_matmul"))
+        .unwrap_or_else(|| panic!("{s}"));
+    assert!(
+        line.contains("0.1.0")
+            && line.contains("operator")
+            && line.contains(" 1 ")
+            && line.contains("available"),
+        "{line}"
+    );
+    assert!(line.contains(&plugin.display().to_string()), "{line}");
+    // Run the block with the plugin winning its matmuls, named in a config.
+    let cfg = scratch("plugin.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[plugin]]\npath = {:?}\n[options.tiled_matmul]\ngflops = 1000000.0\n",
+            plugin.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = bin()
+        .arg("run")
+        .arg(example("transformer_block.trace"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let s = ok(out);
+    assert!(s.contains("9 on tiled_matmul"), "{s}");
+    // A plugin that cannot be loaded is a warning; the run goes on.
+    let out = bin()
+        .arg("run")
+        .arg(example("mlp.trace"))
+        .args(["--plugin", "/no/such/plugin.so"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: plugin /no/such/plugin.so: no such file (skipped)"),
+        "{err}"
+    );
+}
+
 /// Runs `COMMAND mlp.trace --config FILE` with `config` written to FILE.
 fn with_config(command: &str, config: &str) -> Output {
     let cfg = scratch(&format!("{command}-{}.toml", config.len()));

@@ -40,6 +40,7 @@ use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::{self, Availability, ExecutorSet};
 use crate::hints::HintPolicy;
+use crate::plugin::LoadedPlugin;
 
 /// `[partitioner]`
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -122,6 +123,9 @@ pub struct Config {
     /// error; `prefer`, a warning in the plan.
     #[serde(default)]
     pub hint_policy: HintPolicy,
+    /// `[[plugin]]`: executor plugins to load (shared libraries).
+    #[serde(default)]
+    pub plugin: Vec<PluginConfig>,
     /// `[options.NAME]`: options of each executor.
     #[serde(default)]
     pub options: BTreeMap<String, toml::Table>,
@@ -137,6 +141,18 @@ pub struct Config {
     /// `[cost]`
     #[serde(default)]
     pub cost: CostConfig,
+    /// The directory of the file this was read from: relative plugin paths
+    /// start there.
+    #[serde(skip)]
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// `[[plugin]]`: one executor plugin.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// The shared library (relative to the config file's directory).
+    pub path: std::path::PathBuf,
 }
 
 impl Config {
@@ -171,7 +187,43 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Config::parse(&text, &path.display().to_string())
+        let mut c = Config::parse(&text, &path.display().to_string())?;
+        c.dir = path.parent().map(Path::to_path_buf);
+        Ok(c)
+    }
+
+    /// Loads the config's plugins, then those in `extra` (paths as given).
+    /// Returns the loaded ones and, for each that could not be loaded, the
+    /// error naming it and the cause: callers skip those and say so.
+    pub fn load_plugins(&self, extra: &[std::path::PathBuf]) -> (Vec<LoadedPlugin>, Vec<Error>) {
+        let paths = self
+            .plugin
+            .iter()
+            .map(|p| match &self.dir {
+                Some(d) if p.path.is_relative() => d.join(&p.path),
+                _ => p.path.clone(),
+            })
+            .chain(extra.iter().cloned());
+        let (mut loaded, mut failed): (Vec<LoadedPlugin>, Vec<Error>) = (Vec::new(), Vec::new());
+        for path in paths {
+            match crate::plugin::load(&path) {
+                Ok(p) => {
+                    let name = p.executor.info().name;
+                    let builtin = executor::registered().iter().any(|f| f.name == name);
+                    let twice = loaded.iter().any(|q| q.executor.info().name == name);
+                    if builtin || twice {
+                        failed.push(Error::Plugin {
+                            path,
+                            message: format!("its executor `{name}` has the name of another executor"),
+                        });
+                    } else {
+                        loaded.push(p);
+                    }
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        (loaded, failed)
     }
 
     /// The scheduling strategy `[scheduler] strategy` names.
@@ -204,7 +256,23 @@ impl Config {
     /// registered defaults, then `enable` in front and `disable` removed; each
     /// with its options, which the executor checks.
     pub fn executor_set(&self, cli_list: Option<&str>) -> Result<ExecutorSet> {
-        let known: Vec<&str> = executor::registered().iter().map(|f| f.name).collect();
+        let (plugins, failed) = self.load_plugins(&[]);
+        for e in failed {
+            tracing::warn!("{e} (skipped)");
+        }
+        self.executor_set_with(cli_list, &plugins)
+    }
+
+    /// As [`Config::executor_set`], with these plugins' executors known
+    /// beside the registered ones (in the default order by their rank).
+    pub fn executor_set_with(&self, cli_list: Option<&str>, plugins: &[LoadedPlugin]) -> Result<ExecutorSet> {
+        let mut ranked: Vec<(u32, String)> = executor::registered()
+            .iter()
+            .map(|f| (f.default_rank, f.name.to_string()))
+            .chain(plugins.iter().map(|p| (p.default_rank, p.executor.info().name)))
+            .collect();
+        ranked.sort();
+        let known: Vec<&str> = ranked.iter().map(|(_, n)| n.as_str()).collect();
         let unknown = |key: &str, name: &str| Error::Config {
             key: key.to_string(),
             message: format!("unknown executor `{name}` (known: {})", known.join(", ")),
@@ -261,7 +329,10 @@ impl Config {
         }
         let mut set = ExecutorSet::default();
         for n in names {
-            let e = executor::create(&n)?;
+            let e = match plugins.iter().find(|p| p.executor.info().name == n) {
+                Some(p) => p.executor.clone(),
+                None => executor::create(&n)?,
+            };
             let opts = self.options.get(&n).cloned().unwrap_or_default();
             e.check_options(&opts).map_err(|message| Error::Config {
                 key: format!("options.{n}"),

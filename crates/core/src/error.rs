@@ -66,6 +66,14 @@ pub enum Error {
         /// Each executor's reason.
         reasons: String,
     },
+    /// A plugin cannot be loaded.
+    #[error("plugin {}: {message}", path.display())]
+    Plugin {
+        /// The library's path.
+        path: std::path::PathBuf,
+        /// Why.
+        message: String,
+    },
     /// A hint cannot be honoured, and the hint policy is strict.
     #[error(
         "{op}: hint {hint} cannot be honoured: {reason} (with `hint_policy = \"prefer\"` it is a warning)"

@@ -269,6 +269,55 @@ impl Trace {
         s
     }
 
+    /// A trace of its own holding just `ops` (in order): `inputs` become its
+    /// inputs and `outputs` its outputs, names and metadata kept, hints
+    /// dropped. `inputs` and `outputs` are the region's boundary
+    /// ([`crate::plan::region_boundary`]).
+    pub fn extract(&self, ops: &[OpId], inputs: &[ValueId], outputs: &[ValueId]) -> Trace {
+        let mut map: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
+        let mut t = Trace::default();
+        let add = |t: &mut Trace, v: ValueId| {
+            let id = ValueId(t.values.len() as u32);
+            t.values.push(self.value(v).clone());
+            id
+        };
+        for &v in inputs {
+            let id = add(&mut t, v);
+            map.insert(v, id);
+            t.inputs.push(id);
+        }
+        for &o in ops {
+            let op = self.op(o);
+            let operands = op
+                .operands
+                .iter()
+                .map(|x| match x {
+                    Operand::Value(v) => Operand::Value(map[v]),
+                    s => *s,
+                })
+                .collect();
+            let outs = op
+                .outputs
+                .iter()
+                .map(|&v| {
+                    let id = add(&mut t, v);
+                    map.insert(v, id);
+                    id
+                })
+                .collect();
+            t.ops.push(Op {
+                kind: op.kind,
+                operands,
+                outputs: outs,
+                attrs: op.attrs.clone(),
+                span: None,
+            });
+            t.lines.push(self.line_of(o));
+        }
+        t.outputs = outputs.iter().map(|v| map[v]).collect();
+        t
+    }
+
     /// The hints in force for an op: its spans from outermost to innermost, the
     /// inner span winning for the keys it sets.
     pub fn hints_of(&self, id: OpId) -> Attrs {
