@@ -7,6 +7,7 @@
 //! linker keeps their link-time registrations.
 #![deny(missing_docs)]
 
+mod bench;
 mod calibrate;
 
 use std::path::{Path, PathBuf};
@@ -74,6 +75,9 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+    /// Time executor sets side by side on the same workloads (a built-in
+    /// suite or trace files), or one executor's ops against the fallback.
+    Bench(BenchArgs),
     /// Parse and validate a trace; print it back in canonical form with --print,
     /// or as JSON with --json.
     Check {
@@ -220,6 +224,45 @@ struct RunArgs {
     /// the plan's arena, which is kept from one run to the next.
     #[arg(long)]
     no_arena: bool,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Trace files to measure, instead of a suite.
+    traces: Vec<PathBuf>,
+    /// A built-in suite: standard (every workload; the default), elementwise,
+    /// reduction, matmul or overhead.
+    #[arg(long, conflicts_with = "traces")]
+    suite: Option<String>,
+    /// Executor sets to compare, `;`-separated, each a comma-separated list in
+    /// order of preference, e.g. "fallback;fuser,fallback"; ratios are against
+    /// the first. Default: the fallback alone, then every enabled executor.
+    #[arg(long, value_name = "SETS")]
+    executors_sets: Option<String>,
+    /// Measure the ops this executor claims in the workloads, each alone,
+    /// against the fallback.
+    #[arg(long, value_name = "NAME", conflicts_with = "executors_sets")]
+    executor: Option<String>,
+    /// Samples per measurement (each of enough runs to last about 10 ms,
+    /// after a warm-up).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Write the results to this file (JSON), for `--baseline` later.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Compare with an earlier `--json` file; slowdowns beyond the measured
+    /// noise are reported, and make the command fail.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Draw every set's time relative to the first as a bar chart (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// A config file: executors, options, plugins, cost model, scheduler.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Load this executor plugin; may be repeated.
+    #[arg(long, value_name = "PATH")]
+    plugin: Vec<PathBuf>,
 }
 
 fn read_trace(path: &Path) -> Result<Trace> {
@@ -453,6 +496,206 @@ fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// A planner for one executor list of the config.
+struct SetPlanner {
+    name: String,
+    set: ExecutorSet,
+}
+
+fn bench_command(args: BenchArgs) -> Result<()> {
+    let config = match &args.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    let plugins = load_plugins(&config, &args.plugin);
+    let (suite_name, mut workloads) = if args.traces.is_empty() {
+        let name = args.suite.clone().unwrap_or_else(|| "standard".into());
+        let w = bench::suite(&name)?;
+        (name, w)
+    } else {
+        let w = args
+            .traces
+            .iter()
+            .map(|p| {
+                let name = p
+                    .file_stem()
+                    .map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into());
+                Ok((name, read_trace(p)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ("traces".to_string(), w)
+    };
+    let lists: Vec<String> = match (&args.executor, &args.executors_sets) {
+        (Some(name), _) => vec!["fallback".into(), format!("{name},fallback")],
+        (None, Some(sets)) => sets
+            .split(';')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        (None, None) => {
+            let all = config.executor_set_with(None, &plugins)?;
+            let names: Vec<String> = all.executors.iter().map(|e| e.info().name).collect();
+            vec!["fallback".into(), names.join(",")]
+        }
+    };
+    if lists.is_empty() {
+        bail!("--executors-sets: no executor set given");
+    }
+    let sets: Vec<SetPlanner> = lists
+        .iter()
+        .map(|l| {
+            let set = config
+                .executor_set_with(Some(l), &plugins)
+                .with_context(|| format!("executor set `{l}`"))?;
+            let name = set
+                .executors
+                .iter()
+                .map(|e| e.info().name)
+                .collect::<Vec<_>>()
+                .join(",");
+            Ok(SetPlanner { name, set })
+        })
+        .collect::<Result<_>>()?;
+    if let Some(name) = &args.executor {
+        workloads = isolated_ops(name, &workloads, &sets[1].set, &config)?;
+        if workloads.is_empty() {
+            bail!("--executor {name}: it claims none of the ops of these workloads");
+        }
+    }
+    let device = config.device_model()?;
+    let opts = partition_options(&config);
+    let strategy = config.strategy()?;
+    let budget = config.scheduler.memory_budget.map(|b| b as usize);
+    let bar = indicatif::ProgressBar::new((workloads.len() * sets.len()) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
+    );
+    let mut results = Vec::new();
+    for (w, trace) in &workloads {
+        for s in &sets {
+            bar.set_message(format!("{w} on {}", s.name));
+            let planner = Planner {
+                set: &s.set,
+                device: &device,
+                options: &opts,
+                strategy,
+                budget,
+            };
+            results.push(bench::measure(w, &s.name, trace, &planner, args.repeat)?);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    bench::set_ratios(&mut results, &sets[0].name);
+    let report = bench::Report {
+        format: bench::FORMAT,
+        suite: if args.executor.is_some() {
+            format!("{suite_name}: ops of {}", sets[1].name)
+        } else {
+            suite_name
+        },
+        sets: sets.iter().map(|s| s.name.clone()).collect(),
+        samples: args.repeat,
+        results,
+    };
+    print_bench(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, bench::plot_svg(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.baseline {
+        let base = bench::read_report(path)?;
+        let (regressions, compared) = bench::regressions(&report, &base);
+        println!(
+            "\nagainst {}: {compared} measurement(s) compared, {} slower beyond the noise",
+            path.display(),
+            regressions.len()
+        );
+        for r in &regressions {
+            println!(
+                "  regression: {} on {}: {:.2}x the baseline's time (noise allows {:.2}x)",
+                r.workload, r.set, r.slowdown, r.threshold
+            );
+        }
+        if !regressions.is_empty() {
+            bail!("{} regression(s) against {}", regressions.len(), path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Each distinct op of `workloads` that the first executor of `set` claims,
+/// as a trace of its own (named by its statement).
+fn isolated_ops(
+    name: &str,
+    workloads: &[(String, Trace)],
+    set: &ExecutorSet,
+    config: &Config,
+) -> Result<Vec<(String, Trace)>> {
+    let device = config.device_model()?;
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (_, trace) in workloads {
+        let plan = switchyard_core::partition::partition(trace, set, &device, &partition_options(config))?;
+        let t = &plan.trace;
+        let uses = t.uses();
+        for op in &plan.explanation.ops {
+            let claimed = op
+                .candidates
+                .iter()
+                .any(|c| c.executor == name && c.claim.cost().is_some());
+            if !claimed {
+                continue;
+            }
+            let (inputs, outputs) = switchyard_core::plan::region_boundary(t, &[op.op], &uses);
+            let mut alone = t.extract(&[op.op], &inputs, &outputs);
+            for (i, v) in alone.values.iter_mut().enumerate() {
+                v.name = format!("v{i}");
+            }
+            let key = text::print(&alone);
+            if seen.insert(key) {
+                let o = alone.ops[0].clone();
+                let label = format!("{} -> {}", o.kind, alone.meta(o.outputs[0]));
+                out.push((label, alone));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn print_bench(r: &bench::Report) {
+    println!(
+        "suite: {} ({} samples each; ratios against {})",
+        r.suite, r.samples, r.sets[0]
+    );
+    println!(
+        "{:<34} {:<22} {:>11} {:>7} {:>8} {:>11} {:>7} {:>10} {:>10}",
+        "workload", "executors", "median", "±mad", "ratio", "peak", "kernels", "plan", "compile"
+    );
+    for m in &r.results {
+        println!(
+            "{:<34} {:<22} {:>11} {:>6.1}% {:>7.3}x {:>11} {:>7} {:>10} {:>10}",
+            m.workload,
+            m.set,
+            human_ns(m.stats.median_ns),
+            100.0 * m.stats.noise(),
+            m.ratio,
+            human_bytes_short(m.peak_bytes),
+            m.kernels_compiled,
+            human_ns(m.plan_ns as f64),
+            human_ns(m.compile_ns as f64)
+        );
+    }
+}
+
+fn human_bytes_short(b: usize) -> String {
+    switchyard_core::report::human_bytes(b)
+}
+
 fn main() -> ExitCode {
     link_builtin_executors();
     tracing_subscriber::fmt()
@@ -479,6 +722,7 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
+        Command::Bench(args) => bench_command(args),
         Command::Check { trace, print, json } => read_trace(&trace).and_then(|t| {
             if json {
                 println!("{}", t.to_json()?);

@@ -519,3 +519,159 @@ fn memory_timeline_in_json_and_svg() {
     assert_eq!(p["peak_bytes"], 786_432);
     assert!(p["timeline"]["steps"].as_array().is_some_and(|s| !s.is_empty()));
 }
+
+#[test]
+fn bench_reports_every_set_side_by_side_and_writes_json() {
+    let json = scratch("bench.json");
+    let svg = scratch("bench.svg");
+    let out = bin()
+        .args(["bench", "--suite", "overhead", "--repeat", "2", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let s = ok(out);
+    assert!(
+        s.contains("suite: overhead (2 samples each; ratios against fallback)"),
+        "{s}"
+    );
+    for w in ["tiny_chain", "small_einsums"] {
+        assert!(
+            s.lines()
+                .any(|l| l.starts_with(w) && l.contains("fuser,fallback")),
+            "{s}"
+        );
+    }
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["format"], 1);
+    assert_eq!(r["sets"], serde_json::json!(["fallback", "fuser,fallback"]));
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4);
+    for m in results {
+        for key in ["median_ns", "min_ns", "max_ns", "mad_ns"] {
+            assert!(m["stats"][key].as_f64().unwrap() >= 0.0, "{m}");
+        }
+        assert_eq!(m["samples_ns"].as_array().unwrap().len(), 2);
+        for key in [
+            "peak_bytes",
+            "kernels_compiled",
+            "plan_ns",
+            "compile_ns",
+            "runs_per_sample",
+        ] {
+            assert!(m[key].is_u64(), "{key}: {m}");
+        }
+        if m["set"] == "fallback" {
+            assert_eq!(m["ratio"], 1.0);
+        }
+    }
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("tiny_chain"), "{svg}");
+}
+
+#[test]
+fn bench_flags_an_injected_slowdown_against_a_baseline() {
+    let trace = example("tiny.trace");
+    let json = scratch("base.json");
+    let run = |extra: &[&str]| {
+        bin()
+            .arg("bench")
+            .arg(&trace)
+            .args(["--repeat", "3", "--executors-sets", "fallback;fuser,fallback"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    ok(run(&["--json", json.to_str().unwrap()]));
+    // A baseline ten times faster than this machine: every measurement is a
+    // regression, and the command fails.
+    let scaled = |factor: f64, name: &str| {
+        let mut r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        for m in r["results"].as_array_mut().unwrap() {
+            for key in ["median_ns", "min_ns", "max_ns", "mad_ns"] {
+                let v = m["stats"][key].as_f64().unwrap();
+                m["stats"][key] = serde_json::json!(v * factor);
+            }
+        }
+        let path = scratch(name);
+        std::fs::write(&path, r.to_string()).unwrap();
+        path
+    };
+    let fast = scaled(0.1, "fast.json");
+    let out = run(&["--baseline", fast.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("2 measurement(s) compared, 2 slower beyond the noise"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("regression: tiny on fallback"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 regression(s)"));
+    // A baseline ten times slower: nothing to report.
+    let slow = scaled(10.0, "slow.json");
+    let s = ok(run(&["--baseline", slow.to_str().unwrap()]));
+    assert!(
+        s.contains("2 measurement(s) compared, 0 slower beyond the noise"),
+        "{s}"
+    );
+}
+
+#[test]
+fn bench_compares_one_executor_op_by_op_and_rejects_bad_arguments() {
+    let s = ok(bin()
+        .args([
+            "bench",
+            "--suite",
+            "elementwise",
+            "--executor",
+            "fuser",
+            "--repeat",
+            "2",
+        ])
+        .output()
+        .unwrap());
+    assert!(s.contains("suite: elementwise: ops of fuser,fallback"), "{s}");
+    assert!(s.lines().any(|l| l.starts_with("add -> f32[1024, 1024]")), "{s}");
+    for (args, want) in [
+        (vec!["bench", "--suite", "huge"], "unknown suite `huge`"),
+        (
+            vec![
+                "bench",
+                "--suite",
+                "overhead",
+                "--executors-sets",
+                "fallback;warp",
+            ],
+            "unknown executor `warp`",
+        ),
+        (
+            vec!["bench", "--suite", "overhead", "--executor", "warp"],
+            "unknown executor `warp`",
+        ),
+        (
+            vec!["bench", "--suite", "overhead", "--baseline", "/no/such.json"],
+            "reading /no/such.json",
+        ),
+    ] {
+        let e = fails(bin().args(&args).output().unwrap());
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
+    let out = bin()
+        .args(["bench", "--suite", "overhead", "--repeat", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--repeat"));
+    let not_json = scratch("not.json");
+    std::fs::write(&not_json, "[1, 2]").unwrap();
+    let e = fails(
+        bin()
+            .args(["bench", "--suite", "overhead", "--repeat", "1", "--baseline"])
+            .arg(&not_json)
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("is not a `switchyard bench --json` file"), "{e}");
+}
