@@ -658,8 +658,17 @@ fn isolated_ops(
             }
             let key = text::print(&alone);
             if seen.insert(key) {
-                let o = alone.ops[0].clone();
-                let label = format!("{} -> {}", o.kind, alone.meta(o.outputs[0]));
+                let label = op_label(&alone);
+                // Ops that differ only in what the label leaves out stay apart.
+                let n = out
+                    .iter()
+                    .filter(|(l, _): &&(String, Trace)| l.starts_with(&label))
+                    .count();
+                let label = if n == 0 {
+                    label
+                } else {
+                    format!("{label} #{}", n + 1)
+                };
                 out.push((label, alone));
             }
         }
@@ -667,18 +676,41 @@ fn isolated_ops(
     Ok(out)
 }
 
+/// `kind(operand types and scalars) attrs`, for a one-op trace.
+fn op_label(t: &Trace) -> String {
+    let o = &t.ops[0];
+    let operands: Vec<String> = o
+        .operands
+        .iter()
+        .map(|x| match x {
+            switchyard_core::ir::Operand::Value(v) => t.meta(*v).to_string(),
+            switchyard_core::ir::Operand::Scalar(s) => s.to_string(),
+        })
+        .collect();
+    let attrs: String = o.attrs.iter().map(|(k, v)| format!(" {k}={v}")).collect();
+    format!("{}({}){attrs}", o.kind, operands.join(", "))
+}
+
 fn print_bench(r: &bench::Report) {
     println!(
         "suite: {} ({} samples each; ratios against {})",
         r.suite, r.samples, r.sets[0]
     );
+    let ww = r
+        .results
+        .iter()
+        .map(|m| m.workload.len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let sw = r.results.iter().map(|m| m.set.len()).max().unwrap_or(0).max(9);
     println!(
-        "{:<34} {:<22} {:>11} {:>7} {:>8} {:>11} {:>7} {:>10} {:>10}",
+        "{:<ww$} {:<sw$} {:>11} {:>7} {:>8} {:>11} {:>7} {:>10} {:>10}",
         "workload", "executors", "median", "±mad", "ratio", "peak", "kernels", "plan", "compile"
     );
     for m in &r.results {
         println!(
-            "{:<34} {:<22} {:>11} {:>6.1}% {:>7.3}x {:>11} {:>7} {:>10} {:>10}",
+            "{:<ww$} {:<sw$} {:>11} {:>6.1}% {:>7.3}x {:>11} {:>7} {:>10} {:>10}",
             m.workload,
             m.set,
             human_ns(m.stats.median_ns),

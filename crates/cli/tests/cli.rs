@@ -633,7 +633,11 @@ fn bench_compares_one_executor_op_by_op_and_rejects_bad_arguments() {
         .output()
         .unwrap());
     assert!(s.contains("suite: elementwise: ops of fuser,fallback"), "{s}");
-    assert!(s.lines().any(|l| l.starts_with("add -> f32[1024, 1024]")), "{s}");
+    assert!(
+        s.lines()
+            .any(|l| l.starts_with("add(f32[1024, 1024], f32[1024, 1024]) ")),
+        "{s}"
+    );
     for (args, want) in [
         (vec!["bench", "--suite", "huge"], "unknown suite `huge`"),
         (

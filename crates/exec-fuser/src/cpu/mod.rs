@@ -28,6 +28,9 @@ use stream::Stream;
 const TILE: usize = 1024;
 /// Below this many elements, one thread does it all.
 const PAR_MIN: usize = 1 << 15;
+
+/// Elements a parallel task covers at least.
+const PAR_GRAIN: usize = 1 << 14;
 /// The longest row a tile holds whole; longer rows are streamed in chunks.
 const ROW_MAX: usize = 1 << 15;
 /// Elements per chunk of a streamed row.
@@ -251,7 +254,12 @@ impl CpuKernel {
         if n < PAR_MIN {
             (0..tiles).for_each(tile);
         } else {
-            (0..tiles).into_par_iter().for_each(tile);
+            // Tasks of several tiles, so that a task's cost dwarfs its
+            // scheduling (a tile of one short row is a few hundred ns).
+            let per_task = (PAR_GRAIN / (self.tile_rows * self.row_len).max(1)).max(1);
+            (0..tiles.div_ceil(per_task))
+                .into_par_iter()
+                .for_each(|g| (g * per_task..((g + 1) * per_task).min(tiles)).for_each(&tile));
         }
         outs.into_iter()
             .zip(&p.outputs)
