@@ -493,6 +493,10 @@ fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
             abi
         );
     }
+    println!("\nCUDA on this machine:");
+    for line in switchyard_cuda::probe().summary() {
+        println!("  {line}");
+    }
     Ok(())
 }
 

@@ -326,6 +326,11 @@ fn executors_lists_the_registry() {
         s.contains("fallback") && s.contains("operator") && s.contains("available"),
         "{s}"
     );
+    // What CUDA offers here: a library, or why not, for each part.
+    assert!(s.contains("CUDA on this machine:\n  driver: "), "{s}");
+    for part in ["nvrtc: ", "cublas: ", "cudnn: "] {
+        assert!(s.contains(part), "{s}");
+    }
 }
 
 /// The example plugin's shared library, as the build left it.
