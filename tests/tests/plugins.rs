@@ -140,6 +140,10 @@ fn libraries_that_cannot_be_loaded_are_clear_errors() {
             "has no entry symbol `switchyard_plugin_entry`".to_string(),
         ),
         (
+            built_library("switchyard-test-plugin-bad-info"),
+            "returned malformed info: EOF while parsing an object".to_string(),
+        ),
+        (
             built_library("switchyard-test-plugin-bad-abi"),
             format!(
                 "was built for plugin ABI version 999; this switchyard speaks version {}",
