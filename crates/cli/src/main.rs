@@ -31,11 +31,12 @@ use switchyard_core::report::{
 use switchyard_core::runtime::RunOptions;
 use switchyard_core::{Trace, text};
 
-/// Keeps the built-in executors linked: their `inventory` entries live in
-/// crates this binary would otherwise never reference.
+/// Keeps the built-in executors and device layers linked: their `inventory`
+/// entries live in crates this binary would otherwise never reference.
 fn link_builtin_executors() {
     let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
     let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
+    let _ = std::hint::black_box(switchyard_cuda::layer::CudaTransfer);
 }
 
 #[derive(Parser)]

@@ -46,7 +46,9 @@ fn decode<T: Stored, const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> 
         .collect()
 }
 
-fn storage_from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
+/// Elements of `dtype` from their little-endian bytes (a whole number of
+/// elements; a trailing partial one is ignored).
+pub fn storage_from_le_bytes(dtype: DType, bytes: &[u8]) -> Storage {
     match dtype {
         DType::F32 => Storage::F32(decode(bytes, f32::from_le_bytes)),
         DType::F64 => Storage::F64(decode(bytes, f64::from_le_bytes)),
@@ -58,7 +60,9 @@ fn storage_from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
     }
 }
 
-fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
+/// A tensor's elements in row-major order as little-endian bytes (copied to
+/// the host first if it is on a device).
+pub fn le_bytes(t: &Tensor) -> Result<Vec<u8>> {
     let t = crate::device::move_to(t, crate::Device::Cpu)?.contiguous()?;
     let mut out = Vec::with_capacity(t.numel() * t.dtype().size());
     match t.host()? {
@@ -96,7 +100,7 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
                 view.dtype()
             ))
         })?;
-        let storage = storage_from_bytes(dtype, view.data());
+        let storage = storage_from_le_bytes(dtype, view.data());
         let t =
             Tensor::from_storage(storage, view.shape()).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
         out.insert(name, t);
@@ -108,7 +112,7 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let data: Vec<(String, Vec<u8>, DType, Vec<usize>)> = tensors
         .iter()
-        .map(|(n, t)| Ok((n.clone(), bytes_of(t)?, t.dtype(), t.shape().to_vec())))
+        .map(|(n, t)| Ok((n.clone(), le_bytes(t)?, t.dtype(), t.shape().to_vec())))
         .collect::<Result<_>>()?;
     let bad = |message: String| Error::SafeTensors {
         path: path.to_path_buf(),

@@ -7,7 +7,10 @@
 //! driver, a library too old for a symbol or a machine without a device is a
 //! reason an executor can report, never a panic or an abort.
 //!
-//! Probing runs once per process ([`probe`]).
+//! Probing runs once per process ([`probe`]). The `cuda:N` device layer
+//! ([`layer`]) builds on it.
+
+pub mod layer;
 
 use std::ffi::c_int;
 use std::sync::OnceLock;

@@ -1,0 +1,164 @@
+//! The `cuda:N` device layer: device buffers, and copies between the host
+//! and a device, registered for the runtime to move tensors with.
+//!
+//! Nothing here touches CUDA before [`crate::probe`] has found a driver that
+//! sees the device: on a machine without one, a copy to `cuda:N` is an
+//! error giving the probe's reason.
+
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use switchyard_core::device::{DeviceBuffer, Transfer, TransferFactory};
+use switchyard_core::io::{le_bytes, storage_from_le_bytes};
+use switchyard_core::{DType, Device, Error, Result, Tensor};
+
+/// A tensor's bytes on a device, with the stream that made them.
+struct CudaBuffer {
+    bytes: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+    dtype: DType,
+    len: usize,
+    device: Device,
+}
+
+impl std::fmt::Debug for CudaBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBuffer({} {} on {})", self.len, self.dtype, self.device)
+    }
+}
+
+impl DeviceBuffer for CudaBuffer {
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn unavailable(device: Device, reason: String) -> Error {
+    Error::Unavailable {
+        name: device.to_string(),
+        reason,
+    }
+}
+
+/// The default stream of device `n`, made once per process.
+fn stream(n: usize) -> Result<Arc<CudaStream>> {
+    let device = Device::Cuda(n as u32);
+    let probe = crate::probe();
+    let driver = probe
+        .driver
+        .as_ref()
+        .map_err(|why| unavailable(device, why.clone()))?;
+    if n >= driver.devices as usize {
+        return Err(unavailable(
+            device,
+            format!("the CUDA driver sees {} device(s)", driver.devices),
+        ));
+    }
+    static STREAMS: OnceLock<Vec<std::result::Result<Arc<CudaStream>, String>>> = OnceLock::new();
+    let streams = STREAMS.get_or_init(|| {
+        (0..driver.devices as usize)
+            .map(|i| {
+                CudaContext::new(i)
+                    .map(|ctx| ctx.default_stream())
+                    .map_err(|e| format!("creating a context: {e}"))
+            })
+            .collect()
+    });
+    streams[n].clone().map_err(|why| unavailable(device, why))
+}
+
+/// Copies between the host and `cuda:N` devices (registered with
+/// `inventory`; binaries name it to keep the registration linked).
+pub struct CudaTransfer;
+
+impl Transfer for CudaTransfer {
+    fn serves(&self, device: Device) -> bool {
+        matches!(device, Device::Cuda(_))
+    }
+
+    fn to_device(&self, tensor: &Tensor, device: Device) -> Result<Tensor> {
+        let Device::Cuda(n) = device else {
+            return Err(unavailable(device, "not a CUDA device".into()));
+        };
+        let stream = stream(n as usize)?;
+        let bytes = le_bytes(tensor)?;
+        let slice = stream
+            .clone_htod(&bytes)
+            .map_err(|e| unavailable(device, format!("copying to the device: {e}")))?;
+        Tensor::from_device(
+            Arc::new(CudaBuffer {
+                bytes: slice,
+                stream,
+                dtype: tensor.dtype(),
+                len: tensor.numel(),
+                device,
+            }),
+            tensor.shape(),
+        )
+    }
+
+    fn to_host(&self, tensor: &Tensor) -> Result<Tensor> {
+        let device = tensor.device();
+        let buf = tensor
+            .device_buffer()
+            .and_then(|b| b.as_any().downcast_ref::<CudaBuffer>())
+            .ok_or_else(|| unavailable(device, "the tensor is not in a CUDA buffer".into()))?;
+        let bytes = buf
+            .stream
+            .clone_dtoh(&buf.bytes)
+            .map_err(|e| unavailable(device, format!("copying to the host: {e}")))?;
+        // The whole buffer, then the tensor's view of it.
+        let whole = Tensor::from_storage(storage_from_le_bytes(buf.dtype, &bytes), &[buf.len])?;
+        whole.view(
+            tensor.shape().to_vec(),
+            tensor.strides().to_vec(),
+            tensor.offset(),
+        )
+    }
+}
+
+inventory::submit! {
+    TransferFactory { name: "cuda", create: || Arc::new(CudaTransfer) }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_core::device::move_to;
+
+    use super::*;
+
+    #[test]
+    fn tensors_go_to_a_device_and_back_or_the_reason_is_given() {
+        let t = Tensor::from_vec(vec![1.5f32, -2.0, 3.25, 0.0, 7.0, 8.5], &[2, 3]).unwrap();
+        let view = t.view(vec![3, 2], vec![1, 3], 0).unwrap();
+        match crate::probe().driver {
+            Err(ref why) => {
+                println!("no CUDA device here ({why}): checking the error only");
+                let e = move_to(&view, Device::Cuda(0)).unwrap_err().to_string();
+                assert!(e.contains("cuda:0") && e.contains(why.as_str()), "{e}");
+            }
+            Ok(ref d) => {
+                let on = move_to(&view, Device::Cuda(0)).unwrap();
+                assert_eq!(on.device(), Device::Cuda(0));
+                let back = move_to(&on, Device::Cpu).unwrap();
+                assert_eq!(back.to_vec::<f32>(), view.to_vec::<f32>());
+                let beyond = Device::Cuda(d.devices as u32);
+                let e = move_to(&view, beyond).unwrap_err().to_string();
+                assert!(e.contains("sees"), "{e}");
+            }
+        }
+    }
+}
