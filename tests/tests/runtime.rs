@@ -94,17 +94,22 @@ fn runs_are_deterministic() {
     assert_eq!(a.peak_bytes, b.peak_bytes);
 }
 
+/// The fallback alone, then the fuser in front of it.
+fn fallback_then_fuser() -> [Vec<Arc<dyn switchyard_core::executor::Executor>>; 2] {
+    use switchyard_exec_fuser::FuserExecutor;
+    [
+        vec![Arc::new(FallbackExecutor)],
+        vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
+    ]
+}
+
 #[test]
 fn planned_peaks_equal_measured_peaks() {
     // Liveness follows buffers: fused intermediates take none, zero-copy
     // views share their base's, and a reshape that must copy takes its own.
-    use switchyard_exec_fuser::FuserExecutor;
     use switchyard_tests::workloads::examples;
     for (name, t) in examples().unwrap() {
-        for execs in [
-            vec![Arc::new(FallbackExecutor) as Arc<dyn switchyard_core::executor::Executor>],
-            vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
-        ] {
+        for execs in fallback_then_fuser() {
             let fused = execs.len() > 1;
             let plan = plan_on(&t, execs).unwrap();
             let planned = plan.planned_peak_bytes();
@@ -130,17 +135,13 @@ fn same_bits(a: &[Tensor], b: &[Tensor]) -> bool {
 #[test]
 fn intermediates_run_from_an_arena_kept_between_runs() {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
-    use switchyard_exec_fuser::FuserExecutor;
     use switchyard_tests::workloads::examples;
     let per_call = RunOptions {
         allocate_per_call: true,
         ..RunOptions::default()
     };
     for (name, t) in examples().unwrap() {
-        for execs in [
-            vec![Arc::new(FallbackExecutor) as Arc<dyn switchyard_core::executor::Executor>],
-            vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)],
-        ] {
+        for execs in fallback_then_fuser() {
             let fused = execs.len() > 1;
             let plan = plan_on(&t, execs).unwrap();
             let planned = plan.planned_peak_bytes();

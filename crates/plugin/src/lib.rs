@@ -195,6 +195,16 @@ unsafe extern "C" fn check_options<E: Executor>(
     })
 }
 
+/// Writes a cost for the host and answers OK.
+///
+/// # Safety
+/// `out` must be a writable `f64`.
+unsafe fn answer_cost(out: *mut f64, cost: f64) -> Answer {
+    // SAFETY: the caller's promise.
+    unsafe { *out = cost };
+    Answer::Ok(Vec::new())
+}
+
 unsafe extern "C" fn claim<E: Executor>(
     plugin: *mut c_void,
     req: abi::Bytes,
@@ -206,11 +216,8 @@ unsafe extern "C" fn claim<E: Executor>(
         let (p, r) = unsafe { (state::<E>(plugin), request(req)?) };
         let op = *r.ops.first().ok_or("a claim names no op")?;
         match with_context(&r, |cx, _| p.executor.claim(OpId(op), cx)) {
-            Claim::Accept(c) => {
-                // SAFETY: the host passes a writable f64.
-                unsafe { *cost = c };
-                Ok(Answer::Ok(Vec::new()))
-            }
+            // SAFETY: the host passes a writable f64.
+            Claim::Accept(c) => Ok(unsafe { answer_cost(cost, c) }),
             Claim::Reject(why) => Ok(Answer::No(why)),
         }
     })
@@ -237,8 +244,7 @@ unsafe extern "C" fn cost<E: Executor>(
         let (p, r) = unsafe { (state::<E>(plugin), request(req)?) };
         let c = with_context(&r, |cx, ops| p.executor.cost(&ops, cx));
         // SAFETY: the host passes a writable f64.
-        unsafe { *cost = c };
-        Ok(Answer::Ok(Vec::new()))
+        Ok(unsafe { answer_cost(cost, c) })
     })
 }
 
