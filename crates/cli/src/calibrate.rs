@@ -86,6 +86,8 @@ pub fn measure(quick: bool) -> Result<DeviceModel> {
         gflops,
         launch_overhead_ns: (per_kernel_ns - host_overhead_ns).max(0.0),
         host_overhead_ns,
+        // A host has no link to itself to measure; the figure is for devices.
+        host_link_gb_s: DeviceModel::cpu_default().host_link_gb_s,
     };
     model
         .validate()

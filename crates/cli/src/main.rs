@@ -29,7 +29,7 @@ use switchyard_core::report::{
     plan_report, region_reports, render_plan,
 };
 use switchyard_core::runtime::RunOptions;
-use switchyard_core::{Trace, text};
+use switchyard_core::{Device, Trace, text};
 
 /// Keeps the built-in executors and device layers linked: their `inventory`
 /// entries live in crates this binary would otherwise never reference.
@@ -111,9 +111,62 @@ struct Planning {
     /// may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    /// Put the whole trace on this device (`cpu` or `cuda:N`) instead of the
+    /// devices it declares. `plan` plans for it whether or not this machine
+    /// has it; `run` needs it. A GPU target needs a GPU cost model
+    /// (`--device-model` or `[cost] profile`).
+    #[arg(long, value_name = "DEVICE")]
+    target: Option<String>,
+    /// The cost model: a built-in device model (cpu, h100, h200, a100) or a
+    /// profile file (replaces the config's `[cost] profile`).
+    #[arg(long, value_name = "NAME|FILE")]
+    device_model: Option<String>,
 }
 
 impl Planning {
+    /// The trace in `path`, moved to `--target` when one is given.
+    fn trace(&self, path: &Path, config: &Config) -> Result<Trace> {
+        let mut trace = read_trace(path)?;
+        if let Some(target) = self.target_device()? {
+            let model = self.device_model(config)?;
+            if target != Device::Cpu && model.name == "cpu" {
+                anyhow::bail!(
+                    "--target {target} needs a GPU cost model: pass --device-model (h200, h100, a100 or a profile \
+                     file) or set [cost] profile"
+                );
+            }
+            trace.retarget(target);
+        }
+        Ok(trace)
+    }
+
+    fn target_device(&self) -> Result<Option<Device>> {
+        self.target
+            .as_deref()
+            .map(|t| {
+                Device::parse(t)
+                    .ok_or_else(|| anyhow::anyhow!("--target: `{t}` is not a device (cpu or cuda:N)"))
+            })
+            .transpose()
+    }
+
+    /// `--device-model`, else the config's cost model.
+    fn device_model(&self, config: &Config) -> Result<DeviceModel> {
+        match &self.device_model {
+            Some(name) => DeviceModel::load(name).with_context(|| "--device-model"),
+            None => Ok(config.device_model()?),
+        }
+    }
+
+    /// The partitioner's options; a plan made for `--target` alone
+    /// (`plan_only`) may use executors this machine lacks.
+    fn partition_options(&self, config: &Config, plan_only: bool) -> PartitionOptions {
+        PartitionOptions {
+            plan_only: plan_only && self.target.is_some(),
+            ..partition_options(config)
+        }
+    }
+
     fn config(&self) -> Result<Config> {
         Ok(match &self.config {
             Some(p) => Config::from_file(p)?,
@@ -156,8 +209,8 @@ impl Planning {
 
     fn plan(&self, trace: Trace, config: &Config) -> Result<Plan> {
         let (set, _) = self.executors(config)?;
-        let device = config.device_model()?;
-        let opts = partition_options(config);
+        let device = self.device_model(config)?;
+        let opts = self.partition_options(config, true);
         Ok(self.planner(config, &set, &device, &opts)?.plan(&trace)?)
     }
 }
@@ -166,6 +219,7 @@ fn partition_options(config: &Config) -> PartitionOptions {
     PartitionOptions {
         horizontal: config.partitioner.horizontal,
         hint_policy: config.hint_policy,
+        plan_only: false,
     }
 }
 
@@ -295,11 +349,11 @@ fn human_bytes(b: usize) -> String {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let trace = read_trace(&args.trace)?;
     let config = args.planning.config()?;
+    let trace = args.planning.trace(&args.trace, &config)?;
     let (set, plugins) = args.planning.executors(&config)?;
-    let device = config.device_model()?;
-    let opts = partition_options(&config);
+    let device = args.planning.device_model(&config)?;
+    let opts = args.planning.partition_options(&config, false);
     let planner = args.planning.planner(&config, &set, &device, &opts)?;
     let cache = KernelCache::new(config.cache.capacity);
     let (compiled, set_aside) = planner.compile(&trace, &cache, &plugins)?;
@@ -435,7 +489,9 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn plan(args: PlanArgs) -> Result<()> {
     let config = args.planning.config()?;
-    let plan = args.planning.plan(read_trace(&args.trace)?, &config)?;
+    let plan = args
+        .planning
+        .plan(args.planning.trace(&args.trace, &config)?, &config)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
     }

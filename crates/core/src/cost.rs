@@ -30,6 +30,15 @@ pub struct DeviceModel {
     pub launch_overhead_ns: f64,
     /// Host-side cost of one call into an executor (dispatch, bookkeeping), ns.
     pub host_overhead_ns: f64,
+    /// Bandwidth of copies between the host and this device (PCIe), GB/s:
+    /// what an op run on the host costs in copies when its tensors live on
+    /// the device. Profiles saved before it existed get the default, 25.
+    #[serde(default = "default_host_link")]
+    pub host_link_gb_s: f64,
+}
+
+fn default_host_link() -> f64 {
+    25.0
 }
 
 fn gflops(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
@@ -55,11 +64,13 @@ impl DeviceModel {
             ]),
             launch_overhead_ns: 1_000.0,
             host_overhead_ns: 500.0,
+            host_link_gb_s: default_host_link(),
         }
     }
 
     /// NVIDIA H100 SXM (published: 3.35 TB/s HBM3; dense tensor-core 989 TFLOP/s
-    /// bf16/f16, 67 TFLOP/s f32 and f64).
+    /// bf16/f16, 67 TFLOP/s f32 and f64; PCIe 5 x16, 64 GB/s a direction, of
+    /// which about 50 are reached).
     pub fn h100() -> DeviceModel {
         DeviceModel {
             name: "h100".into(),
@@ -75,6 +86,7 @@ impl DeviceModel {
             ]),
             launch_overhead_ns: 4_000.0,
             host_overhead_ns: 5_000.0,
+            host_link_gb_s: 50.0,
         }
     }
 
@@ -88,7 +100,8 @@ impl DeviceModel {
     }
 
     /// NVIDIA A100 SXM 80GB (published: 2.04 TB/s; 312 TFLOP/s bf16/f16, 19.5
-    /// TFLOP/s f32, 19.5 TFLOP/s f64 on tensor cores).
+    /// TFLOP/s f32, 19.5 TFLOP/s f64 on tensor cores; PCIe 4 x16, 32 GB/s a
+    /// direction, of which about 25 are reached).
     pub fn a100() -> DeviceModel {
         DeviceModel {
             name: "a100".into(),
@@ -104,6 +117,7 @@ impl DeviceModel {
             ]),
             launch_overhead_ns: 4_000.0,
             host_overhead_ns: 5_000.0,
+            host_link_gb_s: 25.0,
         }
     }
 
@@ -160,6 +174,12 @@ impl DeviceModel {
         if !(self.host_overhead_ns.is_finite() && self.host_overhead_ns >= 0.0) {
             return Err("host_overhead_ns must be non-negative".into());
         }
+        if !ok(self.host_link_gb_s) {
+            return Err(format!(
+                "host_link_gb_s must be positive, got {}",
+                self.host_link_gb_s
+            ));
+        }
         for d in DType::ALL {
             match self.gflops.get(d.name()) {
                 Some(&v) if ok(v) => {}
@@ -187,6 +207,11 @@ impl DeviceModel {
         let memory = bytes / self.bandwidth_gb_s; // bytes / (GB/s) = ns
         let compute = flops / self.peak(dtype);
         self.host_overhead_ns + self.launch_overhead_ns + memory.max(compute)
+    }
+
+    /// Time of copying `bytes` between the host and this device.
+    pub fn transfer_ns(&self, bytes: f64) -> f64 {
+        bytes / self.host_link_gb_s
     }
 
     /// Time of one op run alone as one kernel (a view that needs no copy: host

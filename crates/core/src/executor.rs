@@ -165,6 +165,16 @@ pub trait Executor: Send + Sync {
         Availability::Available
     }
 
+    /// Whether it can run ops placed on `device` on this machine (an executor
+    /// with backends for several devices may have some and lack others). The
+    /// partitioner rejects, with the reason, the ops on a device where this
+    /// is unavailable, unless it plans for a target it need not run on. By
+    /// default: [`Executor::availability`].
+    fn availability_on(&self, device: Device) -> Availability {
+        let _ = device;
+        self.availability()
+    }
+
     /// Checks this executor's `[options.NAME]` table: unknown keys and bad values
     /// are errors naming the key. By default an executor takes no options.
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {

@@ -25,9 +25,10 @@ use serde::Serialize;
 
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
-use crate::executor::{Availability, Claim, Context, ExecutorKind, ExecutorSet, Region};
+use crate::executor::{Availability, Claim, Context, Executor, ExecutorKind, ExecutorSet, Region};
 use crate::hints::{HintOutcome, HintPolicy, Hints};
 use crate::ir::{OpId, Trace, decompose_round};
+use crate::meta::Device;
 use crate::plan::{Plan, region_boundary};
 
 /// Partitioner options (`[partitioner]` in config).
@@ -37,6 +38,10 @@ pub struct PartitionOptions {
     pub horizontal: bool,
     /// What a hint that cannot be honoured is.
     pub hint_policy: HintPolicy,
+    /// Plan for a target this machine need not have (`plan --target`):
+    /// executors and backends unavailable here are planned with as if they
+    /// were available. Such a plan may not compile or run here.
+    pub plan_only: bool,
 }
 
 impl Default for PartitionOptions {
@@ -45,6 +50,7 @@ impl Default for PartitionOptions {
         PartitionOptions {
             horizontal: crate::config::PartitionerConfig::default().horizontal,
             hint_policy: HintPolicy::default(),
+            plan_only: false,
         }
     }
 }
@@ -81,6 +87,10 @@ pub struct OpExplanation {
 pub struct Explanation {
     /// Executors skipped because they cannot run here, with the reason.
     pub unavailable: Vec<(String, String)>,
+    /// Executors or backends unavailable here that a plan-only partition
+    /// used as if available, with the reason they are unavailable.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub assumed_available: Vec<(String, String)>,
     /// Composites kept whole, with the executor that claimed them.
     pub kept_whole: Vec<String>,
     /// Composites decomposed because no executor claimed them whole.
@@ -103,6 +113,32 @@ struct Exec {
     horizontal: bool,
     /// How many of its regions may stay fused.
     fuel: Option<usize>,
+    /// Devices of the trace it cannot run ops on here, with the reason.
+    missing: Vec<(Device, String)>,
+}
+
+impl Exec {
+    /// Its claim of `op`, or a rejection when `op` is on a device it lacks.
+    fn claim(&self, e: &dyn Executor, op: OpId, cx: &Context) -> Claim {
+        if !self.missing.is_empty() {
+            let device = op_device(cx.trace, op);
+            if let Some((d, why)) = self.missing.iter().find(|(d, _)| *d == device) {
+                return Claim::Reject(format!("cannot run ops on {d} here: {why}"));
+            }
+        }
+        e.claim(op, cx)
+    }
+}
+
+/// The device an op works on: its first output's (or first operand's).
+pub fn op_device(trace: &Trace, op: OpId) -> Device {
+    let o = trace.op(op);
+    o.outputs
+        .first()
+        .copied()
+        .or_else(|| o.input_values().next())
+        .map(|v| trace.meta(v).device)
+        .unwrap_or(Device::Cpu)
 }
 
 /// Partitions `trace` onto the executors of `set`.
@@ -124,21 +160,41 @@ pub fn partition_owned(
 ) -> Result<Plan> {
     let mut explanation = Explanation::default();
     let mut execs = Vec::new();
+    let devices: BTreeSet<Device> = trace.values.iter().map(|v| v.meta.device).collect();
     for (index, e) in set.executors.iter().enumerate() {
         let info = e.info();
+        let mut missing = Vec::new();
         match e.availability() {
-            Availability::Available => {
-                let limits = e.fusion_limits(set.options_of(&info.name));
-                execs.push(Exec {
-                    index,
-                    name: info.name,
-                    kind: info.kind,
-                    horizontal: opts.horizontal && limits.horizontal,
-                    fuel: limits.fuel,
-                })
+            Availability::Unavailable(reason) if !opts.plan_only => {
+                explanation.unavailable.push((info.name, reason));
+                continue;
             }
-            Availability::Unavailable(reason) => explanation.unavailable.push((info.name, reason)),
+            Availability::Unavailable(reason) => {
+                explanation.assumed_available.push((info.name.clone(), reason));
+            }
+            Availability::Available => {
+                for &d in &devices {
+                    if let Availability::Unavailable(why) = e.availability_on(d) {
+                        if opts.plan_only {
+                            explanation
+                                .assumed_available
+                                .push((format!("{} on {d}", info.name), why));
+                        } else {
+                            missing.push((d, why));
+                        }
+                    }
+                }
+            }
         }
+        let limits = e.fusion_limits(set.options_of(&info.name));
+        execs.push(Exec {
+            index,
+            name: info.name,
+            kind: info.kind,
+            horizontal: opts.horizontal && limits.horizontal,
+            fuel: limits.fuel,
+            missing,
+        })
     }
     let t0 = std::time::Instant::now();
     let lowered = lower(trace, set, device, &execs, &mut explanation)?;
@@ -158,7 +214,7 @@ pub fn partition_owned(
             execs
                 .iter()
                 .enumerate()
-                .map(|(k, e)| set.executors[e.index].claim(id, &cx_for(k)))
+                .map(|(k, e)| e.claim(&*set.executors[e.index], id, &cx_for(k)))
                 .collect()
         })
         .collect();
@@ -411,7 +467,7 @@ fn lower(
                     options: set.options_of(&e.name),
                     uses: &uses,
                 };
-                set.executors[e.index].claim(id, &cx).cost().is_some()
+                e.claim(&*set.executors[e.index], id, &cx).cost().is_some()
             });
             match whole {
                 Some(e) => ex.kept_whole.push(format!(

@@ -286,6 +286,10 @@ pub fn memory_timeline_svg(plan: &Plan) -> String {
 pub struct ExplanationReport {
     /// Executors skipped because they cannot run here, with the reason.
     pub unavailable: Vec<(String, String)>,
+    /// Executors or backends unavailable here that a plan for a target
+    /// (`--target`) used as if available, with the reason.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub assumed_available: Vec<(String, String)>,
     /// Composites kept whole, with the executor that claimed them.
     pub kept_whole: Vec<String>,
     /// Composites decomposed because no executor claimed them whole.
@@ -319,6 +323,7 @@ pub fn explanation_report(plan: &Plan) -> ExplanationReport {
     let ex = &plan.explanation;
     ExplanationReport {
         unavailable: ex.unavailable.clone(),
+        assumed_available: ex.assumed_available.clone(),
         kept_whole: ex.kept_whole.clone(),
         decomposed: ex.decomposed.clone(),
         ops: ex
@@ -455,6 +460,9 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
     }
     for w in &plan.explanation.warnings {
         let _ = writeln!(s, "warning: {w}");
+    }
+    for (name, why) in &plan.explanation.assumed_available {
+        let _ = writeln!(s, "note: planned with {name}, which this machine lacks: {why}");
     }
     if !explain {
         return s;

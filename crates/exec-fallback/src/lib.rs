@@ -22,6 +22,7 @@ mod walk;
 
 use std::sync::Arc;
 
+use switchyard_core::cost::{DeviceModel, is_free_view};
 use switchyard_core::executor::{
     Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
 };
@@ -332,6 +333,14 @@ impl Kernel for RegionKernel {
     }
 }
 
+/// Whether any value `op` reads or writes lives off the host.
+fn off_cpu(trace: &Trace, op: OpId) -> bool {
+    let o = trace.op(op);
+    o.input_values()
+        .chain(o.outputs.iter().copied())
+        .any(|v| trace.meta(v).device != Device::Cpu)
+}
+
 impl Executor for FallbackExecutor {
     fn info(&self) -> ExecutorInfo {
         ExecutorInfo {
@@ -347,15 +356,37 @@ impl Executor for FallbackExecutor {
         if o.kind.is_composite() {
             return Claim::Reject(format!("runs `{}` through its decomposition", o.kind));
         }
-        let off_cpu = o
+        if !off_cpu(cx.trace, op) {
+            return Claim::Accept(cx.device.op_ns(cx.trace, op));
+        }
+        // A view of a device tensor is a view there too: no data moves.
+        if is_free_view(cx.trace, op) {
+            return Claim::Accept(cx.device.host_overhead_ns);
+        }
+        // Anything else on a device runs here, on the host, with its operands
+        // copied over and its results copied back: the host's time plus the
+        // copies over the device's link.
+        let bytes: usize = o
             .input_values()
             .chain(o.outputs.iter().copied())
-            .map(|v| cx.trace.meta(v).device)
-            .find(|d| *d != Device::Cpu);
-        if let Some(d) = off_cpu {
-            return Claim::Reject(format!("runs on the CPU only, and this op is on {d}"));
+            .map(|v| cx.trace.meta(v).bytes())
+            .sum();
+        let host = DeviceModel::cpu_default().op_ns(cx.trace, op);
+        Claim::Accept(host + cx.device.transfer_ns(bytes as f64))
+    }
+
+    /// On the host, except a region of views of device tensors, which stays
+    /// on their device.
+    fn placement(&self, region: &[OpId], cx: &Context) -> Device {
+        let device = region
+            .first()
+            .map(|&op| switchyard_core::partition::op_device(cx.trace, op))
+            .unwrap_or(Device::Cpu);
+        if region.iter().all(|&op| is_free_view(cx.trace, op)) {
+            device
+        } else {
+            Device::Cpu
         }
-        Claim::Accept(cx.device.op_ns(cx.trace, op))
     }
 
     fn compile(&self, region: &Region, cx: &Context) -> switchyard_core::Result<Box<dyn Kernel>> {

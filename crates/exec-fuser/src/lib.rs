@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 mod cpu;
+mod layout;
 mod lower;
 pub mod program;
 

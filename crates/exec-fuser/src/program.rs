@@ -278,3 +278,121 @@ impl Program {
             .sum()
     }
 }
+
+/// A step of a pass over (part of) a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Run this instruction (an index into [`Program::instrs`]).
+    Exec(usize),
+    /// Make this row register's value, computed by an earlier pass,
+    /// available to the full instructions of this pass.
+    Fetch(Reg),
+}
+
+/// How a reducing program runs in passes over each row, whatever walks the
+/// rows (chunks of a CPU thread, the threads of a GPU block): pass `p`
+/// evaluates what the reductions of level `p` read, re-evaluating what
+/// earlier passes already computed rather than keeping a full row, and
+/// combines one partial result per reduction; the row instructions that
+/// depend on them run between passes; a last pass computes the full outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Passes {
+    /// Per pass: its actions in program order, and its reductions.
+    pub phases: Vec<(Vec<Action>, Vec<usize>)>,
+    /// Row instructions (not reductions) to run after pass `p - 1` (index `p`;
+    /// index 0 runs before the first pass).
+    pub row_instrs: Vec<Vec<usize>>,
+    /// The last pass: the actions computing the full outputs.
+    pub last: Vec<Action>,
+}
+
+impl Program {
+    /// The passes over each row this program needs (see [`Passes`]); a
+    /// program without reductions is one last pass.
+    pub fn passes(&self) -> Passes {
+        let n = self.spaces.len();
+        // A register's level: how many reductions lie on its longest path.
+        let mut level = vec![0usize; n];
+        for ins in &self.instrs {
+            level[ins.dst()] = match ins {
+                Instr::Reduce { a, .. } => level[*a] + 1,
+                _ => ins.reads().iter().map(|&r| level[r]).max().unwrap_or(0),
+            };
+        }
+        let reduces: Vec<usize> = (0..self.instrs.len())
+            .filter(|&i| matches!(self.instrs[i], Instr::Reduce { .. }))
+            .collect();
+        let phases_n = reduces
+            .iter()
+            .map(|&i| level[self.instrs[i].reads()[0]] + 1)
+            .max()
+            .unwrap_or(0);
+        let mut def = vec![0; n];
+        for (i, ins) in self.instrs.iter().enumerate() {
+            def[ins.dst()] = i;
+        }
+        // The actions that compute `targets` (full registers), in program order.
+        let actions = |targets: Vec<usize>, extra: &[usize]| -> Vec<Action> {
+            let mut exec = vec![false; self.instrs.len()];
+            let mut fetch = vec![false; n];
+            let mut stack = targets;
+            while let Some(r) = stack.pop() {
+                match self.spaces[r] {
+                    Space::Row => fetch[r] = true,
+                    Space::Full => {
+                        if !exec[def[r]] {
+                            exec[def[r]] = true;
+                            stack.extend(self.instrs[def[r]].reads());
+                        }
+                    }
+                }
+            }
+            for &i in extra {
+                exec[i] = true;
+            }
+            (0..self.instrs.len())
+                .filter_map(|i| {
+                    let d = self.instrs[i].dst();
+                    if exec[i] {
+                        Some(Action::Exec(i))
+                    } else if fetch[d] {
+                        Some(Action::Fetch(d))
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        };
+        let phases = (0..phases_n)
+            .map(|ph| {
+                let mine: Vec<usize> = reduces
+                    .iter()
+                    .copied()
+                    .filter(|&i| level[self.instrs[i].reads()[0]] == ph)
+                    .collect();
+                let targets = mine.iter().map(|&i| self.instrs[i].reads()[0]).collect();
+                (actions(targets, &mine), mine)
+            })
+            .collect();
+        let mut row_instrs = vec![Vec::new(); phases_n + 1];
+        for (i, ins) in self.instrs.iter().enumerate() {
+            let d = ins.dst();
+            if self.spaces[d] == Space::Row && !matches!(ins, Instr::Reduce { .. }) {
+                row_instrs[level[d].min(phases_n)].push(i);
+            }
+        }
+        let last = actions(
+            self.outputs
+                .iter()
+                .filter(|o| self.spaces[o.reg] == Space::Full)
+                .map(|o| o.reg)
+                .collect(),
+            &[],
+        );
+        Passes {
+            phases,
+            row_instrs,
+            last,
+        }
+    }
+}

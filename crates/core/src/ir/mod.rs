@@ -528,6 +528,14 @@ impl Trace {
         Ok(())
     }
 
+    /// Puts every value (inputs, intermediates and outputs) on `device`: the
+    /// same program, planned and run for another target.
+    pub fn retarget(&mut self, device: crate::meta::Device) {
+        for v in &mut self.values {
+            v.meta.device = device;
+        }
+    }
+
     /// Serialises to JSON.
     pub fn to_json(&self) -> Result<String> {
         Ok(serde_json::to_string_pretty(self)?)

@@ -2,13 +2,14 @@
 //! the edges of a kernel, typed by the stored dtype.
 
 use half::{bf16, f16};
-use switchyard_core::meta::{broadcast_strides, contiguous_strides, reshape_strides};
+use switchyard_core::meta::contiguous_strides;
 use switchyard_core::{DType, HostDataMut, OutputBuffer, Stored, Tensor};
 
 use super::CpuKernel;
 use super::math::Arith;
+use crate::layout::resolve;
 use crate::lower::MAX_RANK;
-use crate::program::{Axis, View};
+use crate::program::View;
 
 impl CpuKernel {
     /// How a load reads `t` through `views` and `map`: strides per dim of
@@ -19,38 +20,13 @@ impl CpuKernel {
         views: &[View],
         map: &crate::program::IndexMap,
     ) -> Result<Source<'a>, String> {
-        let p = &self.program;
-        let (shape, strides, mut offset) = apply_views(t, views).map_err(|k| {
-            format!(
-                "view {k} of an input (a reshape) needs a copy of its layout {:?}",
-                t.strides()
-            )
-        })?;
-        if map.axes.len() != shape.len() {
-            return Err(format!(
-                "a load maps {} dims onto an input of rank {}",
-                map.axes.len(),
-                shape.len()
-            ));
-        }
-        let mut it = [0isize; MAX_RANK];
-        for (a, &s) in map.axes.iter().zip(&strides) {
-            match *a {
-                Axis::Iter {
-                    dim,
-                    scale,
-                    offset: o,
-                } => {
-                    it[dim] += s * scale;
-                    offset += s * o;
-                }
-                Axis::Fixed(c) => offset += s * c,
-            }
-        }
+        let len = t.host_data().map_or(0, |s| s.len());
+        let r = resolve(t, len, views, map, &self.program.shape)?;
         let mut walk = [0isize; MAX_RANK];
         for (k, &d) in self.perm.iter().enumerate() {
-            walk[k] = it[d];
+            walk[k] = r.it[d];
         }
+        let offset = r.offset;
         let masks: Vec<(usize, usize, usize)> = map
             .masks
             .iter()
@@ -62,29 +38,6 @@ impl CpuKernel {
                 )
             })
             .collect();
-        // The offsets reached over the (masked) space must lie in the buffer.
-        let len = t.host_data().map_or(0, |s| s.len()) as isize;
-        if p.numel() > 0 {
-            let (mut lo, mut hi) = (offset, offset);
-            for (k, &size) in self.pshape.iter().enumerate() {
-                let (a, b) = masks
-                    .iter()
-                    .filter(|m| m.0 == k)
-                    .fold((0, size), |(a, b), m| (a.max(m.1), b.min(m.2)));
-                if a >= b {
-                    continue;
-                }
-                let (x, y) = (walk[k] * a as isize, walk[k] * (b - 1) as isize);
-                lo += x.min(y);
-                hi += x.max(y);
-            }
-            if lo < 0 || hi >= len {
-                return Err(format!(
-                    "an input of shape {:?} is read outside its buffer (offsets {lo}..={hi} of {len})",
-                    t.shape()
-                ));
-            }
-        }
         let dense_walk = contiguous_strides(&self.pshape);
         let dense = masks.is_empty()
             && self
@@ -100,39 +53,6 @@ impl CpuKernel {
             masks,
         })
     }
-}
-
-/// `t`'s shape, strides and offset once `views` apply, or the index of the
-/// first reshape its layout does not allow as a view.
-pub(super) fn apply_views(t: &Tensor, views: &[View]) -> Result<(Vec<usize>, Vec<isize>, isize), usize> {
-    let (mut shape, mut strides, mut offset) =
-        (t.shape().to_vec(), t.strides().to_vec(), t.offset() as isize);
-    for (k, v) in views.iter().enumerate() {
-        match v {
-            View::Reshape(to) => {
-                strides = reshape_strides(&shape, &strides, to).ok_or(k)?;
-                shape = to.clone();
-            }
-            View::Transpose(perm) => {
-                shape = perm.iter().map(|&q| shape[q]).collect();
-                strides = perm.iter().map(|&q| strides[q]).collect();
-            }
-            View::Slice(params) => {
-                for (d, &(start, len, step)) in params.iter().enumerate() {
-                    if len > 0 {
-                        offset += start as isize * strides[d];
-                    }
-                    shape[d] = len;
-                    strides[d] *= step as isize;
-                }
-            }
-            View::Broadcast(to) => {
-                strides = broadcast_strides(&shape, &strides, to);
-                shape = to.clone();
-            }
-        }
-    }
-    Ok((shape, strides, offset))
 }
 
 /// The multi-index of element `start` of a dense walk over `pshape`.

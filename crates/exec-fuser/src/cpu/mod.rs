@@ -20,7 +20,9 @@ use switchyard_core::meta::contiguous_strides;
 use switchyard_core::{DType, OutputBuffer, Tensor};
 
 use crate::program::{Instr, Program, Space};
-use io::{OutBuf, OutPtr, Source, apply_views};
+use io::{OutBuf, OutPtr, Source};
+
+use crate::layout::apply_views;
 use math::Arith;
 use stream::Stream;
 

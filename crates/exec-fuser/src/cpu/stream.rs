@@ -7,30 +7,13 @@ use switchyard_core::ir::ReduceOp;
 use super::io::{OutPtr, Source};
 use super::math::Arith;
 use super::{CHUNK, CpuKernel, PAR_MIN, Tile, ops};
-use crate::program::{Instr, Program, Space};
+use crate::program::{Action, Instr, Passes, Program, Space};
 
-/// A step of a streamed phase over one chunk.
-#[derive(Clone, Copy, Debug)]
-enum Action {
-    /// Run this instruction.
-    Exec(usize),
-    /// Put this row register's value for the chunk's row into its slot.
-    Fetch(usize),
-}
-
-/// How a program whose rows are longer than a tile runs: phase `p` walks
-/// every row in chunks, evaluating what its reductions need (re-evaluating
-/// what earlier phases already computed) and leaving one partial result per
-/// chunk; the partials combine per row, and the row instructions that
-/// depend on them run; a last pass computes and stores the full outputs.
+/// How a program whose rows are longer than a tile runs: its [`Passes`],
+/// each over every row in chunks, with the row registers kept per call.
 #[derive(Debug)]
 pub(super) struct Stream {
-    /// Per phase: its actions in program order, and its reductions.
-    phases: Vec<(Vec<Action>, Vec<usize>)>,
-    /// Row instructions (not reductions) to run after phase `p - 1` (index `p`).
-    row_instrs: Vec<Vec<usize>>,
-    /// The last pass.
-    last: Vec<Action>,
+    passes: Passes,
     /// Each row register's place in the per-call row storage.
     row_slot: Vec<usize>,
     rows_regs: usize,
@@ -38,97 +21,16 @@ pub(super) struct Stream {
 
 impl Stream {
     pub(super) fn new(p: &Program) -> Stream {
-        let n = p.spaces.len();
-        let mut level = vec![0usize; n];
-        for ins in &p.instrs {
-            level[ins.dst()] = match ins {
-                Instr::Reduce { a, .. } => level[*a] + 1,
-                _ => ins.reads().iter().map(|&r| level[r]).max().unwrap_or(0),
-            };
-        }
-        let reduces: Vec<usize> = (0..p.instrs.len())
-            .filter(|&i| matches!(p.instrs[i], Instr::Reduce { .. }))
-            .collect();
-        let phases_n = reduces
-            .iter()
-            .map(|&i| level[p.instrs[i].reads()[0]] + 1)
-            .max()
-            .unwrap_or(0);
-        let def: Vec<usize> = {
-            let mut d = vec![0; n];
-            for (i, ins) in p.instrs.iter().enumerate() {
-                d[ins.dst()] = i;
-            }
-            d
-        };
-        // The actions that compute `targets` (full registers), in program order.
-        let actions = |targets: Vec<usize>, extra: &[usize]| -> Vec<Action> {
-            let mut exec = vec![false; p.instrs.len()];
-            let mut fetch = vec![false; n];
-            let mut stack = targets;
-            while let Some(r) = stack.pop() {
-                match p.spaces[r] {
-                    Space::Row => fetch[r] = true,
-                    Space::Full => {
-                        if !exec[def[r]] {
-                            exec[def[r]] = true;
-                            stack.extend(p.instrs[def[r]].reads());
-                        }
-                    }
-                }
-            }
-            for &i in extra {
-                exec[i] = true;
-            }
-            (0..p.instrs.len())
-                .filter_map(|i| {
-                    let d = p.instrs[i].dst();
-                    if exec[i] {
-                        Some(Action::Exec(i))
-                    } else if fetch[d] {
-                        Some(Action::Fetch(d))
-                    } else {
-                        None
-                    }
-                })
-                .collect()
-        };
-        let phases = (0..phases_n)
-            .map(|ph| {
-                let mine: Vec<usize> = reduces
-                    .iter()
-                    .copied()
-                    .filter(|&i| level[p.instrs[i].reads()[0]] == ph)
-                    .collect();
-                let targets = mine.iter().map(|&i| p.instrs[i].reads()[0]).collect();
-                (actions(targets, &mine), mine)
-            })
-            .collect();
-        let mut row_instrs = vec![Vec::new(); phases_n + 1];
-        let mut row_slot = vec![usize::MAX; n];
+        let mut row_slot = vec![usize::MAX; p.spaces.len()];
         let mut rows_regs = 0;
-        for (i, ins) in p.instrs.iter().enumerate() {
-            let d = ins.dst();
-            if p.spaces[d] == Space::Row {
-                row_slot[d] = rows_regs;
+        for ins in &p.instrs {
+            if p.spaces[ins.dst()] == Space::Row {
+                row_slot[ins.dst()] = rows_regs;
                 rows_regs += 1;
-                if !matches!(ins, Instr::Reduce { .. }) {
-                    row_instrs[level[d].min(phases_n)].push(i);
-                }
             }
         }
-        let last = actions(
-            p.outputs
-                .iter()
-                .filter(|o| p.spaces[o.reg] == Space::Full)
-                .map(|o| o.reg)
-                .collect(),
-            &[],
-        );
         Stream {
-            phases,
-            row_instrs,
-            last,
+            passes: p.passes(),
             row_slot,
             rows_regs,
         }
@@ -194,8 +96,8 @@ impl CpuKernel {
             }
         };
         let par = rows * row_len >= PAR_MIN;
-        for (ph, (actions, reduces)) in stream.phases.iter().enumerate() {
-            run_rows(&stream.row_instrs[ph], &mut rowvals);
+        for (ph, (actions, reduces)) in stream.passes.phases.iter().enumerate() {
+            run_rows(&stream.passes.row_instrs[ph], &mut rowvals);
             let partial = |item: usize| -> Vec<C> {
                 let out = std::cell::RefCell::new(Vec::with_capacity(reduces.len()));
                 chunk(item, actions, &rowvals, &|tile, _| {
@@ -227,9 +129,12 @@ impl CpuKernel {
                 }
             }
         }
-        run_rows(&stream.row_instrs[stream.phases.len()], &mut rowvals);
+        run_rows(
+            &stream.passes.row_instrs[stream.passes.phases.len()],
+            &mut rowvals,
+        );
         let rowvals = &rowvals;
-        let last = |item: usize| chunk(item, &stream.last, rowvals, &|tile, _| store(tile, None));
+        let last = |item: usize| chunk(item, &stream.passes.last, rowvals, &|tile, _| store(tile, None));
         if par {
             (0..items).into_par_iter().for_each(last);
         } else {
