@@ -102,6 +102,14 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A device cannot be used: no driver, no such device, a failed copy.
+    #[error("{device} is unavailable: {reason}")]
+    Device {
+        /// The device, e.g. `cuda:0`.
+        device: String,
+        /// Why.
+        reason: String,
+    },
     /// A plan puts a tensor on a device that no linked device layer serves.
     #[error("no device layer serving {device} is linked into this program, so tensors cannot be moved there")]
     NoDeviceLayer {

@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use switchyard_core::device::{DeviceBuffer, Transfer, TransferFactory};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
@@ -47,15 +47,18 @@ impl DeviceBuffer for CudaBuffer {
 }
 
 fn unavailable(device: Device, reason: String) -> Error {
-    Error::Unavailable {
-        name: device.to_string(),
+    Error::Device {
+        device: device.to_string(),
         reason,
     }
 }
 
-/// The default stream of device `n`, made once per process.
-fn stream(n: usize) -> Result<Arc<CudaStream>> {
-    let device = Device::Cuda(n as u32);
+/// The default stream of `cuda:n`, made once per process. Every executor
+/// queues its work on it, so work on one device runs in plan order with no
+/// further synchronisation; copies to the host wait for it.
+pub fn stream(n: u32) -> Result<Arc<CudaStream>> {
+    let device = Device::Cuda(n);
+    let n = n as usize;
     let probe = crate::probe();
     let driver = probe
         .driver
@@ -80,6 +83,45 @@ fn stream(n: usize) -> Result<Arc<CudaStream>> {
     streams[n].clone().map_err(|why| unavailable(device, why))
 }
 
+fn buffer_of(tensor: &Tensor) -> Result<&CudaBuffer> {
+    tensor
+        .device_buffer()
+        .and_then(|b| b.as_any().downcast_ref::<CudaBuffer>())
+        .ok_or_else(|| unavailable(tensor.device(), "the tensor is not in a CUDA buffer".into()))
+}
+
+/// The device address of element 0 of `tensor`'s buffer (its offset is
+/// not applied), for passing to kernels and libraries that run on the
+/// buffer's stream.
+pub fn device_ptr(tensor: &Tensor) -> Result<u64> {
+    let buf = buffer_of(tensor)?;
+    Ok(buf.bytes.device_ptr(&buf.stream).0)
+}
+
+/// The number of elements `tensor`'s buffer holds.
+pub fn buffer_len(tensor: &Tensor) -> Result<usize> {
+    Ok(buffer_of(tensor)?.len)
+}
+
+/// A zeroed dense tensor on `cuda:n`, and its device address.
+pub fn alloc_zeros(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64)> {
+    let device = Device::Cuda(n);
+    let stream = stream(n)?;
+    let len: usize = shape.iter().product();
+    let bytes = stream
+        .alloc_zeros::<u8>((len * dtype.size()).max(1))
+        .map_err(|e| unavailable(device, format!("allocating {} bytes: {e}", len * dtype.size())))?;
+    let buf = Arc::new(CudaBuffer {
+        bytes,
+        stream,
+        dtype,
+        len,
+        device,
+    });
+    let ptr = buf.bytes.device_ptr(&buf.stream).0;
+    Ok((Tensor::from_device(buf, shape)?, ptr))
+}
+
 /// Copies between the host and `cuda:N` devices (registered with
 /// `inventory`; binaries name it to keep the registration linked).
 pub struct CudaTransfer;
@@ -93,7 +135,7 @@ impl Transfer for CudaTransfer {
         let Device::Cuda(n) = device else {
             return Err(unavailable(device, "not a CUDA device".into()));
         };
-        let stream = stream(n as usize)?;
+        let stream = stream(n)?;
         let bytes = le_bytes(tensor)?;
         let slice = stream
             .clone_htod(&bytes)
@@ -112,10 +154,7 @@ impl Transfer for CudaTransfer {
 
     fn to_host(&self, tensor: &Tensor) -> Result<Tensor> {
         let device = tensor.device();
-        let buf = tensor
-            .device_buffer()
-            .and_then(|b| b.as_any().downcast_ref::<CudaBuffer>())
-            .ok_or_else(|| unavailable(device, "the tensor is not in a CUDA buffer".into()))?;
+        let buf = buffer_of(tensor)?;
         let bytes = buf
             .stream
             .clone_dtoh(&buf.bytes)

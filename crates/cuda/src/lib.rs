@@ -12,6 +12,8 @@
 
 pub mod layer;
 
+pub use layer::{alloc_zeros, buffer_len, device_ptr, stream};
+
 use std::ffi::c_int;
 use std::sync::OnceLock;
 
@@ -169,6 +171,21 @@ fn find(what: &str, names: &[&str], symbol: &[u8]) -> Result<Found, String> {
         )
     })?;
     Ok(Found { library })
+}
+
+/// NVRTC's version (major, minor), part of the key of every kernel it
+/// compiles; `None` when NVRTC is unavailable.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    static VERSION: OnceLock<Option<(i32, i32)>> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        probe().nvrtc.as_ref().ok()?;
+        let (lib, _) = open("NVRTC", NVRTC).ok()?;
+        type Version = unsafe extern "C" fn(major: *mut c_int, minor: *mut c_int) -> c_int;
+        // SAFETY: `nvrtcVersion`'s documented signature; outputs are valid pointers.
+        let version = unsafe { lib.get::<Version>(b"nvrtcVersion\0") }.ok()?;
+        let (mut major, mut minor) = (0, 0);
+        (unsafe { version(&mut major, &mut minor) } == 0).then_some((major, minor))
+    })
 }
 
 type CuInit = unsafe extern "C" fn(flags: u32) -> c_int;

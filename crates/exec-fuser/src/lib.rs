@@ -14,13 +14,22 @@
 //! region's, a reshape of a computed value) and, by cost, the trailing views
 //! that are cheaper as zero-copy views outside ("bookend" peeling).
 //!
+//! Regions on a `cuda:N` device go to the CUDA backend ([`cuda`]): CUDA C
+//! generated from the same IR, compiled with NVRTC and kept on disk, so a
+//! second process start compiles nothing. Where the driver, a device or
+//! NVRTC is missing, the fuser rejects ops on that device with the reason
+//! and keeps fusing on the CPU.
+//!
 //! Options (`[options.fuser]`): `horizontal` (default true) lets independent
 //! ops share a region when `[partitioner] horizontal` allows it; `bookend`
 //! (default true) turns the peeling on; `fuel = N` fuses only the plan's
-//! first N regions, to bisect a wrong result down to one fusion.
+//! first N regions, to bisect a wrong result down to one fusion;
+//! `cuda_cache` (default true) keeps compiled CUDA kernels on disk (in
+//! `$SWITCHYARD_CACHE_DIR/cuda`, else `~/.cache/switchyard/cuda`).
 #![deny(missing_docs)]
 
 mod cpu;
+pub mod cuda;
 mod layout;
 mod lower;
 pub mod program;
@@ -29,12 +38,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use switchyard_core::executor::{
-    Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, FusionLimits, Kernel, Refinement,
-    Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, FusionLimits,
+    Kernel, Refinement, Region,
 };
 use switchyard_core::ir::{OpId, OpKind, ValueId};
+use switchyard_core::partition::op_device;
 use switchyard_core::plan::region_boundary;
-use switchyard_core::{Error, OutputBuffer, Result, Tensor};
+use switchyard_core::{Device, Error, OutputBuffer, Result, Tensor};
 
 /// The executor's registered name.
 pub const NAME: &str = "fuser";
@@ -56,6 +66,8 @@ pub struct Options {
     pub bookend: bool,
     /// Fuse only the first this many regions.
     pub fuel: Option<usize>,
+    /// Keep compiled CUDA kernels on disk.
+    pub cuda_cache: bool,
 }
 
 impl Default for Options {
@@ -64,6 +76,7 @@ impl Default for Options {
             horizontal: true,
             bookend: true,
             fuel: None,
+            cuda_cache: true,
         }
     }
 }
@@ -76,8 +89,9 @@ impl Options {
             match (k.as_str(), v) {
                 ("horizontal", toml::Value::Boolean(b)) => o.horizontal = *b,
                 ("bookend", toml::Value::Boolean(b)) => o.bookend = *b,
+                ("cuda_cache", toml::Value::Boolean(b)) => o.cuda_cache = *b,
                 ("fuel", toml::Value::Integer(n)) if *n >= 0 => o.fuel = Some(*n as usize),
-                ("horizontal" | "bookend", other) => {
+                ("horizontal" | "bookend" | "cuda_cache", other) => {
                     return Err(format!("option `{k}` must be true or false, got {other}"));
                 }
                 ("fuel", other) => {
@@ -87,7 +101,7 @@ impl Options {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown option `{k}` (the fuser takes horizontal, bookend and fuel)"
+                        "unknown option `{k}` (the fuser takes horizontal, bookend, fuel and cuda_cache)"
                     ));
                 }
             }
@@ -109,8 +123,12 @@ impl Executor for FuserExecutor {
             name: NAME.into(),
             version: env!("CARGO_PKG_VERSION").into(),
             kind: ExecutorKind::Fusion,
-            devices: vec!["cpu".into()],
+            devices: vec!["cpu".into(), "cuda".into()],
         }
+    }
+
+    fn availability_on(&self, device: Device) -> Availability {
+        cuda::availability(device)
     }
 
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
@@ -144,6 +162,17 @@ impl Executor for FuserExecutor {
         let options = Options::parse(cx.options).unwrap_or_default();
         let mut ops = region.to_vec();
         let mut handed_back: Vec<(OpId, String)> = Vec::new();
+        // A kernel runs on one device: the region's first op's.
+        if let Some(&first) = ops.first() {
+            let device = op_device(cx.trace, first);
+            ops.retain(|&o| {
+                let d = op_device(cx.trace, o);
+                if d != device {
+                    handed_back.push((o, format!("is on {d}, and this region runs on {device}")));
+                }
+                d == device
+            });
+        }
         // What the kernel IR cannot hold together goes first; each round
         // leaves at least one op out, so this ends.
         while !ops.is_empty() {
@@ -205,9 +234,20 @@ impl Executor for FuserExecutor {
             reduced = ?program.reduced,
             "fused"
         );
+        let backend = match region.device {
+            Device::Cpu => Backend::Cpu(cpu::CpuKernel::new(program)),
+            Device::Cuda(n) => {
+                let options = Options::parse(cx.options).unwrap_or_default();
+                let cache = options
+                    .cuda_cache
+                    .then(cuda::disk::DiskCache::default_location)
+                    .flatten();
+                Backend::Cuda(cuda::CudaKernel::new(program, n, cache.as_ref()).map_err(fail)?)
+            }
+        };
         Ok(Box::new(FusedKernel {
             region: region.id,
-            kernel: cpu::CpuKernel::new(program),
+            backend,
         }))
     }
 }
@@ -335,7 +375,13 @@ fn peel_bookends(ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
 /// A compiled fused region.
 struct FusedKernel {
     region: usize,
-    kernel: cpu::CpuKernel,
+    backend: Backend,
+}
+
+/// The code a region compiled to.
+enum Backend {
+    Cpu(cpu::CpuKernel),
+    Cuda(cuda::CudaKernel),
 }
 
 impl FusedKernel {
@@ -355,6 +401,10 @@ impl Kernel for FusedKernel {
 
     /// Stores straight into the given buffers: no copy, no fresh pages.
     fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
-        self.kernel.run(inputs, outputs).map_err(|m| self.error(m))
+        match &self.backend {
+            Backend::Cpu(k) => k.run(inputs, outputs),
+            Backend::Cuda(k) => k.run(inputs, outputs),
+        }
+        .map_err(|m| self.error(m))
     }
 }

@@ -11,9 +11,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use switchyard_core::DType;
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, ValueId, reduce_dims};
 use switchyard_core::meta::{broadcast_strides, reshape_strides};
-use switchyard_core::{DType, Device};
 
 mod maps;
 
@@ -62,9 +62,6 @@ pub(crate) fn unsupported(trace: &Trace, op: OpId) -> Option<String> {
                 trace.value(v).name,
                 m.dtype
             ));
-        }
-        if m.device != Device::Cpu {
-            return Some(format!("has a CPU backend only, and this op is on {}", m.device));
         }
         if m.rank() > MAX_RANK {
             return Some(format!("iterates over at most {MAX_RANK} dims"));

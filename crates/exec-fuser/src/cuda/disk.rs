@@ -1,0 +1,207 @@
+//! The on-disk cache of compiled CUDA kernels, so that a second process
+//! start compiles nothing.
+//!
+//! An entry is keyed by everything the compiled code depends on: the
+//! generated source (a function of the region's canonical form), the GPU
+//! architecture, the NVRTC version and the fuser's version. A hash of the
+//! key names two files, `HASH.key` (the whole key) and `HASH.ptx`; an entry
+//! is used only when its key file equals the key, so a hash collision is a
+//! miss, never a wrong kernel. Entries are written to a temporary file and
+//! renamed into place, so a reader never sees half an entry. A cache that
+//! cannot be written is a warning: kernels still compile.
+
+use std::path::{Path, PathBuf};
+
+/// Where compiled kernels are kept.
+#[derive(Clone, Debug)]
+pub struct DiskCache {
+    dir: PathBuf,
+}
+
+/// What the key of a kernel is made of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Key<'a> {
+    /// The generated CUDA C.
+    pub source: &'a str,
+    /// The GPU architecture, e.g. `sm_90`.
+    pub arch: &'a str,
+    /// NVRTC's version.
+    pub nvrtc: (i32, i32),
+}
+
+impl Key<'_> {
+    fn text(&self) -> String {
+        format!(
+            "// switchyard-exec-fuser {} arch {} nvrtc {}.{}\n{}",
+            env!("CARGO_PKG_VERSION"),
+            self.arch,
+            self.nvrtc.0,
+            self.nvrtc.1,
+            self.source
+        )
+    }
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl DiskCache {
+    /// A cache in `dir` (created when first written).
+    pub fn at(dir: impl Into<PathBuf>) -> DiskCache {
+        DiskCache { dir: dir.into() }
+    }
+
+    /// The default place: `$SWITCHYARD_CACHE_DIR/cuda`, else
+    /// `$XDG_CACHE_HOME/switchyard/cuda`, else `~/.cache/switchyard/cuda`;
+    /// `None` when none of them is set.
+    pub fn default_location() -> Option<DiskCache> {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let root = var("SWITCHYARD_CACHE_DIR")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("switchyard")))
+            .or_else(|| var("HOME").map(|d| d.join(".cache").join("switchyard")))?;
+        Some(DiskCache::at(root.join("cuda")))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The compiled code for `key`: from disk when an entry with this very
+    /// key is there (`true`), else from `compile`, then stored (`false`).
+    pub fn get_or_compile(
+        &self,
+        key: &Key,
+        compile: impl FnOnce() -> Result<String, String>,
+    ) -> Result<(String, bool), String> {
+        let text = key.text();
+        let stem = format!("{:016x}", fnv1a(&text));
+        let key_path = self.dir.join(format!("{stem}.key"));
+        let code_path = self.dir.join(format!("{stem}.ptx"));
+        if std::fs::read_to_string(&key_path).is_ok_and(|k| k == text)
+            && let Ok(code) = std::fs::read_to_string(&code_path)
+        {
+            return Ok((code, true));
+        }
+        let code = compile()?;
+        if let Err(e) = self.store(&stem, &text, &code) {
+            tracing::warn!("could not store a compiled kernel in {}: {e}", self.dir.display());
+        }
+        Ok((code, false))
+    }
+
+    /// Writes the code before the key: an entry is valid once its key is there.
+    fn store(&self, stem: &str, key: &str, code: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let write = |ext: &str, text: &str| -> std::io::Result<()> {
+            let tmp = self.dir.join(format!("{stem}.{ext}.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, text)?;
+            std::fs::rename(&tmp, self.dir.join(format!("{stem}.{ext}")))
+        };
+        write("ptx", code)?;
+        write("key", key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("switchyard-disk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn a_second_cache_on_the_same_dir_compiles_nothing() {
+        let dir = tmp("reuse");
+        let key = Key {
+            source: "extern \"C\" __global__ void k() {}",
+            arch: "sm_90",
+            nvrtc: (12, 4),
+        };
+        let calls = Cell::new(0);
+        let compile = || {
+            calls.set(calls.get() + 1);
+            Ok::<_, String>("PTX".to_string())
+        };
+        assert_eq!(
+            DiskCache::at(&dir).get_or_compile(&key, compile).unwrap(),
+            ("PTX".into(), false)
+        );
+        // As a new process would: a fresh handle on the same directory.
+        assert_eq!(
+            DiskCache::at(&dir).get_or_compile(&key, compile).unwrap(),
+            ("PTX".into(), true)
+        );
+        assert_eq!(calls.get(), 1);
+        // Another architecture, NVRTC or source is another kernel.
+        for other in [
+            Key {
+                arch: "sm_80",
+                ..key.clone()
+            },
+            Key {
+                nvrtc: (12, 8),
+                ..key.clone()
+            },
+            Key {
+                source: "/* other */",
+                ..key.clone()
+            },
+        ] {
+            assert!(!DiskCache::at(&dir).get_or_compile(&other, compile).unwrap().1);
+        }
+        assert_eq!(calls.get(), 4);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_entry_whose_key_differs_is_a_miss_and_failures_are_not_stored() {
+        let dir = tmp("collide");
+        let key = Key {
+            source: "a",
+            arch: "sm_90",
+            nvrtc: (12, 4),
+        };
+        let cache = DiskCache::at(&dir);
+        cache.get_or_compile(&key, || Ok("first".into())).unwrap();
+        // Overwrite the key file as a colliding entry would have it.
+        let stem = format!("{:016x}", fnv1a(&key.text()));
+        std::fs::write(dir.join(format!("{stem}.key")), "something else").unwrap();
+        let (code, hit) = cache.get_or_compile(&key, || Ok("second".into())).unwrap();
+        assert_eq!((code.as_str(), hit), ("second", false));
+        let e = cache.get_or_compile(
+            &Key {
+                source: "b",
+                ..key.clone()
+            },
+            || Err("bad".into()),
+        );
+        assert_eq!(e.unwrap_err(), "bad");
+        let entries = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(entries, 2, "one entry: its key and its code");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_unwritable_cache_still_compiles() {
+        let file = tmp("file");
+        std::fs::write(&file, "not a directory").unwrap();
+        let key = Key {
+            source: "a",
+            arch: "sm_90",
+            nvrtc: (12, 4),
+        };
+        let got = DiskCache::at(file.join("cuda")).get_or_compile(&key, || Ok("code".into()));
+        assert_eq!(got.unwrap(), ("code".into(), false));
+        let _ = std::fs::remove_file(&file);
+    }
+}
