@@ -36,6 +36,7 @@ use switchyard_core::{Device, Trace, text};
 fn link_builtin_executors() {
     let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
     let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
+    let _ = std::hint::black_box(switchyard_exec_cublas::CublasExecutor);
     let _ = std::hint::black_box(switchyard_cuda::layer::CudaTransfer);
 }
 

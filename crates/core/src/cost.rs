@@ -209,9 +209,11 @@ impl DeviceModel {
         self.host_overhead_ns + self.launch_overhead_ns + memory.max(compute)
     }
 
-    /// Time of copying `bytes` between the host and this device.
+    /// Time of copying one tensor of `bytes` between the host and this
+    /// device: a copy is queued and waited for like a kernel, then moves
+    /// its bytes over the link.
     pub fn transfer_ns(&self, bytes: f64) -> f64 {
-        bytes / self.host_link_gb_s
+        self.launch_overhead_ns + bytes / self.host_link_gb_s
     }
 
     /// Time of one op run alone as one kernel (a view that needs no copy: host

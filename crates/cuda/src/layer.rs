@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 use switchyard_core::device::{DeviceBuffer, Transfer, TransferFactory};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
@@ -120,6 +120,69 @@ pub fn alloc_zeros(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64
     });
     let ptr = buf.bytes.device_ptr(&buf.stream).0;
     Ok((Tensor::from_device(buf, shape)?, ptr))
+}
+
+/// Typed device memory at a raw address, for the safe APIs of cudarc's
+/// libraries (cuBLASLt, cuDNN), which take slices: element `T` at `ptr`,
+/// `len` of them, used on `stream`. It owns nothing; the tensor it was made
+/// from must outlive the work queued with it, which holds on one stream as
+/// long as the tensor lives until the call returns.
+#[derive(Debug)]
+pub struct Raw<T> {
+    ptr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> Raw<T> {
+    /// `tensor`'s memory from its offset on, as `T` (checked to be its
+    /// dtype's size).
+    pub fn of(tensor: &Tensor) -> Result<Raw<T>> {
+        let buf = buffer_of(tensor)?;
+        if std::mem::size_of::<T>() != buf.dtype.size() {
+            return Err(unavailable(
+                buf.device,
+                format!("a {} buffer read as {}", buf.dtype, std::any::type_name::<T>()),
+            ));
+        }
+        let base = buf.bytes.device_ptr(&buf.stream).0;
+        Ok(Raw {
+            ptr: base + (tensor.offset() * buf.dtype.size()) as u64,
+            len: buf.len - tensor.offset().min(buf.len),
+            stream: buf.stream.clone(),
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    /// The address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T> cudarc::driver::DeviceSlice<T> for Raw<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+// Work on the memory is ordered by the one stream everything runs on, so
+// there is no event to wait for or record.
+impl<T> DevicePtr<T> for Raw<T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> cudarc::driver::DevicePtrMut<T> for Raw<T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
 }
 
 /// Copies between the host and `cuda:N` devices (registered with

@@ -8,11 +8,13 @@
 //! reason an executor can report, never a panic or an abort.
 //!
 //! Probing runs once per process ([`probe`]). The `cuda:N` device layer
-//! ([`layer`]) builds on it.
+//! ([`layer`]) builds on it, and [`gemm`] holds the cuBLASLt GEMMs that
+//! more than one executor needs.
 
+pub mod gemm;
 pub mod layer;
 
-pub use layer::{alloc_zeros, buffer_len, device_ptr, stream};
+pub use layer::{Raw, alloc_zeros, buffer_len, device_ptr, stream};
 
 use std::ffi::c_int;
 use std::sync::OnceLock;
@@ -44,7 +46,7 @@ pub struct Probe {
     pub driver: Result<Driver, String>,
     /// NVRTC (runtime compilation), for the fuser's CUDA backend.
     pub nvrtc: Result<Found, String>,
-    /// cuBLAS.
+    /// cuBLAS with cuBLASLt.
     pub cublas: Result<Found, String>,
     /// cuDNN.
     pub cudnn: Result<Found, String>,
@@ -55,7 +57,7 @@ pub struct Probe {
 pub enum Needs {
     /// NVRTC.
     Nvrtc,
-    /// cuBLAS.
+    /// cuBLAS and cuBLASLt.
     Cublas,
     /// cuDNN.
     Cudnn,
@@ -108,7 +110,12 @@ pub fn probe() -> &'static Probe {
     PROBE.get_or_init(|| Probe {
         driver: driver(),
         nvrtc: find("NVRTC", NVRTC, b"nvrtcVersion\0"),
-        cublas: find("cuBLAS", CUBLAS, b"cublasCreate_v2\0"),
+        cublas: find("cuBLAS", CUBLAS, b"cublasCreate_v2\0").and_then(|blas| {
+            let lt = find("cuBLASLt", CUBLASLT, b"cublasLtMatmul\0")?;
+            Ok(Found {
+                library: format!("{} and {}", blas.library, lt.library),
+            })
+        }),
         cudnn: find("cuDNN", CUDNN, b"cudnnCreate\0"),
     })
 }
@@ -136,6 +143,16 @@ const CUBLAS: &[&str] = &[
     "libcublas.so.12",
     "libcublas.so.11",
     "libcublas.so",
+];
+
+#[cfg(windows)]
+const CUBLASLT: &[&str] = &["cublasLt64_13.dll", "cublasLt64_12.dll", "cublasLt64_11.dll"];
+#[cfg(not(windows))]
+const CUBLASLT: &[&str] = &[
+    "libcublasLt.so.13",
+    "libcublasLt.so.12",
+    "libcublasLt.so.11",
+    "libcublasLt.so",
 ];
 
 #[cfg(windows)]

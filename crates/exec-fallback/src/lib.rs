@@ -364,15 +364,14 @@ impl Executor for FallbackExecutor {
             return Claim::Accept(cx.device.host_overhead_ns);
         }
         // Anything else on a device runs here, on the host, with its operands
-        // copied over and its results copied back: the host's time plus the
-        // copies over the device's link.
-        let bytes: usize = o
+        // copied over and its results copied back: the host's time plus one
+        // copy per tensor over the device's link.
+        let copies: f64 = o
             .input_values()
             .chain(o.outputs.iter().copied())
-            .map(|v| cx.trace.meta(v).bytes())
+            .map(|v| cx.device.transfer_ns(cx.trace.meta(v).bytes() as f64))
             .sum();
-        let host = DeviceModel::cpu_default().op_ns(cx.trace, op);
-        Claim::Accept(host + cx.device.transfer_ns(bytes as f64))
+        Claim::Accept(DeviceModel::cpu_default().op_ns(cx.trace, op) + copies)
     }
 
     /// On the host, except a region of views of device tensors, which stays

@@ -1,0 +1,235 @@
+//! # switchyard-exec-cublas
+//!
+//! switchyard's cuBLAS executor: `matmul` (batched or not) and the `linear`
+//! composite, claimed whole so that its bias is added in the GEMM's
+//! epilogue, on `cuda:N` in f32, f16 and bf16. It calls cuBLASLt through
+//! cudarc, loaded at run time.
+//!
+//! cuBLAS reads matrices stored by rows or by columns, and says which with
+//! an operation flag. So an operand that is a transposed view (the weight
+//! of `linear`, a `transpose` before a `matmul`, as einsum lowers to) is
+//! read where it lies, with the flag set, rather than copied first: the
+//! claim looks at the layout each operand will have (`switchyard_cuda::gemm`) and rejects,
+//! with the reason, only what no flag can express (a matrix strided in both
+//! dims, batch dims that are neither dense nor broadcast).
+//!
+//! Without a driver, a device, cuBLAS or cuBLASLt the executor is
+//! unavailable, with the reason; plans made for a GPU target
+//! (`plan --target cuda:0`) still use it, as the planner assumes it.
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+
+use cudarc::cublaslt::{CudaBlasLT, Matmul};
+use switchyard_core::executor::{
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
+};
+use switchyard_core::ir::{CompositeOp, OpId, OpKind};
+use switchyard_core::{DType, Device, Error, Result, Tensor};
+use switchyard_cuda::gemm::{self, Gemm, gemm_of};
+use switchyard_cuda::{Needs, Raw};
+
+/// The executor's registered name.
+pub const NAME: &str = "cublas";
+
+/// The cuBLAS executor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CublasExecutor;
+
+inventory::submit! {
+    ExecutorFactory { name: NAME, default_rank: 4, create: || Arc::new(CublasExecutor) }
+}
+
+/// Which op a region runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum What {
+    Matmul,
+    Linear { bias: bool },
+}
+
+fn what(kind: OpKind, operands: usize) -> Option<What> {
+    match kind {
+        OpKind::Matmul => Some(What::Matmul),
+        OpKind::Composite(CompositeOp::Linear) => Some(What::Linear { bias: operands == 3 }),
+        _ => None,
+    }
+}
+
+/// The GEMM an op of the trace is, with the layouts its operands will have.
+fn gemm_in_trace(cx: &Context, op: OpId) -> std::result::Result<(What, Gemm), String> {
+    let trace = cx.trace;
+    let o = trace.op(op);
+    let values: Vec<_> = o.input_values().collect();
+    let Some(w) = what(o.kind, values.len()) else {
+        return Err(format!("runs matmul and linear, not `{}`", o.kind));
+    };
+    let out = trace.meta(o.outputs[0]);
+    if !matches!(out.device, Device::Cuda(_)) {
+        return Err(format!("runs on CUDA devices, and this op is on {}", out.device));
+    }
+    for &v in &values {
+        let m = trace.meta(v);
+        if !matches!(m.dtype, DType::F32 | DType::F16 | DType::BF16) || m.dtype != out.dtype {
+            return Err(format!(
+                "multiplies f32, f16 or bf16 with operands and result of one dtype, and `{}` is {} (result {})",
+                trace.value(v).name,
+                m.dtype,
+                out.dtype
+            ));
+        }
+    }
+    let layout_of = |v| {
+        let m = trace.meta(v);
+        (m.shape.clone(), switchyard_core::cost::layout(trace, v))
+    };
+    let (a, b) = (layout_of(values[0]), layout_of(values[1]));
+    let bias = match w {
+        What::Linear { bias: true } => Some(layout_of(values[2])),
+        _ => None,
+    };
+    let g = match w {
+        What::Matmul => gemm_of((&a.0, &a.1), (&b.0, &b.1), None, false),
+        What::Linear { .. } => gemm_of(
+            (&a.0, &a.1),
+            (&b.0, &b.1),
+            bias.as_ref().map(|(s, st)| (s.as_slice(), st.as_slice())),
+            true,
+        ),
+    }
+    .map_err(|why| format!("{}: {why}", trace.describe_op(op)))?;
+    Ok((w, g))
+}
+
+impl Executor for CublasExecutor {
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo {
+            name: NAME.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            kind: ExecutorKind::Operator,
+            devices: vec!["cuda".into()],
+        }
+    }
+
+    fn availability(&self) -> Availability {
+        match switchyard_cuda::probe().unavailable(&[Needs::Cublas]) {
+            Some(why) => Availability::Unavailable(why),
+            None => Availability::Available,
+        }
+    }
+
+    /// Accepts at the device model's time for the GEMM's bytes and FLOPs:
+    /// operands read where they lie, a bias added in the epilogue.
+    fn claim(&self, op: OpId, cx: &Context) -> Claim {
+        match gemm_in_trace(cx, op) {
+            Ok((_, g)) => {
+                let dtype = cx.trace.meta(cx.trace.op(op).outputs[0]).dtype;
+                Claim::Accept(cx.device.kernel_ns(g.bytes(dtype) as f64, g.flops(), dtype))
+            }
+            Err(why) => Claim::Reject(why),
+        }
+    }
+
+    fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
+        let fail = |message: String| Error::Kernel {
+            executor: NAME.into(),
+            op: format!("region {}", region.id),
+            message,
+        };
+        let [op] = region.ops[..] else {
+            return Err(fail(format!("runs one op per region, got {}", region.ops.len())));
+        };
+        let (what, _) = gemm_in_trace(cx, op).map_err(&fail)?;
+        let Device::Cuda(device) = region.device else {
+            return Err(fail(format!("runs on CUDA devices, not {}", region.device)));
+        };
+        if let Some(why) = switchyard_cuda::probe().unavailable(&[Needs::Cublas]) {
+            return Err(fail(why));
+        }
+        let handle = gemm::handle(device).map_err(&fail)?;
+        Ok(Box::new(GemmKernel {
+            what,
+            dtype: cx.trace.meta(cx.trace.op(op).outputs[0]).dtype,
+            device,
+            handle,
+            region: region.id,
+        }))
+    }
+}
+
+/// A compiled matmul or linear.
+struct GemmKernel {
+    what: What,
+    dtype: DType,
+    device: u32,
+    handle: Arc<CudaBlasLT>,
+    region: usize,
+}
+
+impl GemmKernel {
+    fn error(&self, message: String) -> Error {
+        Error::Kernel {
+            executor: NAME.into(),
+            op: format!("region {}", self.region),
+            message,
+        }
+    }
+
+    fn launch<T>(&self, g: &Gemm, inputs: &[&Tensor], out: &Tensor) -> std::result::Result<(), String>
+    where
+        CudaBlasLT: Matmul<T>,
+    {
+        let raw = |t: &Tensor| Raw::<T>::of(t).map_err(|e| e.to_string());
+        let bias = match self.what {
+            What::Linear { bias: true } => Some(raw(inputs[2])?),
+            _ => None,
+        };
+        gemm::run(
+            &self.handle,
+            g,
+            (1.0, 0.0),
+            &raw(inputs[0])?,
+            &raw(inputs[1])?,
+            bias.as_ref(),
+            &mut raw(out)?,
+        )
+    }
+}
+
+impl Kernel for GemmKernel {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let device = Device::Cuda(self.device);
+        for t in inputs {
+            if t.device() != device || t.dtype() != self.dtype {
+                return Err(self.error(format!(
+                    "an operand is {} on {}, expected {} on {device}",
+                    t.dtype(),
+                    t.device(),
+                    self.dtype
+                )));
+            }
+        }
+        let operand = |t: &Tensor| (t.shape().to_vec(), t.strides().to_vec());
+        let (a, b) = (operand(inputs[0]), operand(inputs[1]));
+        let bias = inputs.get(2).map(|t| operand(t));
+        let g = gemm_of(
+            (&a.0, &a.1),
+            (&b.0, &b.1),
+            bias.as_ref().map(|(s, st)| (s.as_slice(), st.as_slice())),
+            matches!(self.what, What::Linear { .. }),
+        )
+        .map_err(|e| self.error(e))?;
+        let (out, _) = switchyard_cuda::alloc_zeros(self.device, self.dtype, &g.out_shape)
+            .map_err(|e| self.error(e.to_string()))?;
+        if g.is_empty() {
+            return Ok(vec![out]);
+        }
+        match self.dtype {
+            DType::F32 => self.launch::<f32>(&g, inputs, &out),
+            DType::F16 => self.launch::<half::f16>(&g, inputs, &out),
+            DType::BF16 => self.launch::<half::bf16>(&g, inputs, &out),
+            d => Err(format!("cuBLASLt here multiplies f32, f16 and bf16, not {d}")),
+        }
+        .map_err(|e| self.error(e))?;
+        Ok(vec![out])
+    }
+}
