@@ -37,6 +37,7 @@ fn link_builtin_executors() {
     let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
     let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
     let _ = std::hint::black_box(switchyard_exec_cublas::CublasExecutor);
+    let _ = std::hint::black_box(switchyard_exec_cudnn::CudnnExecutor);
     let _ = std::hint::black_box(switchyard_cuda::layer::CudaTransfer);
 }
 
@@ -292,7 +293,8 @@ struct BenchArgs {
     suite: Option<String>,
     /// Executor sets to compare, `;`-separated, each a comma-separated list in
     /// order of preference, e.g. "fallback;fuser,fallback"; ratios are against
-    /// the first. Default: the fallback alone, then every enabled executor.
+    /// the first. Default: the fallback alone, then every enabled executor
+    /// available here.
     #[arg(long, value_name = "SETS")]
     executors_sets: Option<String>,
     /// Measure the ops this executor claims in the workloads, each alone,
@@ -596,7 +598,13 @@ fn bench_command(args: BenchArgs) -> Result<()> {
             .collect(),
         (None, None) => {
             let all = config.executor_set_with(None, &plugins)?;
-            let names: Vec<String> = all.executors.iter().map(|e| e.info().name).collect();
+            // Those this machine can run: the others would only be skipped.
+            let names: Vec<String> = all
+                .executors
+                .iter()
+                .filter(|e| e.availability() == Availability::Available)
+                .map(|e| e.info().name)
+                .collect();
             vec!["fallback".into(), names.join(",")]
         }
     };

@@ -218,12 +218,12 @@ fn bad_traces_and_arguments_are_clear_errors() {
         bin()
             .arg("run")
             .arg(example("mlp.trace"))
-            .args(["--executors", "cudnn"])
+            .args(["--executors", "mkl"])
             .output()
             .unwrap(),
     );
     assert!(
-        e.contains("`--executors`: unknown executor `cudnn` (known: fuser, fallback)"),
+        e.contains("`--executors`: unknown executor `mkl` (known: cudnn, cublas, fuser, fallback)"),
         "{e}"
     );
     let e = fails(bin().arg("run").arg(scratch("missing.trace")).output().unwrap());
@@ -423,7 +423,7 @@ fn config_files_choose_executors_and_cost_model() {
         (
             "run",
             "enable = [\"nope\"]\n",
-            "`enable`: unknown executor `nope` (known: fuser, fallback)",
+            "`enable`: unknown executor `nope` (known: cudnn, cublas, fuser, fallback)",
         ),
         (
             "plan",
@@ -432,7 +432,7 @@ fn config_files_choose_executors_and_cost_model() {
         ),
         (
             "plan",
-            "disable = [\"fallback\", \"fuser\"]\n",
+            "disable = [\"fallback\", \"fuser\", \"cublas\", \"cudnn\"]\n",
             "no executor is left enabled",
         ),
         (

@@ -34,6 +34,12 @@ pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
 pub trait Transfer: Send + Sync {
     /// Whether this layer serves `device`.
     fn serves(&self, device: Device) -> bool;
+    /// Whether it can reach `device` on this machine, and if not, why. By
+    /// default it can.
+    fn check(&self, device: Device) -> std::result::Result<(), String> {
+        let _ = device;
+        Ok(())
+    }
     /// A copy of a host tensor on `device` (dense, same dtype and shape).
     fn to_device(&self, tensor: &Tensor, device: Device) -> Result<Tensor>;
     /// A host copy of a tensor on one of this layer's devices.
@@ -50,15 +56,32 @@ pub struct TransferFactory {
 
 inventory::collect!(TransferFactory);
 
-/// The registered layer that serves `device`.
+/// The registered layer that serves `device` and can reach it here (when
+/// several serve it, the first that can); when none can, the reason of the
+/// first.
 pub fn transfer_for(device: Device) -> Result<Arc<dyn Transfer>> {
-    inventory::iter::<TransferFactory>
-        .into_iter()
-        .map(|f| (f.create)())
-        .find(|t| t.serves(device))
-        .ok_or_else(|| Error::NoDeviceLayer {
+    let mut reason = None;
+    for f in inventory::iter::<TransferFactory> {
+        let t = (f.create)();
+        if !t.serves(device) {
+            continue;
+        }
+        match t.check(device) {
+            Ok(()) => return Ok(t),
+            Err(why) => {
+                reason.get_or_insert(why);
+            }
+        }
+    }
+    Err(match reason {
+        Some(reason) => Error::Device {
             device: device.to_string(),
-        })
+            reason,
+        },
+        None => Error::NoDeviceLayer {
+            device: device.to_string(),
+        },
+    })
 }
 
 /// `tensor`, on `device`: itself if already there, else a copy through the host.

@@ -122,6 +122,38 @@ pub fn alloc_zeros(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64
     Ok((Tensor::from_device(buf, shape)?, ptr))
 }
 
+/// Queues a copy of dense `src` over dense `dst`, both on one device and of
+/// one dtype and element count.
+pub fn copy_device(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let (d, s) = (buffer_of(dst)?, buffer_of(src)?);
+    let ok = d.device == s.device
+        && d.dtype == s.dtype
+        && dst.numel() == src.numel()
+        && dst.is_contiguous()
+        && src.is_contiguous()
+        && dst.offset() + dst.numel() <= d.len
+        && src.offset() + src.numel() <= s.len;
+    if !ok {
+        return Err(unavailable(
+            d.device,
+            format!(
+                "a device copy needs two dense tensors alike, got {} {:?} and {} {:?}",
+                dst.dtype(),
+                dst.shape(),
+                src.dtype(),
+                src.shape()
+            ),
+        ));
+    }
+    let size = d.dtype.size();
+    let to = d.bytes.device_ptr(&d.stream).0 + (dst.offset() * size) as u64;
+    let from = s.bytes.device_ptr(&s.stream).0 + (src.offset() * size) as u64;
+    // SAFETY: both ranges were checked to lie in their buffers, and the
+    // copy is ordered on the device's one stream.
+    unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, dst.numel() * size, d.stream.cu_stream()) }
+        .map_err(|e| unavailable(d.device, format!("copying on the device: {e}")))
+}
+
 /// Typed device memory at a raw address, for the safe APIs of cudarc's
 /// libraries (cuBLASLt, cuDNN), which take slices: element `T` at `ptr`,
 /// `len` of them, used on `stream`. It owns nothing; the tensor it was made
@@ -192,6 +224,17 @@ pub struct CudaTransfer;
 impl Transfer for CudaTransfer {
     fn serves(&self, device: Device) -> bool {
         matches!(device, Device::Cuda(_))
+    }
+
+    fn check(&self, device: Device) -> std::result::Result<(), String> {
+        let Device::Cuda(n) = device else {
+            return Err("not a CUDA device".into());
+        };
+        match &crate::probe().driver {
+            Ok(d) if (n as i32) < d.devices => Ok(()),
+            Ok(d) => Err(format!("the CUDA driver sees {} device(s)", d.devices)),
+            Err(why) => Err(why.clone()),
+        }
     }
 
     fn to_device(&self, tensor: &Tensor, device: Device) -> Result<Tensor> {

@@ -129,6 +129,14 @@ impl Executor for CublasExecutor {
         }
     }
 
+    /// Its claims' costs: one call per op, as claimed.
+    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
+        region
+            .iter()
+            .map(|&op| self.claim(op, cx).cost().unwrap_or(f64::INFINITY))
+            .sum()
+    }
+
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         let fail = |message: String| Error::Kernel {
             executor: NAME.into(),

@@ -133,6 +133,8 @@ impl CudaKernel {
             if let Instr::Load { load, .. } = ins {
                 let t = inputs[load.input];
                 let len = switchyard_cuda::buffer_len(t).map_err(|e| e.to_string())?;
+                // A reshape the layout does not allow is rejected when claimed;
+                // `resolve` says so should a run bring another layout.
                 let r = resolve(t, len, &load.views, &load.map, &p.shape)?;
                 let mut s = [0i64; crate::lower::MAX_RANK];
                 for (a, b) in s.iter_mut().zip(r.it) {
