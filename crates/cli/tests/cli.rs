@@ -684,3 +684,105 @@ fn bench_compares_one_executor_op_by_op_and_rejects_bad_arguments() {
     );
     assert!(e.contains("is not a `switchyard bench --json` file"), "{e}");
 }
+
+#[test]
+fn plan_targets_a_gpu_this_machine_need_not_have() {
+    let s = ok(bin()
+        .arg("plan")
+        .arg(example("transformer_block.trace"))
+        .args(["--target", "cuda:0", "--device-model", "h100"])
+        .output()
+        .unwrap());
+    assert!(s.contains("on h100: estimated"), "{s}");
+    for executor in ["cublas at cuda:0", "cudnn at cuda:0", "fuser at cuda:0"] {
+        assert!(s.contains(&format!("on {executor}")), "{executor}: {s}");
+    }
+    let missing = switchyard_cuda::probe().driver.is_err();
+    assert_eq!(
+        s.contains("note: planned with cublas, which this machine lacks"),
+        missing,
+        "{s}"
+    );
+    let json = ok(bin()
+        .arg("plan")
+        .arg(example("transformer_block.trace"))
+        .args(["--target", "cuda:0", "--device-model", "a100", "--json"])
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let sdpa = v["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["executor"] == "cudnn")
+        .expect("a cudnn region");
+    assert_eq!(sdpa["device"], "cuda:0");
+    for (args, want) in [
+        (
+            vec!["--target", "cuda:0"],
+            "--target cuda:0 needs a GPU cost model",
+        ),
+        (
+            vec!["--target", "gpu0"],
+            "--target: `gpu0` is not a device (cpu or cuda:N)",
+        ),
+        (
+            vec!["--device-model", "h900"],
+            "neither a built-in device model (cpu, h100, h200, a100)",
+        ),
+    ] {
+        let e = fails(
+            bin()
+                .arg("plan")
+                .arg(example("mlp.trace"))
+                .args(&args)
+                .output()
+                .unwrap(),
+        );
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn gpu_kernels_compiled_once_are_reused_by_the_next_process() {
+    let probe = switchyard_cuda::probe();
+    if let Some(why) = probe.unavailable(&[
+        switchyard_cuda::Needs::Nvrtc,
+        switchyard_cuda::Needs::Cublas,
+        switchyard_cuda::Needs::Cudnn,
+    ]) {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let cache = scratch("kernel-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let run = || {
+        ok(bin()
+            .env("SWITCHYARD_CACHE_DIR", &cache)
+            .arg("run")
+            .arg(example("transformer_block.trace"))
+            .args(["--target", "cuda:0", "--device-model", "h200"])
+            .output()
+            .unwrap())
+    };
+    let entries = || {
+        let mut v: Vec<(String, std::time::SystemTime)> = std::fs::read_dir(cache.join("cuda"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().modified().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    run();
+    let first = entries();
+    assert!(first.iter().any(|(n, _)| n.ends_with(".ptx")), "{first:?}");
+    run();
+    // Nothing compiled, so nothing written: the same files, untouched.
+    assert_eq!(entries(), first);
+}

@@ -470,11 +470,13 @@ fn lower(
                 e.claim(&*set.executors[e.index], id, &cx).cost().is_some()
             });
             match whole {
-                Some(e) => ex.kept_whole.push(format!(
-                    "{}: claimed whole by {}",
-                    current.describe_op(id),
-                    e.name
-                )),
+                Some(e) => {
+                    // Asked again each round while other composites lower.
+                    let kept = format!("{}: claimed whole by {}", current.describe_op(id), e.name);
+                    if !ex.kept_whole.contains(&kept) {
+                        ex.kept_whole.push(kept);
+                    }
+                }
                 None => {
                     ex.decomposed.push(format!(
                         "{}: no enabled executor claims `{}` whole",

@@ -122,6 +122,13 @@ pub fn alloc_zeros(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64
     Ok((Tensor::from_device(buf, shape)?, ptr))
 }
 
+/// Waits until everything queued on `cuda:n` has run (for timing).
+pub fn synchronize(n: u32) -> Result<()> {
+    stream(n)?
+        .synchronize()
+        .map_err(|e| unavailable(Device::Cuda(n), format!("synchronising: {e}")))
+}
+
 /// Queues a copy of dense `src` over dense `dst`, both on one device and of
 /// one dtype and element count.
 pub fn copy_device(dst: &Tensor, src: &Tensor) -> Result<()> {

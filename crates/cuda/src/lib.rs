@@ -14,7 +14,7 @@
 pub mod gemm;
 pub mod layer;
 
-pub use layer::{Raw, alloc_zeros, buffer_len, copy_device, device_ptr, stream};
+pub use layer::{Raw, alloc_zeros, buffer_len, copy_device, device_ptr, stream, synchronize};
 
 use std::ffi::c_int;
 use std::sync::OnceLock;

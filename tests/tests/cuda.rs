@@ -1,0 +1,381 @@
+//! The CUDA executors (cuBLAS, cuDNN and the fuser's CUDA backend).
+//!
+//! On every machine: availability with the reason, claims and costs against
+//! the GPU device models, and plans for `cuda:0` made without a GPU
+//! (`plan_only`, as `switchyard plan --target cuda:0` makes them). On a
+//! machine with a GPU, the ops they claim and the transformer block run
+//! there and are compared with the fallback; elsewhere those tests print
+//! why they skip.
+
+use std::sync::Arc;
+
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::executor::{Availability, Claim, Context, Executor, ExecutorSet};
+use switchyard_core::io::random_inputs;
+use switchyard_core::ir::{OpId, OpKind};
+use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::plan::Plan;
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_core::text::parse;
+use switchyard_core::{Device, Trace};
+use switchyard_cuda::{Needs, probe};
+use switchyard_exec_cublas::CublasExecutor;
+use switchyard_exec_cudnn::CudnnExecutor;
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_fuser::FuserExecutor;
+use switchyard_tests::{assert_close, repo_path, run};
+
+const GPU: Device = Device::Cuda(0);
+
+fn executors() -> ExecutorSet {
+    ExecutorSet::new(vec![
+        Arc::new(CudnnExecutor),
+        Arc::new(CublasExecutor),
+        Arc::new(FuserExecutor),
+        Arc::new(FallbackExecutor),
+    ])
+}
+
+fn on_gpu(text: &str) -> Trace {
+    let mut t = parse(text).unwrap();
+    t.retarget(GPU);
+    t
+}
+
+fn plan_for(trace: &Trace, model: &DeviceModel, plan_only: bool) -> Plan {
+    partition(
+        trace,
+        &executors(),
+        model,
+        &PartitionOptions {
+            plan_only,
+            ..PartitionOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn block() -> Trace {
+    let mut t =
+        parse(&std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap())
+            .unwrap();
+    t.retarget(GPU);
+    t
+}
+
+/// Why GPU tests cannot run here, if they cannot.
+fn no_gpu() -> Option<String> {
+    probe().unavailable(&[Needs::Nvrtc, Needs::Cublas, Needs::Cudnn])
+}
+
+fn claim(e: &dyn Executor, trace: &Trace, op: usize, model: &DeviceModel) -> Claim {
+    let uses = trace.uses();
+    let options = toml::Table::new();
+    let cx = Context {
+        trace,
+        device: model,
+        options: &options,
+        uses: &uses,
+    };
+    e.claim(OpId(op as u32), &cx)
+}
+
+#[test]
+fn each_cuda_executor_says_whether_it_is_available_and_why_not() {
+    let p = probe();
+    let expect = |needs: &[Needs]| match p.unavailable(needs) {
+        Some(why) => Availability::Unavailable(why),
+        None => Availability::Available,
+    };
+    assert_eq!(CublasExecutor.availability(), expect(&[Needs::Cublas]));
+    assert_eq!(
+        CudnnExecutor.availability(),
+        expect(&[Needs::Cublas, Needs::Cudnn])
+    );
+    // The fuser runs everywhere, and on CUDA devices where NVRTC is.
+    assert_eq!(FuserExecutor.availability(), Availability::Available);
+    assert_eq!(
+        FuserExecutor.availability_on(Device::Cpu),
+        Availability::Available
+    );
+    match expect(&[Needs::Nvrtc]) {
+        Availability::Available => {
+            assert_eq!(FuserExecutor.availability_on(GPU), Availability::Available);
+            let beyond = Device::Cuda(p.driver.as_ref().unwrap().devices as u32);
+            let Availability::Unavailable(why) = FuserExecutor.availability_on(beyond) else {
+                panic!("{beyond} does not exist");
+            };
+            assert!(why.contains("sees"), "{why}");
+        }
+        unavailable => assert_eq!(FuserExecutor.availability_on(GPU), unavailable),
+    }
+    if let Err(why) = &p.driver {
+        println!("no CUDA driver here: {why}");
+        for a in [CublasExecutor.availability(), CudnnExecutor.availability()] {
+            assert_eq!(a, Availability::Unavailable(why.clone()));
+        }
+    }
+}
+
+#[test]
+fn without_a_gpu_a_cuda_trace_runs_elsewhere_and_says_why() {
+    let Err(why) = &probe().driver else {
+        println!("this machine has a CUDA driver: nothing is unavailable to check");
+        return;
+    };
+    let plan = plan_for(&block(), &DeviceModel::h200(), false);
+    let names: Vec<String> = plan.regions.iter().map(|r| plan.executor_name(r)).collect();
+    assert!(names.iter().all(|n| n == "fallback"), "{names:?}");
+    let unavailable: Vec<&str> = plan
+        .explanation
+        .unavailable
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(unavailable, ["cudnn", "cublas"]);
+    assert!(plan.explanation.unavailable.iter().all(|(_, r)| r == why));
+    // The fuser is there, but not for cuda:0, and says so for each op.
+    let fuser_said = plan.explanation.ops.iter().any(|o| {
+        o.candidates.iter().any(|c| {
+            c.executor == "fuser"
+                && matches!(&c.claim, Claim::Reject(r) if r.starts_with("cannot run ops on cuda:0 here"))
+        })
+    });
+    assert!(fuser_said);
+    // Running it needs the device for the inputs and outputs, and says why not.
+    let cpu = parse(&std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap())
+        .unwrap();
+    let e = CompiledPlan::compile(plan)
+        .and_then(|c| c.run(&random_inputs(&cpu, 1), RunOptions::default()))
+        .map(|r| r.outputs.len())
+        .expect_err("no device to run on")
+        .to_string();
+    assert!(
+        e.contains("cuda:0 is unavailable") && e.contains(why.as_str()),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_transformer_block_for_cuda_goes_to_cublas_cudnn_and_the_fuser() {
+    for model in [DeviceModel::h200(), DeviceModel::h100(), DeviceModel::a100()] {
+        let plan = plan_for(&block(), &model, true);
+        let t = &plan.trace;
+        assert!(
+            plan.explanation
+                .kept_whole
+                .iter()
+                .any(|k| k.contains("sdpa") && k.ends_with("claimed whole by cudnn")),
+            "{:?}",
+            plan.explanation.kept_whole
+        );
+        let mut seen = std::collections::BTreeMap::new();
+        for r in &plan.regions {
+            let name = plan.executor_name(r);
+            let name = name.as_str();
+            for &op in &r.ops {
+                let kind = t.op(op).kind;
+                let expected = match kind {
+                    OpKind::Matmul | OpKind::Composite(switchyard_core::ir::CompositeOp::Linear) => "cublas",
+                    OpKind::Composite(switchyard_core::ir::CompositeOp::Sdpa) => "cudnn",
+                    // Views, and a reshape needing a copy, may stay off the fuser.
+                    OpKind::Transpose | OpKind::Reshape | OpKind::Slice | OpKind::Broadcast => name,
+                    _ => "fuser",
+                };
+                assert_eq!(name, expected, "{}: {}", model.name, t.describe_op(op));
+                *seen.entry(name.to_string()).or_insert(0) += 1;
+            }
+            if name != "fallback" {
+                assert_eq!(r.device, GPU, "{} runs on the GPU", name);
+            }
+        }
+        assert_eq!(seen["cublas"], 7, "the block's seven linears");
+        assert_eq!(seen["cudnn"], 1);
+        assert!(seen["fuser"] >= 20, "{seen:?}");
+        let assumed: Vec<&str> = plan
+            .explanation
+            .assumed_available
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if no_gpu().is_some() {
+            assert!(
+                assumed.contains(&"cublas") && assumed.contains(&"cudnn"),
+                "{assumed:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cublas_claims_at_the_models_cost_and_reads_transposes_in_place() {
+    let t = on_gpu(
+        "input a: f32[4096, 4096]\ninput b: f32[4096, 4096]\ninput w: f32[4096, 4096]\n\
+         input h: f16[4096, 4096]\ninput d: f64[64, 64]\n\
+         c = matmul(a, b)\nwt = transpose(w, perm=[1, 0])\ne = matmul(a, wt)\nf = matmul(h, h)\ng = matmul(d, d)\n\
+         output c, e, f, g\n",
+    );
+    let (h100, a100) = (DeviceModel::h100(), DeviceModel::a100());
+    let cost = |op, m: &DeviceModel| claim(&CublasExecutor, &t, op, m).cost().unwrap();
+    // 2·4096³ FLOPs at the published f32 peak, plus the call and launch.
+    let flops = 2.0 * 4096f64.powi(3);
+    let want = flops / 67_000.0 + h100.host_overhead_ns + h100.launch_overhead_ns;
+    assert!(
+        (cost(0, &h100) - want).abs() < 1.0,
+        "{} vs {want}",
+        cost(0, &h100)
+    );
+    // The transposed weight is read in place: the same cost, no copy.
+    assert_eq!(cost(2, &h100), cost(0, &h100));
+    assert!(matches!(claim(&FuserExecutor, &t, 1, &h100), Claim::Accept(_)));
+    // f16 on tensor cores is far cheaper; the A100 slower than the H100.
+    assert!(cost(3, &h100) < cost(0, &h100) / 10.0);
+    let ratio = cost(0, &a100) / cost(0, &h100);
+    assert!((3.0..3.8).contains(&ratio), "{ratio}");
+    let Claim::Reject(why) = claim(&CublasExecutor, &t, 4, &h100) else {
+        panic!("f64 is not claimed");
+    };
+    assert!(why.contains("f32, f16 or bf16") && why.contains("f64"), "{why}");
+    // Ops on the host are not its to run.
+    let cpu = parse("input a: f32[8, 8]\nc = matmul(a, a)\noutput c\n").unwrap();
+    let Claim::Reject(why) = claim(&CublasExecutor, &cpu, 0, &h100) else {
+        panic!("a host matmul is not claimed");
+    };
+    assert!(why.contains("runs on CUDA devices"), "{why}");
+}
+
+#[test]
+fn cudnn_claims_attention_whole_and_rejects_what_it_cannot_run() {
+    let t = on_gpu(
+        "input q: f16[8, 16, 512, 64]\ninput k: f16[8, 16, 512, 64]\ninput v: f16[8, 16, 512, 64]\n\
+         input k1: f16[8, 1, 512, 64]\ninput d: f64[2, 16, 8]\n\
+         a = sdpa(q, k, v, causal=true)\nb = sdpa(q, k, v)\nc = sdpa(q, k1, k1)\ne = sdpa(d, d, d)\n\
+         output a, b, c, e\n",
+    );
+    let m = DeviceModel::h200();
+    let causal = claim(&CudnnExecutor, &t, 0, &m).cost().unwrap();
+    let plain = claim(&CudnnExecutor, &t, 1, &m).cost().unwrap();
+    // The mask costs one more pass over the scores; both cost more than
+    // their two GEMMs, as the scores are materialised.
+    assert!(causal > plain, "{causal} vs {plain}");
+    let scores = (8 * 16 * 512 * 512 * 2) as f64;
+    assert!(plain > 2.0 * scores / m.bandwidth_gb_s, "{plain}");
+    let Claim::Reject(why) = claim(&CudnnExecutor, &t, 2, &m) else {
+        panic!("broadcast heads are not claimed");
+    };
+    assert!(why.contains("batch dims of q, k and v equal"), "{why}");
+    let Claim::Reject(why) = claim(&CudnnExecutor, &t, 3, &m) else {
+        panic!("f64 is not claimed");
+    };
+    assert!(why.contains("not f64"), "{why}");
+    // A plan keeps the claimed attention whole and decomposes the others.
+    let plan = plan_for(&t, &m, true);
+    assert_eq!(
+        plan.explanation.kept_whole.len(),
+        2,
+        "{:?}",
+        plan.explanation.kept_whole
+    );
+    let sdpas = plan
+        .explanation
+        .decomposed
+        .iter()
+        .filter(|d| d.contains("claims `sdpa` whole"));
+    assert_eq!(sdpas.count(), 2, "{:?}", plan.explanation.decomposed);
+}
+
+/// Runs `text` on the GPU (planned without `plan_only`) and on the fallback
+/// on the host, and compares every output.
+fn gpu_matches_fallback(text: &str, tol: f64) {
+    let cpu = parse(text).unwrap();
+    let mut gpu = cpu.clone();
+    gpu.retarget(GPU);
+    let plan = plan_for(&gpu, &DeviceModel::h200(), false);
+    let names: Vec<String> = plan.regions.iter().map(|r| plan.executor_name(r)).collect();
+    let inputs = random_inputs(&cpu, 3);
+    let got = CompiledPlan::compile(plan)
+        .unwrap()
+        .run(&inputs, RunOptions::default())
+        .unwrap_or_else(|e| panic!("{names:?}: {e}"));
+    let want = run(&cpu, &inputs).unwrap();
+    for (g, w) in got.outputs.iter().zip(&want.outputs) {
+        assert_eq!(g.device(), GPU);
+        let host = switchyard_core::device::move_to(g, Device::Cpu).unwrap();
+        assert_close(&host, &w.to_f64_vec().unwrap(), tol);
+    }
+    println!("{names:?}: equal to the fallback within {tol}");
+}
+
+#[test]
+fn gpu_every_claimed_op_matches_the_fallback() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let cases: &[(&str, f64)] = &[
+        // Fused pointwise chains, with broadcasts, casts and predicates.
+        (
+            "input x: f16[64, 96]\ninput b: f32[96]\nbb = broadcast(b, shape=[64, 96])\nxf = cast(x, dtype=f32)\n\
+             s = add(xf, bb)\ne = exp(s)\nm = gt(s, 0.5)\nw = where(m, e, -1.0)\ny = cast(w, dtype=bf16)\noutput y, w\n",
+            1e-2,
+        ),
+        // Fused row reductions.
+        ("input x: f32[37, 1000]\ny = softmax(x, dim=-1)\noutput y\n", 1e-5),
+        (
+            "input x: f32[16, 64]\ninput w: f32[64]\ny = rms_norm(x, w)\noutput y\n",
+            1e-5,
+        ),
+        (
+            "input x: f32[8, 300]\ns = sum(x, dims=[1])\nm = amax(x, dims=[1])\noutput s, m\n",
+            1e-4,
+        ),
+        // Slices and a cat, through masked loads.
+        (
+            "input q: f32[4, 16, 16]\na = slice(q, start=[0, 0, 0], end=[4, 16, 8], step=[1, 1, 1])\n\
+             b = slice(q, start=[0, 0, 8], end=[4, 16, 16], step=[1, 1, 1])\nnb = neg(b)\nr = cat(nb, a, dim=-1)\noutput r\n",
+            0.0,
+        ),
+        // cuBLAS: plain, transposed, batched with a broadcast operand, f16, linear with its bias.
+        (
+            "input a: f32[33, 65]\ninput b: f32[65, 17]\nc = matmul(a, b)\noutput c\n",
+            1e-4,
+        ),
+        (
+            "input a: f32[33, 65]\ninput w: f32[17, 65]\nwt = transpose(w, perm=[1, 0])\nc = matmul(a, wt)\noutput c\n",
+            1e-4,
+        ),
+        (
+            "input a: f32[3, 4, 16, 32]\ninput b: f32[32, 8]\nc = matmul(a, b)\noutput c\n",
+            1e-4,
+        ),
+        (
+            "input a: f16[64, 64]\ninput b: f16[64, 64]\nc = matmul(a, b)\noutput c\n",
+            2e-2,
+        ),
+        (
+            "input x: f32[2, 16, 64]\ninput w: f32[48, 64]\ninput b: f32[48]\ny = linear(x, w, b)\noutput y\n",
+            1e-4,
+        ),
+        // cuDNN: attention, causal and not.
+        (
+            "input q: f32[2, 4, 32, 16]\ninput k: f32[2, 4, 40, 16]\ninput v: f32[2, 4, 40, 8]\n\
+             a = sdpa(q, k, v, causal=true)\nb = sdpa(q, k, v, scale=0.5)\noutput a, b\n",
+            1e-4,
+        ),
+    ];
+    for (text, tol) in cases {
+        gpu_matches_fallback(text, *tol);
+    }
+}
+
+#[test]
+fn gpu_the_transformer_block_matches_the_fallback() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    gpu_matches_fallback(
+        &std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap(),
+        1e-4,
+    );
+}
