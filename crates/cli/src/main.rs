@@ -532,7 +532,14 @@ fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
                 .map(|p| (p.executor.info(), p.executor.availability(), Some(p))),
         );
     for (info, availability, plugin) in rows {
+        // An executor with a CUDA backend may lack just that one here.
+        let cuda_missing = info.devices.iter().any(|d| d == "cuda")
+            && switchyard_core::executor::create(&info.name)
+                .is_ok_and(|e| e.availability_on(Device::Cuda(0)) != Availability::Available);
         let avail = match availability {
+            Availability::Available if cuda_missing && info.devices.len() > 1 => {
+                "available (not on cuda here: see below)".to_string()
+            }
             Availability::Available => "available".to_string(),
             Availability::Unavailable(why) => format!("unavailable: {why}"),
         };
