@@ -150,18 +150,6 @@ impl Executor for FuserExecutor {
         // Inside a fusion an op costs only its arithmetic: its operands and
         // result stay in the tile, and views are index maps.
         let o = cx.trace.op(op);
-        // The CPU backend reads an input through a reshape its layout does
-        // not allow from a dense copy; the CUDA backend makes no copies.
-        if o.kind == OpKind::Reshape
-            && matches!(op_device(cx.trace, op), Device::Cuda(_))
-            && !switchyard_core::cost::is_free_view(cx.trace, op)
-        {
-            return Claim::Reject(
-                "on CUDA, reads through a reshape only where its operand's layout allows a view, and this one \
-                 needs a copy"
-                    .into(),
-            );
-        }
         if is_view(o.kind) {
             return Claim::Accept(0.0);
         }

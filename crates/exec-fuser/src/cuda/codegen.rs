@@ -233,7 +233,7 @@ impl Emitter<'_> {
                 for d in dims {
                     let _ = write!(index, " + i{d} * l{k}.s[{d}]");
                 }
-                let read = widen(&format!("in{}[{index}]", load.input), dtype, c);
+                let read = widen(&format!("in{k}[{index}]"), dtype, c);
                 if load.map.masks.is_empty() {
                     read
                 } else {
@@ -298,9 +298,10 @@ impl Emitter<'_> {
     }
 }
 
-/// The CUDA C source of `p`: [`ENTRY`] takes `in0..` (pointers to each
-/// input's buffer), `out0..` (dense outputs), then one [`LoadArg`] per load
-/// instruction, in program order.
+/// The CUDA C source of `p`: [`ENTRY`] takes, per load instruction in
+/// program order, a pointer to what it reads (`in0..`: its input's buffer,
+/// or a dense copy of it when its layout needs one), then `out0..` (dense
+/// outputs), then the loads' [`LoadArg`]s.
 pub fn generate(p: &Program) -> String {
     let c = compute(p);
     let mut load_of = vec![None; p.instrs.len()];
@@ -319,10 +320,14 @@ pub fn generate(p: &Program) -> String {
     };
     e.out.push_str(PRELUDE);
     let mut params: Vec<String> = p
-        .inputs
+        .instrs
         .iter()
+        .filter_map(|ins| match ins {
+            Instr::Load { load, .. } => Some(p.inputs[load.input]),
+            _ => None,
+        })
         .enumerate()
-        .map(|(k, &d)| format!("const {} *__restrict__ in{k}", stored(d)))
+        .map(|(k, d)| format!("const {} *__restrict__ in{k}", stored(d)))
         .collect();
     params.extend(
         p.outputs

@@ -9,21 +9,57 @@
 pub mod codegen;
 pub mod disk;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use switchyard_core::executor::Availability;
-use switchyard_core::{Device, OutputBuffer, Tensor};
+use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 
-use crate::layout::resolve;
-use crate::program::{Instr, Program};
+use crate::layout::{apply_views, resolve};
+use crate::program::{Axis, IndexMap, Instr, Load, Program, Space, Store, View};
 use codegen::{BLOCK, ENTRY, LoadArg};
 use disk::{DiskCache, Key};
 
 // SAFETY: `LoadArg` is `repr(C)`, plain integers, laid out as `SyLoad` in
 // the generated source.
 unsafe impl DeviceRepr for LoadArg {}
+
+/// The program copying `t`, seen through `views`, into a dense tensor (exact:
+/// every stored dtype round-trips through the compute type).
+fn copy_program(t: &Tensor, views: &[View]) -> Result<Program, String> {
+    let (shape, _, _) =
+        apply_views(t, views).map_err(|k| format!("view {k} before a reshape needs a copy too"))?;
+    let dtype = t.dtype();
+    let axes = (0..shape.len())
+        .map(|dim| Axis::Iter {
+            dim,
+            scale: 1,
+            offset: 0,
+        })
+        .collect();
+    Ok(Program {
+        shape: shape.clone(),
+        reduced: vec![],
+        compute: if dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        },
+        inputs: vec![dtype],
+        instrs: vec![Instr::Load {
+            load: Load {
+                input: 0,
+                views: views.to_vec(),
+                map: IndexMap { axes, masks: vec![] },
+            },
+            dst: 0,
+        }],
+        spaces: vec![Space::Full],
+        outputs: vec![Store { reg: 0, dtype, shape }],
+    })
+}
 
 /// Whether fused kernels can run on `device` here, and if not, why.
 pub fn availability(device: Device) -> Availability {
@@ -49,6 +85,11 @@ pub struct CudaKernel {
     function: CudaFunction,
     /// Whether the code came from the on-disk cache.
     pub from_disk: bool,
+    /// Where its copy kernels are kept.
+    cache: Option<DiskCache>,
+    /// The kernels copying an input into the dense layout a load's reshape
+    /// needs, by load instruction, made when first needed.
+    copiers: Mutex<HashMap<usize, Arc<CudaKernel>>>,
 }
 
 impl std::fmt::Debug for CudaKernel {
@@ -101,6 +142,8 @@ impl CudaKernel {
             stream,
             function,
             from_disk,
+            cache: cache.cloned(),
+            copiers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -117,7 +160,6 @@ impl CudaKernel {
                 inputs.len()
             ));
         }
-        let mut in_ptrs = Vec::with_capacity(inputs.len());
         for (k, (t, &d)) in inputs.iter().zip(&p.inputs).enumerate() {
             if t.dtype() != d || t.device() != device {
                 return Err(format!(
@@ -126,16 +168,22 @@ impl CudaKernel {
                     t.device()
                 ));
             }
-            in_ptrs.push(switchyard_cuda::device_ptr(t).map_err(|e| e.to_string())?);
         }
+        // Each load reads its input where it lies, or, when a reshape it
+        // applies needs a copy of the layout, a dense device copy of the
+        // views before that reshape (kept until the launch is queued).
+        let mut in_ptrs = Vec::new();
         let mut loads = Vec::new();
-        for ins in &p.instrs {
+        let mut copies = Vec::new();
+        for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, .. } = ins {
                 let t = inputs[load.input];
-                let len = switchyard_cuda::buffer_len(t).map_err(|e| e.to_string())?;
-                // A reshape the layout does not allow is rejected when claimed;
-                // `resolve` says so should a run bring another layout.
-                let r = resolve(t, len, &load.views, &load.map, &p.shape)?;
+                let (source, views) = match apply_views(t, &load.views) {
+                    Ok(_) => (t.clone(), &load.views[..]),
+                    Err(k) => (self.dense_copy(i, t, &load.views[..k])?, &load.views[k..]),
+                };
+                let len = switchyard_cuda::buffer_len(&source).map_err(|e| e.to_string())?;
+                let r = resolve(&source, len, views, &load.map, &p.shape)?;
                 let mut s = [0i64; crate::lower::MAX_RANK];
                 for (a, b) in s.iter_mut().zip(r.it) {
                     *a = b as i64;
@@ -144,6 +192,8 @@ impl CudaKernel {
                     off: r.offset as i64,
                     s,
                 });
+                in_ptrs.push(switchyard_cuda::device_ptr(&source).map_err(|e| e.to_string())?);
+                copies.push(source);
             }
         }
         let mut outputs = Vec::with_capacity(p.outputs.len());
@@ -184,6 +234,53 @@ impl CudaKernel {
         // load was checked to stay inside its buffer, and the outputs are
         // dense buffers of the program's output shapes.
         unsafe { launch.launch(cfg) }.map_err(|e| format!("launching on {device}: {e}"))?;
+        drop(copies);
         Ok(outputs)
+    }
+
+    /// A dense copy, on the device, of `t` seen through `views`: a pointwise
+    /// program of one load and one store, compiled once per load.
+    fn dense_copy(&self, load: usize, t: &Tensor, views: &[View]) -> Result<Tensor, String> {
+        let kernel = {
+            let mut copiers = self.copiers.lock().unwrap_or_else(|e| e.into_inner());
+            match copiers.get(&load) {
+                Some(k) => k.clone(),
+                None => {
+                    let k = Arc::new(CudaKernel::new(
+                        copy_program(t, views)?,
+                        self.device,
+                        self.cache.as_ref(),
+                    )?);
+                    copiers.insert(load, k.clone());
+                    k
+                }
+            }
+        };
+        let mut out = kernel.run(&[t], Vec::new())?;
+        out.pop().ok_or_else(|| "the copy made no tensor".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copy_program_makes_the_views_dense_exactly() {
+        // A transposed [4, 6] input reshaped to [24]: the reshape needs a copy.
+        let x = Tensor::from_vec((0..24).map(|i| i as f32 * 0.5 - 3.0).collect::<Vec<_>>(), &[6, 4]).unwrap();
+        let views = [View::Transpose(vec![1, 0]), View::Reshape(vec![24])];
+        assert_eq!(apply_views(&x, &views).unwrap_err(), 1);
+        let p = copy_program(&x, &views[..1]).unwrap();
+        assert_eq!(p.shape, vec![4, 6]);
+        // The program is backend-neutral: the CPU backend runs it as the GPU would.
+        let out = crate::cpu::CpuKernel::new(p.clone())
+            .run(&[&x], Vec::new())
+            .unwrap();
+        let want = x.view(vec![4, 6], vec![1, 4], 0).unwrap().contiguous().unwrap();
+        assert_eq!(out[0].to_vec::<f32>(), want.to_vec::<f32>());
+        // And its source reads through the transpose, one load, one store.
+        let src = codegen::generate(&p);
+        assert!(src.contains("out0[t] = (float)r0;"), "{src}");
     }
 }

@@ -11,9 +11,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use switchyard_core::DType;
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, ValueId, reduce_dims};
 use switchyard_core::meta::{broadcast_strides, reshape_strides};
+use switchyard_core::{DType, Device};
 
 mod maps;
 
@@ -344,10 +344,14 @@ pub(crate) fn lower(
         let kind = match op.kind {
             k if is_view(k) => match first.and_then(|v| kind_of(&v)) {
                 // A reshape the input's layout does not allow as a view would
-                // need a copy: the value is then evaluated (and the reshape
-                // fails below, to be handed back).
-                Some(Kind::Input { .. })
-                    if k == OpKind::Reshape && !reshape_is_view(trace, &l.kinds, inputs, id) =>
+                // need a copy. On the CPU the value is then evaluated (and the
+                // reshape fails below, to be handed back: the fallback copies
+                // as fast); on a GPU the kernel reads a device copy instead,
+                // as the alternative is a round trip through the host.
+                Some(Kind::Input { input, .. })
+                    if k == OpKind::Reshape
+                        && trace.meta(inputs[input]).device == Device::Cpu
+                        && !reshape_is_view(trace, &l.kinds, inputs, id) =>
                 {
                     Kind::Full
                 }

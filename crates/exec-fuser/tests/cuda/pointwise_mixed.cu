@@ -22,14 +22,14 @@ template <typename T> __device__ __forceinline__ T sy_min(T a, T b) {
   return (a != a || b != b) ? a + b : (a < b ? a : b);
 }
 
-extern "C" __global__ void __launch_bounds__(256) sy_fused(const float *__restrict__ in0, const unsigned short *__restrict__ in1, float *__restrict__ out0, unsigned short *__restrict__ out1, const SyLoad l0, const SyLoad l1) {
+extern "C" __global__ void __launch_bounds__(256) sy_fused(const unsigned short *__restrict__ in0, const float *__restrict__ in1, float *__restrict__ out0, unsigned short *__restrict__ out1, const SyLoad l0, const SyLoad l1) {
   for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < 32LL; t += (long long)gridDim.x * blockDim.x) {
     long long q = t;
     const long long i1 = q % 8; q /= 8;
     const long long i0 = q;
-    const float r0 = (float)sy_from_f16(in1[l0.off + i0 * l0.s[0] + i1 * l0.s[1]]);
+    const float r0 = (float)sy_from_f16(in0[l0.off + i0 * l0.s[0] + i1 * l0.s[1]]);
     const float r1 = (float)(float)r0;
-    const float r2 = (float)in0[l1.off + i0 * l1.s[0] + i1 * l1.s[1]];
+    const float r2 = (float)in1[l1.off + i0 * l1.s[0] + i1 * l1.s[1]];
     const float r3 = r1 + r2;
     const float r4 = expf(r3);
     const float r5 = 0.5f;
