@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use criterion::Criterion;
+use cudarc::cublaslt::{CudaBlasLT, Matmul};
 use switchyard_core::cache::KernelCache;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::device::move_to;
@@ -86,6 +87,25 @@ fn bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
+/// The cuBLASLt call the executor makes, made directly.
+fn direct<T>(handle: &CudaBlasLT, desc: &gemm::Gemm, inputs: &[Tensor], out: &Tensor)
+where
+    CudaBlasLT: Matmul<T>,
+{
+    let raw = |t: &Tensor| Raw::<T>::of(t).unwrap();
+    gemm::run(
+        handle,
+        desc,
+        (1.0, 0.0),
+        &raw(&inputs[0]),
+        &raw(&inputs[1]),
+        None,
+        &mut raw(out),
+    )
+    .unwrap();
+    switchyard_cuda::synchronize(0).unwrap();
+}
+
 fn gemms(c: &mut Criterion) {
     let mut g = c.benchmark_group("cuda_gemm");
     g.sample_size(20);
@@ -104,32 +124,11 @@ fn gemms(c: &mut Criterion) {
         let desc = gemm::gemm_of((&shape, &dense), (&shape, &dense), None, false).unwrap();
         let handle = gemm::handle(0).unwrap();
         let (out, _) = switchyard_cuda::alloc_zeros(0, inputs[0].dtype(), &shape).unwrap();
-        g.bench_function(format!("direct_{dtype}"), |b| {
-            b.iter(|| {
-                match dtype {
-                    "f32" => gemm::run::<f32>(
-                        &handle,
-                        &desc,
-                        (1.0, 0.0),
-                        &Raw::of(&inputs[0]).unwrap(),
-                        &Raw::of(&inputs[1]).unwrap(),
-                        None,
-                        &mut Raw::of(&out).unwrap(),
-                    ),
-                    _ => gemm::run::<half::f16>(
-                        &handle,
-                        &desc,
-                        (1.0, 0.0),
-                        &Raw::of(&inputs[0]).unwrap(),
-                        &Raw::of(&inputs[1]).unwrap(),
-                        None,
-                        &mut Raw::of(&out).unwrap(),
-                    ),
-                }
-                .unwrap();
-                switchyard_cuda::synchronize(0).unwrap();
-            })
-        });
+        let direct = |b: &mut criterion::Bencher| match dtype {
+            "f32" => b.iter(|| direct::<f32>(&handle, &desc, &inputs, &out)),
+            _ => b.iter(|| direct::<half::f16>(&handle, &desc, &inputs, &out)),
+        };
+        g.bench_function(format!("direct_{dtype}"), direct);
     }
     g.finish();
 }

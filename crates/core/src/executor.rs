@@ -195,12 +195,20 @@ pub trait Executor: Send + Sync {
         Refinement::default()
     }
 
-    /// Estimated time of running `region` (ns). By default: one kernel per op
-    /// for operator executors, one fused kernel for fusion executors, from the
-    /// device model.
+    /// Estimated time of running `region` (ns). By default: for operator
+    /// executors, each op as claimed (the device model's time of one kernel
+    /// where it is not claimed); for fusion executors, one fused kernel from
+    /// the device model.
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
         match self.info().kind {
-            ExecutorKind::Operator => region.iter().map(|&op| cx.device.op_ns(cx.trace, op)).sum(),
+            ExecutorKind::Operator => region
+                .iter()
+                .map(|&op| {
+                    self.claim(op, cx)
+                        .cost()
+                        .unwrap_or_else(|| cx.device.op_ns(cx.trace, op))
+                })
+                .sum(),
             ExecutorKind::Fusion => cx.device.fused_ns(cx.trace, region, cx.uses),
         }
     }

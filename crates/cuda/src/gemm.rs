@@ -6,8 +6,7 @@
 //! the layouts the trace's views will give) and for a run (on the tensors'
 //! real layouts), so that what is claimed is what runs. [`run`] queues it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
 use cudarc::driver::DeviceSlice;
@@ -15,6 +14,7 @@ use switchyard_core::DType;
 use switchyard_core::meta::broadcast_shapes;
 
 use crate::Raw;
+use crate::executor::PerDevice;
 
 /// How cuBLAS reads one operand's matrices (of `rows × cols`, row-major in
 /// switchyard's terms).
@@ -291,18 +291,12 @@ impl Gemm {
 
 /// The cuBLASLt handle (and workspace) of `cuda:device`, made on first use.
 pub fn handle(device: u32) -> Result<Arc<CudaBlasLT>, String> {
-    static HANDLES: OnceLock<Mutex<HashMap<u32, Arc<CudaBlasLT>>>> = OnceLock::new();
-    let mut handles = HANDLES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = handles.get(&device) {
-        return Ok(h.clone());
-    }
-    let stream = crate::stream(device).map_err(|e| e.to_string())?;
-    let h = Arc::new(CudaBlasLT::new(stream).map_err(|e| format!("creating a cuBLASLt handle: {e}"))?);
-    handles.insert(device, h.clone());
-    Ok(h)
+    static HANDLES: PerDevice<Arc<CudaBlasLT>> = PerDevice::new();
+    HANDLES.get(device, |stream| {
+        CudaBlasLT::new(stream)
+            .map(Arc::new)
+            .map_err(|e| format!("creating a cuBLASLt handle: {e}"))
+    })
 }
 
 /// Queues `c = alpha·a·b (+ bias) + beta·c` as `g` describes it, after

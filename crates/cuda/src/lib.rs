@@ -11,6 +11,7 @@
 //! ([`layer`]) builds on it, and [`gemm`] holds the cuBLASLt GEMMs that
 //! more than one executor needs.
 
+pub mod executor;
 pub mod gemm;
 pub mod layer;
 

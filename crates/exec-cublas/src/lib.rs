@@ -27,7 +27,7 @@ use switchyard_core::executor::{
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
 use switchyard_cuda::gemm::{self, Gemm, gemm_of};
-use switchyard_cuda::{Needs, Raw};
+use switchyard_cuda::{Needs, Raw, executor};
 
 /// The executor's registered name.
 pub const NAME: &str = "cublas";
@@ -111,10 +111,7 @@ impl Executor for CublasExecutor {
     }
 
     fn availability(&self) -> Availability {
-        match switchyard_cuda::probe().unavailable(&[Needs::Cublas]) {
-            Some(why) => Availability::Unavailable(why),
-            None => Availability::Available,
-        }
+        executor::availability(&[Needs::Cublas])
     }
 
     /// Accepts at the device model's time for the GEMM's bytes and FLOPs:
@@ -129,30 +126,14 @@ impl Executor for CublasExecutor {
         }
     }
 
-    /// Its claims' costs: one call per op, as claimed.
-    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
-        region
-            .iter()
-            .map(|&op| self.claim(op, cx).cost().unwrap_or(f64::INFINITY))
-            .sum()
-    }
-
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         let fail = |message: String| Error::Kernel {
             executor: NAME.into(),
             op: format!("region {}", region.id),
             message,
         };
-        let [op] = region.ops[..] else {
-            return Err(fail(format!("runs one op per region, got {}", region.ops.len())));
-        };
+        let (op, device) = executor::one_op_on_device(region, &[Needs::Cublas]).map_err(&fail)?;
         let (what, _) = gemm_in_trace(cx, op).map_err(&fail)?;
-        let Device::Cuda(device) = region.device else {
-            return Err(fail(format!("runs on CUDA devices, not {}", region.device)));
-        };
-        if let Some(why) = switchyard_cuda::probe().unavailable(&[Needs::Cublas]) {
-            return Err(fail(why));
-        }
         let handle = gemm::handle(device).map_err(&fail)?;
         Ok(Box::new(GemmKernel {
             what,

@@ -18,8 +18,7 @@
 //! unavailable, with the reason.
 #![deny(missing_docs)]
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{CudaBlasLT, Matmul};
 use cudarc::cudnn::{Cudnn, CudnnDataType, SoftmaxForward, sys};
@@ -28,6 +27,7 @@ use switchyard_core::executor::{
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, Result, Stored, Tensor};
+use switchyard_cuda::executor::{self, PerDevice};
 use switchyard_cuda::gemm::{self, Gemm, gemm_of};
 use switchyard_cuda::{Needs, Raw};
 
@@ -191,10 +191,7 @@ impl Executor for CudnnExecutor {
     }
 
     fn availability(&self) -> Availability {
-        match switchyard_cuda::probe().unavailable(&[Needs::Cublas, Needs::Cudnn]) {
-            Some(why) => Availability::Unavailable(why),
-            None => Availability::Available,
-        }
+        executor::availability(&[Needs::Cublas, Needs::Cudnn])
     }
 
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
@@ -204,30 +201,15 @@ impl Executor for CudnnExecutor {
         }
     }
 
-    /// Its claims' costs: one call per op, as claimed.
-    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
-        region
-            .iter()
-            .map(|&op| self.claim(op, cx).cost().unwrap_or(f64::INFINITY))
-            .sum()
-    }
-
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         let fail = |message: String| Error::Kernel {
             executor: NAME.into(),
             op: format!("region {}", region.id),
             message,
         };
-        let [op] = region.ops[..] else {
-            return Err(fail(format!("runs one op per region, got {}", region.ops.len())));
-        };
+        let (op, device) =
+            executor::one_op_on_device(region, &[Needs::Cublas, Needs::Cudnn]).map_err(&fail)?;
         let attention = attention_in_trace(cx, op).map_err(&fail)?;
-        let Device::Cuda(device) = region.device else {
-            return Err(fail(format!("runs on CUDA devices, not {}", region.device)));
-        };
-        if let Some(why) = switchyard_cuda::probe().unavailable(&[Needs::Cublas, Needs::Cudnn]) {
-            return Err(fail(why));
-        }
         let blas = gemm::handle(device).map_err(&fail)?;
         let dnn = cudnn_handle(device).map_err(&fail)?;
         let mask = if attention.causal {
@@ -256,20 +238,11 @@ unsafe impl Send for Handle {}
 
 /// One cuDNN handle per device, made on first use.
 fn cudnn_handle(device: u32) -> std::result::Result<Arc<Mutex<Handle>>, String> {
-    static HANDLES: OnceLock<Mutex<HashMap<u32, Arc<Mutex<Handle>>>>> = OnceLock::new();
-    let mut handles = HANDLES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = handles.get(&device) {
-        return Ok(h.clone());
-    }
-    let stream = switchyard_cuda::stream(device).map_err(|e| e.to_string())?;
-    let h = Arc::new(Mutex::new(Handle(
-        Cudnn::new(stream).map_err(|e| format!("creating a cuDNN handle: {e:?}"))?,
-    )));
-    handles.insert(device, h.clone());
-    Ok(h)
+    static HANDLES: PerDevice<Arc<Mutex<Handle>>> = PerDevice::new();
+    HANDLES.get(device, |stream| {
+        let h = Cudnn::new(stream).map_err(|e| format!("creating a cuDNN handle: {e:?}"))?;
+        Ok(Arc::new(Mutex::new(Handle(h))))
+    })
 }
 
 /// The additive causal mask for every score of the batch (0 where key
