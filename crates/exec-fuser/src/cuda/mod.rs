@@ -8,6 +8,8 @@
 
 pub mod codegen;
 pub mod disk;
+#[cfg(test)]
+mod host_check;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,241 @@
+//! The generated CUDA C, compiled for the host and run, against the CPU
+//! backend: a check of what the source computes (indexing, passes, masks,
+//! casts, reductions) on machines without a GPU.
+//!
+//! A kernel launched as one block of one thread runs its loops whole and
+//! its block reduction trivially, so a few definitions make the source
+//! plain C++ (`__syncthreads` does nothing, PTX conversions become
+//! `_Float16` ones). Runs where a C++ compiler is found (`$CXX`, else
+//! `c++`), and prints why it skips elsewhere.
+
+use std::fmt::Write;
+use std::process::Command;
+
+use switchyard_core::ir::OpId;
+use switchyard_core::plan::region_boundary;
+use switchyard_core::{DType, Tensor};
+
+use super::codegen::{ENTRY, generate};
+use crate::layout::resolve;
+use crate::program::{Instr, Program};
+
+const SHIM: &str = r#"#include <math.h>
+#include <string.h>
+#include <stdio.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+struct SyDim { unsigned int x, y, z; };
+static const SyDim blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static inline void __syncthreads() {}
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
+"#;
+
+/// The source made host C++: the two PTX conversions replaced.
+fn for_host(source: &str) -> String {
+    let source = source
+        .replace(
+            r#"asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));"#,
+            "_Float16 x; memcpy(&x, &h, 2); f = (float)x;",
+        )
+        .replace(
+            r#"asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));"#,
+            "_Float16 x = (_Float16)f; memcpy(&h, &x, 2);",
+        );
+    assert!(
+        !source.contains("asm("),
+        "every PTX instruction has a host stand-in"
+    );
+    format!("{SHIM}{source}")
+}
+
+fn c_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 | DType::BF16 => "unsigned short",
+        DType::Bool => "unsigned char",
+        DType::I32 => "int",
+        DType::I64 => "long long",
+    }
+}
+
+/// A C array literal of a host tensor's whole buffer, as stored bits.
+fn array(t: &Tensor) -> String {
+    let bytes = switchyard_core::io::le_bytes(&t.contiguous().unwrap()).unwrap();
+    let size = t.dtype().size();
+    let words: Vec<String> = bytes
+        .chunks(size)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..size].copy_from_slice(c);
+            format!("0x{:x}", u64::from_le_bytes(w))
+        })
+        .collect();
+    format!("{{{}}}", words.join(", "))
+}
+
+/// `main()` calling the kernel on `inputs` and printing each output's bits.
+fn harness(p: &Program, inputs: &[Tensor]) -> String {
+    let mut m = String::from("\nint main() {\n");
+    for (k, t) in inputs.iter().enumerate() {
+        let _ = writeln!(
+            m,
+            "  static unsigned long long raw{k}[] = {};\n  static {} data{k}[{}];\n  for (unsigned i = 0; i < {}; i++) memcpy(&data{k}[i], &raw{k}[i], sizeof data{k}[0]);",
+            array(t),
+            c_type(t.dtype()),
+            t.numel().max(1),
+            t.numel(),
+        );
+    }
+    let mut args = Vec::new();
+    let mut loads = Vec::new();
+    for ins in &p.instrs {
+        if let Instr::Load { load, .. } = ins {
+            let t = &inputs[load.input];
+            let r = resolve(t, t.numel(), &load.views, &load.map, &p.shape).unwrap();
+            args.push(format!("data{}", load.input));
+            let s: Vec<String> = r.it.iter().map(|s| s.to_string()).collect();
+            loads.push(format!("SyLoad{{{}, {{{}}}}}", r.offset, s.join(", ")));
+        }
+    }
+    for (k, s) in p.outputs.iter().enumerate() {
+        let n: usize = s.shape.iter().product();
+        let _ = writeln!(m, "  static {} out{k}[{}];", c_type(s.dtype), n.max(1));
+        args.push(format!("out{k}"));
+    }
+    args.extend(loads);
+    let _ = writeln!(m, "  {ENTRY}({});", args.join(", "));
+    for (k, s) in p.outputs.iter().enumerate() {
+        let n: usize = s.shape.iter().product();
+        let _ = writeln!(
+            m,
+            "  for (unsigned i = 0; i < {n}; i++) {{ unsigned long long b = 0; memcpy(&b, &out{k}[i], {size}); printf(\"%llu \", b); }}\n  printf(\"\\n\");",
+            size = s.dtype.size()
+        );
+    }
+    m.push_str("  return 0;\n}\n");
+    m
+}
+
+/// The outputs the compiled source prints, as tensors of the outputs' dtypes.
+fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<Vec<Tensor>, String> {
+    let dir = std::env::temp_dir().join(format!("switchyard-host-check-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let src = dir.join("kernel.cpp");
+    let exe = dir.join("kernel");
+    std::fs::write(&src, for_host(&generate(p)) + &harness(p, inputs)).map_err(|e| e.to_string())?;
+    let out = Command::new(cxx)
+        .args(["-std=c++17", "-O1", "-w", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cxx} failed on {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let run = Command::new(&exe).output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&run.stdout).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    p.outputs
+        .iter()
+        .zip(text.lines())
+        .map(|(s, line)| {
+            let size = s.dtype.size();
+            let mut bytes = Vec::new();
+            for w in line.split_whitespace() {
+                let v: u64 = w.parse().map_err(|e| format!("{w}: {e}"))?;
+                bytes.extend_from_slice(&v.to_le_bytes()[..size]);
+            }
+            Tensor::from_storage(
+                switchyard_core::io::storage_from_le_bytes(s.dtype, &bytes),
+                &s.shape,
+            )
+            .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+fn cxx() -> Option<String> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .ok()?
+        .status
+        .success()
+        .then_some(cxx)
+}
+
+#[test]
+fn the_generated_source_computes_what_the_cpu_backend_does() {
+    let Some(cxx) = cxx() else {
+        println!("skipped: no C++ compiler (c++ or $CXX) to build the generated source for the host");
+        return;
+    };
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cuda");
+    let mut traces: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "trace"))
+        .collect();
+    traces.sort();
+    let extra = [
+        ("layer_norm", "input x: f32[5, 37]\ny = layer_norm(x)\noutput y\n"),
+        (
+            "amin_f64",
+            "input x: f64[3, 4, 9]\nm = amin(x, dims=[0, 2], keepdim=true)\noutput m\n",
+        ),
+        (
+            "half_chain",
+            "input x: f16[7, 33]\ny = tanh(x)\nz = mul(y, x)\noutput z\n",
+        ),
+    ];
+    let mut cases: Vec<(String, String)> = traces
+        .iter()
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(p).unwrap())
+        })
+        .collect();
+    cases.extend(extra.iter().map(|(n, t)| (n.to_string(), t.to_string())));
+    for (name, text) in cases {
+        let trace = switchyard_core::text::parse(&text).unwrap();
+        let mut trace = trace;
+        while trace.ops.iter().any(|o| o.kind.is_composite()) {
+            trace = switchyard_core::ir::decompose_composites(&trace, |_, _| true).unwrap();
+        }
+        let ops: Vec<OpId> = trace.ops_with_ids().map(|(id, _)| id).collect();
+        let (ins, outs) = region_boundary(&trace, &ops, &trace.uses());
+        let p = crate::lower::lower(&trace, &ops, &ins, &outs)
+            .map_err(|f| format!("{name}: {}", f[0].reason))
+            .unwrap();
+        let inputs: Vec<Tensor> = ins
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| switchyard_core::io::random_tensor(trace.meta(v), 11, k as u64))
+            .collect();
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let want = crate::cpu::CpuKernel::new(p.clone())
+            .run(&refs, Vec::new())
+            .unwrap();
+        let got = run_on_host(&cxx, &p, &inputs, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                let close = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+                assert!(close, "{name} output {k} element {i}: generated {a}, CPU {b}");
+            }
+        }
+        println!("{name}: the generated source agrees with the CPU backend");
+    }
+}
