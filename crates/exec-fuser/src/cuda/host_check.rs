@@ -238,4 +238,10 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
         }
         println!("{name}: the generated source agrees with the CPU backend");
     }
+    // The copy a load makes when its reshape needs one: a transposed bf16 input.
+    let x = switchyard_core::io::random_tensor(&switchyard_core::TensorMeta::new(DType::BF16, [6, 4]), 5, 0);
+    let p = super::copy_program(&x, &[crate::program::View::Transpose(vec![1, 0])]).unwrap();
+    let got = run_on_host(&cxx, &p, std::slice::from_ref(&x), "copy").unwrap();
+    let want = x.view(vec![4, 6], vec![1, 4], 0).unwrap().contiguous().unwrap();
+    assert_eq!(got[0].to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
 }
