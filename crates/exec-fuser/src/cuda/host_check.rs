@@ -2,11 +2,14 @@
 //! backend: a check of what the source computes (indexing, passes, masks,
 //! casts, reductions) on machines without a GPU.
 //!
-//! A kernel launched as one block of one thread runs its loops whole and
-//! its block reduction trivially, so a few definitions make the source
-//! plain C++ (`__syncthreads` does nothing, PTX conversions become
-//! `_Float16` ones). Runs where a C++ compiler is found (`$CXX`, else
-//! `c++`), and prints why it skips elsewhere.
+//! A few definitions make the source plain C++: the kernel runs as one
+//! block whose threads are host threads (`threadIdx` per thread, shared
+//! memory a static shared by them, `__syncthreads` a barrier), and PTX
+//! conversions become `_Float16` ones. Each kernel runs twice: with one
+//! thread (its loops run whole, its block reduction is trivial) and with a
+//! full block of 256, which exercises the striding and the reduction tree.
+//! Runs where a C++ compiler is found (`$CXX`, else `c++`), and prints why
+//! it skips elsewhere.
 
 use std::fmt::Write;
 use std::process::Command;
@@ -22,14 +25,21 @@ use crate::program::{Instr, Program};
 const SHIM: &str = r#"#include <math.h>
 #include <string.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <barrier>
+#include <thread>
+#include <vector>
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(n)
 struct SyDim { unsigned int x, y, z; };
-static const SyDim blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-static inline void __syncthreads() {}
+static const SyDim blockIdx = {0, 0, 0}, gridDim = {1, 1, 1};
+static SyDim blockDim = {1, 1, 1};
+static thread_local SyDim threadIdx = {0, 0, 0};
+static std::barrier<> *sy_barrier;
+static inline void __syncthreads() { sy_barrier->arrive_and_wait(); }
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
@@ -82,7 +92,7 @@ fn array(t: &Tensor) -> String {
 
 /// `main()` calling the kernel on `inputs` and printing each output's bits.
 fn harness(p: &Program, inputs: &[Tensor]) -> String {
-    let mut m = String::from("\nint main() {\n");
+    let mut m = String::from("\nint main(int argc, char **argv) {\n");
     for (k, t) in inputs.iter().enumerate() {
         let _ = writeln!(
             m,
@@ -110,7 +120,13 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
         args.push(format!("out{k}"));
     }
     args.extend(loads);
-    let _ = writeln!(m, "  {ENTRY}({});", args.join(", "));
+    let _ = writeln!(
+        m,
+        "  blockDim.x = argc > 1 ? atoi(argv[1]) : 1;\n  std::barrier<> bar(blockDim.x);\n  sy_barrier = &bar;\n  \
+         std::vector<std::thread> threads;\n  for (unsigned i = 0; i < blockDim.x; i++)\n    \
+         threads.emplace_back([&, i] {{ threadIdx.x = i; {ENTRY}({}); }});\n  for (auto &t : threads) t.join();",
+        args.join(", ")
+    );
     for (k, s) in p.outputs.iter().enumerate() {
         let n: usize = s.shape.iter().product();
         let _ = writeln!(
@@ -123,15 +139,19 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
     m
 }
 
-/// The outputs the compiled source prints, as tensors of the outputs' dtypes.
-fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<Vec<Tensor>, String> {
+/// Block sizes each kernel runs with: one thread, and a full block.
+const THREADS: [u32; 2] = [1, super::codegen::BLOCK];
+
+/// The outputs the compiled source prints, as tensors of the outputs'
+/// dtypes: one set per block size of [`THREADS`].
+fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<Vec<Vec<Tensor>>, String> {
     let dir = std::env::temp_dir().join(format!("switchyard-host-check-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join("kernel.cpp");
     let exe = dir.join("kernel");
     std::fs::write(&src, for_host(&generate(p)) + &harness(p, inputs)).map_err(|e| e.to_string())?;
     let out = Command::new(cxx)
-        .args(["-std=c++17", "-O1", "-w", "-o"])
+        .args(["-std=c++20", "-pthread", "-O1", "-w", "-o"])
         .arg(&exe)
         .arg(&src)
         .output()
@@ -143,26 +163,38 @@ fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let run = Command::new(&exe).output().map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&run.stdout).into_owned();
-    let _ = std::fs::remove_dir_all(&dir);
-    p.outputs
+    let runs = THREADS
         .iter()
-        .zip(text.lines())
-        .map(|(s, line)| {
-            let size = s.dtype.size();
-            let mut bytes = Vec::new();
-            for w in line.split_whitespace() {
-                let v: u64 = w.parse().map_err(|e| format!("{w}: {e}"))?;
-                bytes.extend_from_slice(&v.to_le_bytes()[..size]);
+        .map(|n| {
+            let run = Command::new(&exe)
+                .arg(n.to_string())
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !run.status.success() {
+                return Err(format!("the kernel with {n} threads failed: {}", run.status));
             }
-            Tensor::from_storage(
-                switchyard_core::io::storage_from_le_bytes(s.dtype, &bytes),
-                &s.shape,
-            )
-            .map_err(|e| e.to_string())
+            let text = String::from_utf8_lossy(&run.stdout).into_owned();
+            p.outputs
+                .iter()
+                .zip(text.lines())
+                .map(|(s, line)| {
+                    let size = s.dtype.size();
+                    let mut bytes = Vec::new();
+                    for w in line.split_whitespace() {
+                        let v: u64 = w.parse().map_err(|e| format!("{w}: {e}"))?;
+                        bytes.extend_from_slice(&v.to_le_bytes()[..size]);
+                    }
+                    Tensor::from_storage(
+                        switchyard_core::io::storage_from_le_bytes(s.dtype, &bytes),
+                        &s.shape,
+                    )
+                    .map_err(|e| e.to_string())
+                })
+                .collect::<Result<Vec<_>, String>>()
         })
-        .collect()
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    runs
 }
 
 fn cxx() -> Option<String> {
@@ -199,6 +231,11 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             "half_chain",
             "input x: f16[7, 33]\ny = tanh(x)\nz = mul(y, x)\noutput z\n",
         ),
+        // Rows longer than a block: every thread holds a partial.
+        (
+            "long_rows",
+            "input x: f32[3, 1000]\ns = sum(x, dims=[1])\nm = amax(x, dims=[1])\noutput s, m\n",
+        ),
     ];
     let mut cases: Vec<(String, String)> = traces
         .iter()
@@ -228,20 +265,27 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
         let want = crate::cpu::CpuKernel::new(p.clone())
             .run(&refs, Vec::new())
             .unwrap();
-        let got = run_on_host(&cxx, &p, &inputs, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-            let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
-            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-                let close = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0);
-                assert!(close, "{name} output {k} element {i}: generated {a}, CPU {b}");
+        let runs = run_on_host(&cxx, &p, &inputs, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (threads, got) in THREADS.iter().zip(&runs) {
+            assert_eq!(got.len(), want.len(), "{name}: outputs");
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
+                for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                    let close = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+                    assert!(
+                        close,
+                        "{name}, {threads} threads, output {k} element {i}: generated {a}, CPU {b}"
+                    );
+                }
             }
         }
-        println!("{name}: the generated source agrees with the CPU backend");
+        println!("{name}: the generated source agrees with the CPU backend with 1 and 256 threads");
     }
     // The copy a load makes when its reshape needs one: a transposed bf16 input.
     let x = switchyard_core::io::random_tensor(&switchyard_core::TensorMeta::new(DType::BF16, [6, 4]), 5, 0);
     let p = super::copy_program(&x, &[crate::program::View::Transpose(vec![1, 0])]).unwrap();
-    let got = run_on_host(&cxx, &p, std::slice::from_ref(&x), "copy").unwrap();
     let want = x.view(vec![4, 6], vec![1, 4], 0).unwrap().contiguous().unwrap();
-    assert_eq!(got[0].to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
+    for got in run_on_host(&cxx, &p, std::slice::from_ref(&x), "copy").unwrap() {
+        assert_eq!(got[0].to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
+    }
 }
