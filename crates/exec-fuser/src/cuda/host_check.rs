@@ -6,8 +6,9 @@
 //! block whose threads are host threads (`threadIdx` per thread, shared
 //! memory a static shared by them, `__syncthreads` a barrier), and PTX
 //! conversions become `_Float16` ones. Each kernel runs twice: with one
-//! thread (its loops run whole, its block reduction is trivial) and with a
-//! full block of 256, which exercises the striding and the reduction tree.
+//! thread (its loops run whole, its block reduction is trivial) and with
+//! three blocks of 256, run one after the other, which exercises the grid
+//! striding and the reduction tree.
 //! Runs where a C++ compiler is found (`$CXX`, else `c++`), and prints why
 //! it skips elsewhere.
 
@@ -35,9 +36,8 @@ const SHIM: &str = r#"#include <math.h>
 #define __shared__ static
 #define __launch_bounds__(n)
 struct SyDim { unsigned int x, y, z; };
-static const SyDim blockIdx = {0, 0, 0}, gridDim = {1, 1, 1};
-static SyDim blockDim = {1, 1, 1};
-static thread_local SyDim threadIdx = {0, 0, 0};
+static SyDim blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static thread_local SyDim threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
 static std::barrier<> *sy_barrier;
 static inline void __syncthreads() { sy_barrier->arrive_and_wait(); }
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
@@ -122,9 +122,12 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
     args.extend(loads);
     let _ = writeln!(
         m,
-        "  blockDim.x = argc > 1 ? atoi(argv[1]) : 1;\n  std::barrier<> bar(blockDim.x);\n  sy_barrier = &bar;\n  \
-         std::vector<std::thread> threads;\n  for (unsigned i = 0; i < blockDim.x; i++)\n    \
-         threads.emplace_back([&, i] {{ threadIdx.x = i; {ENTRY}({}); }});\n  for (auto &t : threads) t.join();",
+        "  gridDim.x = argc > 2 ? atoi(argv[1]) : 1;\n  blockDim.x = argc > 2 ? atoi(argv[2]) : 1;\n  \
+         std::barrier<> bar(blockDim.x);\n  sy_barrier = &bar;\n  \
+         for (unsigned b = 0; b < gridDim.x; b++) {{\n    std::vector<std::thread> threads;\n    \
+         for (unsigned i = 0; i < blockDim.x; i++)\n      \
+         threads.emplace_back([&, b, i] {{ blockIdx.x = b; threadIdx.x = i; {ENTRY}({}); }});\n    \
+         for (auto &t : threads) t.join();\n  }}",
         args.join(", ")
     );
     for (k, s) in p.outputs.iter().enumerate() {
@@ -139,11 +142,13 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
     m
 }
 
-/// Block sizes each kernel runs with: one thread, and a full block.
-const THREADS: [u32; 2] = [1, super::codegen::BLOCK];
+/// The launches each kernel runs with, as (blocks, threads per block): one
+/// thread, and full blocks, several of them, run one after the other (so
+/// the static standing in for shared memory is each block's in turn).
+const LAUNCHES: [(u32, u32); 2] = [(1, 1), (3, super::codegen::BLOCK)];
 
 /// The outputs the compiled source prints, as tensors of the outputs'
-/// dtypes: one set per block size of [`THREADS`].
+/// dtypes: one set per launch of [`LAUNCHES`].
 fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<Vec<Vec<Tensor>>, String> {
     let dir = std::env::temp_dir().join(format!("switchyard-host-check-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -163,15 +168,18 @@ fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let runs = THREADS
+    let runs = LAUNCHES
         .iter()
-        .map(|n| {
+        .map(|(blocks, threads)| {
             let run = Command::new(&exe)
-                .arg(n.to_string())
+                .args([blocks.to_string(), threads.to_string()])
                 .output()
                 .map_err(|e| e.to_string())?;
             if !run.status.success() {
-                return Err(format!("the kernel with {n} threads failed: {}", run.status));
+                return Err(format!(
+                    "the kernel on {blocks} × {threads} threads failed: {}",
+                    run.status
+                ));
             }
             let text = String::from_utf8_lossy(&run.stdout).into_owned();
             p.outputs
@@ -266,7 +274,7 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             .run(&refs, Vec::new())
             .unwrap();
         let runs = run_on_host(&cxx, &p, &inputs, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for (threads, got) in THREADS.iter().zip(&runs) {
+        for ((blocks, threads), got) in LAUNCHES.iter().zip(&runs) {
             assert_eq!(got.len(), want.len(), "{name}: outputs");
             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
@@ -274,12 +282,12 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
                     let close = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0);
                     assert!(
                         close,
-                        "{name}, {threads} threads, output {k} element {i}: generated {a}, CPU {b}"
+                        "{name}, {blocks} × {threads} threads, output {k} element {i}: generated {a}, CPU {b}"
                     );
                 }
             }
         }
-        println!("{name}: the generated source agrees with the CPU backend with 1 and 256 threads");
+        println!("{name}: the generated source agrees with the CPU backend on 1 × 1 and 3 × 256 threads");
     }
     // The copy a load makes when its reshape needs one: a transposed bf16 input.
     let x = switchyard_core::io::random_tensor(&switchyard_core::TensorMeta::new(DType::BF16, [6, 4]), 5, 0);
