@@ -394,11 +394,17 @@ fn run(args: RunArgs) -> Result<()> {
         .iter()
         .map(|v| plan.trace.value(*v).name.clone())
         .collect();
+    // Outputs on a device are shown and written from host copies.
+    let host_outputs = result
+        .outputs
+        .iter()
+        .map(|t| switchyard_core::device::move_to(t, Device::Cpu))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     if let Some(path) = &args.outputs {
         let named: Vec<(String, _)> = out_names
             .iter()
             .cloned()
-            .zip(result.outputs.iter().cloned())
+            .zip(host_outputs.iter().cloned())
             .collect();
         write_safetensors(path, &named)?;
     }
@@ -455,7 +461,7 @@ fn run(args: RunArgs) -> Result<()> {
         execs.join(", ")
     );
     println!("outputs:");
-    for (n, t) in out_names.iter().zip(&result.outputs) {
+    for (n, t) in out_names.iter().zip(&host_outputs) {
         println!("  {n}: {}", preview(t, 6));
     }
     let (min, max) = (

@@ -44,6 +44,12 @@ pub trait Transfer: Send + Sync {
     fn to_device(&self, tensor: &Tensor, device: Device) -> Result<Tensor>;
     /// A host copy of a tensor on one of this layer's devices.
     fn to_host(&self, tensor: &Tensor) -> Result<Tensor>;
+    /// Waits until the work queued on `device` has run, reporting a failure
+    /// of any of it. By default there is nothing to wait for.
+    fn synchronize(&self, device: Device) -> Result<()> {
+        let _ = device;
+        Ok(())
+    }
 }
 
 /// A link-time registration of a device layer's [`Transfer`].
@@ -82,6 +88,15 @@ pub fn transfer_for(device: Device) -> Result<Arc<dyn Transfer>> {
             device: device.to_string(),
         },
     })
+}
+
+/// Waits until the work queued on `device` has run (nothing to wait for on
+/// the host).
+pub fn synchronize(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        d => transfer_for(d)?.synchronize(d),
+    }
 }
 
 /// `tensor`, on `device`: itself if already there, else a copy through the host.

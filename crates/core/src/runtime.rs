@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::arena::{Arena, ArenaSlot};
 
 use crate::cache::{CacheStats, KernelCache, RegionKey};
-use crate::device::{move_to, transfer_for};
+use crate::device::{move_to, synchronize, transfer_for};
 use crate::error::{Error, Result};
 use crate::executor::Kernel;
 use crate::ir::ValueId;
@@ -47,6 +47,8 @@ pub struct CompiledPlan {
     arenas: ArenaSlot,
     compile_ns: u64,
     cache_stats: CacheStats,
+    /// The devices other than the host it puts tensors on.
+    devices: Vec<Device>,
 }
 
 /// Options for one run.
@@ -167,12 +169,16 @@ impl CompiledPlan {
         };
         let trace = &plan.trace;
         // Every device the plan puts a tensor on needs a layer to move it there.
-        let devices = plan
+        let mut devices: Vec<Device> = plan
             .regions
             .iter()
             .map(|r| r.device)
-            .chain(trace.values.iter().map(|v| v.meta.device));
-        for d in devices.filter(|d| *d != Device::Cpu) {
+            .chain(trace.values.iter().map(|v| v.meta.device))
+            .filter(|d| *d != Device::Cpu)
+            .collect();
+        devices.sort();
+        devices.dedup();
+        for &d in &devices {
             transfer_for(d)?;
         }
         // The last region that reads each value.
@@ -225,6 +231,7 @@ impl CompiledPlan {
             arenas: ArenaSlot::default(),
             compile_ns: start.elapsed().as_nanos() as u64,
             cache_stats,
+            devices,
         })
     }
 
@@ -357,6 +364,8 @@ impl CompiledPlan {
                 other => self.kernel_error(i, other.to_string()),
             })?;
             if let Some(t0) = t0 {
+                // A device kernel returns once queued: time it to its end.
+                synchronize(step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;
                 region_ns.push(t0.elapsed().as_nanos() as u64);
             }
             if outs.len() != step.outputs.len() {
@@ -398,6 +407,10 @@ impl CompiledPlan {
             })
             .collect::<Result<Vec<_>>>()?;
         drop(slots);
+        // Work queued on devices has run (or failed) before the run ends.
+        for &device in &self.devices {
+            synchronize(device)?;
+        }
         let arena_bytes = arena.as_ref().map_or(0, Arena::bytes);
         if let Some(arena) = arena {
             self.return_arena(arena);

@@ -265,6 +265,13 @@ impl Transfer for CudaTransfer {
         )
     }
 
+    fn synchronize(&self, device: Device) -> Result<()> {
+        match device {
+            Device::Cuda(n) => synchronize(n),
+            other => Err(unavailable(other, "not a CUDA device".into())),
+        }
+    }
+
     fn to_host(&self, tensor: &Tensor) -> Result<Tensor> {
         let device = tensor.device();
         let buf = buffer_of(tensor)?;
