@@ -16,6 +16,11 @@ pub const SIM: Device = Device::Cuda(7);
 /// Copies made by the simulated layer so far (both directions).
 pub static COPIES: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Waits for the simulated device asked for by this thread so far.
+    pub static SYNCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Simulated device memory.
 #[derive(Debug)]
 pub struct SimBuffer {
@@ -60,6 +65,12 @@ impl Transfer for SimTransfer {
             }),
             tensor.shape(),
         )
+    }
+
+    fn synchronize(&self, device: Device) -> Result<()> {
+        assert_eq!(device, SIM);
+        SYNCS.with(|s| s.set(s.get() + 1));
+        Ok(())
     }
 
     fn to_host(&self, tensor: &Tensor) -> Result<Tensor> {

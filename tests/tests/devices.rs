@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 
 use switchyard_core::executor::Executor;
 use switchyard_core::io::random_inputs;
-use switchyard_core::runtime::CompiledPlan;
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::text::parse;
 use switchyard_core::{Device, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
-use switchyard_tests::simdevice::{COPIES, SIM};
+use switchyard_tests::simdevice::{COPIES, SIM, SYNCS};
 use switchyard_tests::workloads::ROPE_CORE as ROPE;
 use switchyard_tests::{assert_close, plan_on, run, run_plan};
 
@@ -68,6 +68,31 @@ fn values_declared_on_a_device_stay_there() {
         .map(|v| v.max(0.0) * 3.0)
         .collect();
     assert_close(&back, &want, 1e-6);
+}
+
+#[test]
+fn a_run_waits_for_its_devices_and_profiles_time_device_regions_to_their_end() {
+    let t = parse(ROPE).unwrap();
+    let plan = plan_on(&t, vec![placed_fuser(SIM), std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    let on_sim = plan.regions.iter().filter(|r| r.device == SIM).count();
+    assert!(on_sim > 0);
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    let inputs = random_inputs(&t, 5);
+    let syncs = || SYNCS.with(|s| s.get());
+    let before = syncs();
+    compiled.run(&inputs, RunOptions::default()).unwrap();
+    assert_eq!(syncs() - before, 1, "once for the device, at the end");
+    let before = syncs();
+    let profile = RunOptions {
+        profile: true,
+        ..RunOptions::default()
+    };
+    compiled.run(&inputs, profile).unwrap();
+    assert_eq!(
+        syncs() - before,
+        on_sim + 1,
+        "and after each region on it when profiling"
+    );
 }
 
 #[test]
