@@ -205,7 +205,14 @@ pub fn measure(
     let cache = KernelCache::new(4096);
     let compiled =
         CompiledPlan::compile_with(plan, &cache).with_context(|| format!("compiling {workload} on {set}"))?;
-    let inputs = random_inputs(&compiled.plan().trace, 0);
+    // Inputs start where the trace declares them, so that a GPU workload
+    // times its kernels, not copying its inputs over each run.
+    let trace = &compiled.plan().trace;
+    let inputs = random_inputs(trace, 0)
+        .iter()
+        .zip(&trace.inputs)
+        .map(|(t, &v)| switchyard_core::device::move_to(t, trace.meta(v).device))
+        .collect::<switchyard_core::Result<Vec<_>>>()?;
     let opts = RunOptions::default();
     let run = || {
         compiled

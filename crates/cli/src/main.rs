@@ -113,10 +113,17 @@ struct Planning {
     /// may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    #[command(flatten)]
+    targeting: Targeting,
+}
+
+/// Where traces run, and the cost model they are planned with.
+#[derive(clap::Args)]
+struct Targeting {
     /// Put the whole trace on this device (`cpu` or `cuda:N`) instead of the
     /// devices it declares. `plan` plans for it whether or not this machine
-    /// has it; `run` needs it. A GPU target needs a GPU cost model
-    /// (`--device-model` or `[cost] profile`).
+    /// has it; `run` and `bench` need it. A GPU target needs a GPU cost
+    /// model (`--device-model` or `[cost] profile`).
     #[arg(long, value_name = "DEVICE")]
     target: Option<String>,
     /// The cost model: a built-in device model (cpu, h100, h200, a100) or a
@@ -125,24 +132,24 @@ struct Planning {
     device_model: Option<String>,
 }
 
-impl Planning {
-    /// The trace in `path`, moved to `--target` when one is given.
-    fn trace(&self, path: &Path, config: &Config) -> Result<Trace> {
-        let mut trace = read_trace(path)?;
-        if let Some(target) = self.target_device()? {
-            let model = self.device_model(config)?;
-            if target != Device::Cpu && model.name == "cpu" {
-                anyhow::bail!(
-                    "--target {target} needs a GPU cost model: pass --device-model (h200, h100, a100 or a profile \
-                     file) or set [cost] profile"
-                );
-            }
-            trace.retarget(target);
+impl Targeting {
+    /// Moves `trace` to `--target` when one is given, refusing to cost a GPU
+    /// target with the CPU model.
+    fn apply(&self, trace: &mut Trace, config: &Config) -> Result<()> {
+        let Some(target) = self.device()? else {
+            return Ok(());
+        };
+        if target != Device::Cpu && self.model(config)?.name == "cpu" {
+            anyhow::bail!(
+                "--target {target} needs a GPU cost model: pass --device-model (h200, h100, a100 or a profile \
+                 file) or set [cost] profile"
+            );
         }
-        Ok(trace)
+        trace.retarget(target);
+        Ok(())
     }
 
-    fn target_device(&self) -> Result<Option<Device>> {
+    fn device(&self) -> Result<Option<Device>> {
         self.target
             .as_deref()
             .map(|t| {
@@ -153,18 +160,27 @@ impl Planning {
     }
 
     /// `--device-model`, else the config's cost model.
-    fn device_model(&self, config: &Config) -> Result<DeviceModel> {
+    fn model(&self, config: &Config) -> Result<DeviceModel> {
         match &self.device_model {
             Some(name) => DeviceModel::load(name).with_context(|| "--device-model"),
             None => Ok(config.device_model()?),
         }
+    }
+}
+
+impl Planning {
+    /// The trace in `path`, moved to `--target` when one is given.
+    fn trace(&self, path: &Path, config: &Config) -> Result<Trace> {
+        let mut trace = read_trace(path)?;
+        self.targeting.apply(&mut trace, config)?;
+        Ok(trace)
     }
 
     /// The partitioner's options; a plan made for `--target` alone
     /// (`plan_only`) may use executors this machine lacks.
     fn partition_options(&self, config: &Config, plan_only: bool) -> PartitionOptions {
         PartitionOptions {
-            plan_only: plan_only && self.target.is_some(),
+            plan_only: plan_only && self.targeting.target.is_some(),
             ..partition_options(config)
         }
     }
@@ -211,7 +227,7 @@ impl Planning {
 
     fn plan(&self, trace: Trace, config: &Config) -> Result<Plan> {
         let (set, _) = self.executors(config)?;
-        let device = self.device_model(config)?;
+        let device = self.targeting.model(config)?;
         let opts = self.partition_options(config, true);
         Ok(self.planner(config, &set, &device, &opts)?.plan(&trace)?)
     }
@@ -321,6 +337,8 @@ struct BenchArgs {
     /// Load this executor plugin; may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    #[command(flatten)]
+    targeting: Targeting,
 }
 
 fn read_trace(path: &Path) -> Result<Trace> {
@@ -355,7 +373,7 @@ fn run(args: RunArgs) -> Result<()> {
     let config = args.planning.config()?;
     let trace = args.planning.trace(&args.trace, &config)?;
     let (set, plugins) = args.planning.executors(&config)?;
-    let device = args.planning.device_model(&config)?;
+    let device = args.planning.targeting.model(&config)?;
     let opts = args.planning.partition_options(&config, false);
     let planner = args.planning.planner(&config, &set, &device, &opts)?;
     let cache = KernelCache::new(config.cache.capacity);
@@ -602,6 +620,10 @@ fn bench_command(args: BenchArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         ("traces".to_string(), w)
     };
+    let device = args.targeting.model(&config)?;
+    for (_, trace) in &mut workloads {
+        args.targeting.apply(trace, &config)?;
+    }
     let lists: Vec<String> = match (&args.executor, &args.executors_sets) {
         (Some(name), _) => vec!["fallback".into(), format!("{name},fallback")],
         (None, Some(sets)) => sets
@@ -640,12 +662,11 @@ fn bench_command(args: BenchArgs) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     if let Some(name) = &args.executor {
-        workloads = isolated_ops(name, &workloads, &sets[1].set, &config)?;
+        workloads = isolated_ops(name, &workloads, &sets[1].set, &config, &device)?;
         if workloads.is_empty() {
             bail!("--executor {name}: it claims none of the ops of these workloads");
         }
     }
-    let device = config.device_model()?;
     let opts = partition_options(&config);
     let strategy = config.strategy()?;
     let budget = config.scheduler.memory_budget.map(|b| b as usize);
@@ -718,12 +739,12 @@ fn isolated_ops(
     workloads: &[(String, Trace)],
     set: &ExecutorSet,
     config: &Config,
+    device: &DeviceModel,
 ) -> Result<Vec<(String, Trace)>> {
-    let device = config.device_model()?;
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for (_, trace) in workloads {
-        let plan = switchyard_core::partition::partition(trace, set, &device, &partition_options(config))?;
+        let plan = switchyard_core::partition::partition(trace, set, device, &partition_options(config))?;
         let t = &plan.trace;
         let uses = t.uses();
         for op in &plan.explanation.ops {

@@ -717,6 +717,23 @@ fn plan_targets_a_gpu_this_machine_need_not_have() {
         .find(|r| r["executor"] == "cudnn")
         .expect("a cudnn region");
     assert_eq!(sdpa["device"], "cuda:0");
+    if missing {
+        let e = fails(
+            bin()
+                .args([
+                    "bench",
+                    "--suite",
+                    "overhead",
+                    "--target",
+                    "cuda:0",
+                    "--device-model",
+                    "h200",
+                ])
+                .output()
+                .unwrap(),
+        );
+        assert!(e.contains("cuda:0 is unavailable: no NVIDIA driver"), "{e}");
+    }
     for (args, want) in [
         (
             vec!["--target", "cuda:0"],
