@@ -70,7 +70,7 @@ template <typename T> __device__ __forceinline__ T sy_min(T a, T b) {
 "#;
 
 /// The C type an input or output of `dtype` is stored as.
-fn stored(dtype: DType) -> &'static str {
+pub(crate) fn stored(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "float",
         DType::F64 => "double",
@@ -522,7 +522,13 @@ mod tests {
         assert!(traces.len() >= 4, "the golden traces are in {}", dir.display());
         let mut differ = Vec::new();
         for path in traces {
+            // Every source starts with the same prelude; the golden file
+            // holds what differs: the kernel.
             let source = generate(&program_of(&std::fs::read_to_string(&path).unwrap()));
+            let source = source
+                .strip_prefix(PRELUDE)
+                .expect("every source starts with the prelude")
+                .to_string();
             let golden = path.with_extension("cu");
             if bless {
                 std::fs::write(&golden, &source).unwrap();

@@ -19,7 +19,7 @@ use switchyard_core::ir::OpId;
 use switchyard_core::plan::region_boundary;
 use switchyard_core::{DType, Tensor};
 
-use super::codegen::{ENTRY, generate};
+use super::codegen::{ENTRY, generate, stored};
 use crate::layout::resolve;
 use crate::program::{Instr, Program};
 
@@ -64,17 +64,6 @@ fn for_host(source: &str) -> String {
     format!("{SHIM}{source}")
 }
 
-fn c_type(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float",
-        DType::F64 => "double",
-        DType::F16 | DType::BF16 => "unsigned short",
-        DType::Bool => "unsigned char",
-        DType::I32 => "int",
-        DType::I64 => "long long",
-    }
-}
-
 /// A C array literal of a host tensor's whole buffer, as stored bits.
 fn array(t: &Tensor) -> String {
     let bytes = switchyard_core::io::le_bytes(&t.contiguous().unwrap()).unwrap();
@@ -98,7 +87,7 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
             m,
             "  static unsigned long long raw{k}[] = {};\n  static {} data{k}[{}];\n  for (unsigned i = 0; i < {}; i++) memcpy(&data{k}[i], &raw{k}[i], sizeof data{k}[0]);",
             array(t),
-            c_type(t.dtype()),
+            stored(t.dtype()),
             t.numel().max(1),
             t.numel(),
         );
@@ -116,7 +105,7 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
     }
     for (k, s) in p.outputs.iter().enumerate() {
         let n: usize = s.shape.iter().product();
-        let _ = writeln!(m, "  static {} out{k}[{}];", c_type(s.dtype), n.max(1));
+        let _ = writeln!(m, "  static {} out{k}[{}];", stored(s.dtype), n.max(1));
         args.push(format!("out{k}"));
     }
     args.extend(loads);

@@ -1,26 +1,3 @@
-struct SyLoad { long long off; long long s[8]; };
-
-__device__ __forceinline__ float sy_from_f16(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short sy_to_f16(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-__device__ __forceinline__ float sy_from_bf16(unsigned short h) {
-  return __uint_as_float(((unsigned int)h) << 16);
-}
-__device__ __forceinline__ unsigned short sy_to_bf16(float f) {
-  unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (unsigned short)(u >> 16);
-}
-template <typename T> __device__ __forceinline__ T sy_max(T a, T b) {
-  return (a != a || b != b) ? a + b : (a > b ? a : b);
-}
-template <typename T> __device__ __forceinline__ T sy_min(T a, T b) {
-  return (a != a || b != b) ? a + b : (a < b ? a : b);
-}
 
 extern "C" __global__ void __launch_bounds__(256) sy_fused(const float *__restrict__ in0, float *__restrict__ out0, float *__restrict__ out1, const SyLoad l0) {
   __shared__ float sy_part[256];
