@@ -1,4 +1,4 @@
-//! A simulated device layer for tests: "device memory" on `cuda:7` that is
+//! A simulated device layer for tests: "device memory" on `cuda:63` that is
 //! host memory underneath, with every copy counted. It exercises the runtime's
 //! device-aware moves on machines without a GPU.
 
@@ -10,8 +10,9 @@ use switchyard_core::device::{DeviceBuffer, Transfer, TransferFactory};
 use switchyard_core::error::{Error, Result};
 use switchyard_core::{DType, Device, Storage, Tensor};
 
-/// The device the simulated layer serves.
-pub const SIM: Device = Device::Cuda(7);
+/// The device the simulated layer serves: an ordinal no real machine has, so
+/// the CUDA layer (linked into the same tests) never reaches it first.
+pub const SIM: Device = Device::Cuda(63);
 
 /// Copies made by the simulated layer so far (both directions).
 pub static COPIES: AtomicUsize = AtomicUsize::new(0);
@@ -54,7 +55,7 @@ impl Transfer for SimTransfer {
         if device != SIM {
             return Err(Error::Unavailable {
                 name: device.to_string(),
-                reason: "the simulated layer serves cuda:7 only".into(),
+                reason: "the simulated layer serves cuda:63 only".into(),
             });
         }
         COPIES.fetch_add(1, Ordering::Relaxed);

@@ -114,3 +114,26 @@ pub fn move_to(tensor: &Tensor, device: Device) -> Result<Tensor> {
         d => transfer_for(d)?.to_device(&host, d),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_no_linked_layer_serves_is_named() {
+        // No device layer is linked into this crate's tests.
+        let e = transfer_for(Device::Cuda(3))
+            .err()
+            .expect("no layer serves cuda:3");
+        assert_eq!(
+            e.to_string(),
+            "no device layer serving cuda:3 is linked into this program, so tensors cannot be moved there"
+        );
+        let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+        assert!(matches!(
+            move_to(&t, Device::Cuda(3)),
+            Err(Error::NoDeviceLayer { .. })
+        ));
+        assert!(synchronize(Device::Cpu).is_ok());
+    }
+}

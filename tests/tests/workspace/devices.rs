@@ -1,7 +1,7 @@
 //! Device-aware execution: plans whose regions run on another device than their
 //! inputs are on get copies inserted by the runtime, outputs come back on the
 //! device the trace declares, and a device no layer serves is a clear error.
-//! A simulated layer (host memory labelled `cuda:7`) stands in for a GPU.
+//! A simulated layer (host memory labelled `cuda:63`) stands in for a GPU.
 
 use std::sync::atomic::Ordering;
 
@@ -38,7 +38,7 @@ fn copies_are_inserted_where_regions_change_device() {
         devices.contains(&SIM) && devices.contains(&Device::Cpu),
         "{devices:?}"
     );
-    assert!(switchyard_core::report::render_plan(&plan, false).contains("on gpu at cuda:7"));
+    assert!(switchyard_core::report::render_plan(&plan, false).contains("on gpu at cuda:63"));
     let before = COPIES.load(Ordering::Relaxed);
     let r = run_plan(plan, &random_inputs(&t, 5)).unwrap();
     assert!(COPIES.load(Ordering::Relaxed) > before, "no copy was made");
@@ -52,12 +52,12 @@ fn copies_are_inserted_where_regions_change_device() {
 
 #[test]
 fn values_declared_on_a_device_stay_there() {
-    let src = "input x: f32[4, 4] cuda:7\ny = relu(x)\nz = mul(y, 3.0)\noutput z\n";
+    let src = "input x: f32[4, 4] cuda:63\ny = relu(x)\nz = mul(y, 3.0)\noutput z\n";
     let t = parse(src).unwrap();
     let plan = plan_on(&t, vec![placed_fuser(SIM), std::sync::Arc::new(FallbackExecutor)]).unwrap();
     assert!(plan.regions.iter().all(|r| r.device == SIM));
-    // The caller hands over a host tensor; the runtime moves it to cuda:7.
-    let host_input = random_inputs(&parse(&src.replace(" cuda:7", "")).unwrap(), 5);
+    // The caller hands over a host tensor; the runtime moves it to cuda:63.
+    let host_input = random_inputs(&parse(&src.replace(" cuda:63", "")).unwrap(), 5);
     let r = run_plan(plan, &host_input).unwrap();
     assert_eq!(r.outputs[0].device(), SIM);
     let back = switchyard_core::device::move_to(&r.outputs[0], Device::Cpu).unwrap();
@@ -96,12 +96,15 @@ fn a_run_waits_for_its_devices_and_profiles_time_device_regions_to_their_end() {
 }
 
 #[test]
-fn a_device_no_layer_serves_is_an_error() {
+fn a_device_no_layer_can_reach_is_an_error() {
+    // The CUDA layer is linked into these tests and serves every `cuda:N`; no
+    // machine has a 100th GPU, so it gives its reason. (With no layer linked at
+    // all, the error says so: a unit test of `switchyard_core::device`.)
     let t = parse(ROPE).unwrap();
     let plan = plan_on(
         &t,
         vec![
-            placed_fuser(Device::Cuda(3)),
+            placed_fuser(Device::Cuda(99)),
             std::sync::Arc::new(FallbackExecutor),
         ],
     )
@@ -110,8 +113,5 @@ fn a_device_no_layer_serves_is_an_error() {
         .err()
         .expect("compiling must fail")
         .to_string();
-    assert!(
-        e.contains("no device layer serving cuda:3 is linked into this program"),
-        "{e}"
-    );
+    assert!(e.starts_with("cuda:99 is unavailable: "), "{e}");
 }

@@ -1,7 +1,7 @@
 //! The example traces: generated from the workload builders, kept in sync, and
 //! each parsed, round-tripped and run.
 //!
-//! `SWITCHYARD_BLESS=1 cargo test -p switchyard-tests --test examples` rewrites
+//! `SWITCHYARD_BLESS=1 cargo test -p switchyard-tests --test workspace examples::` rewrites
 //! the files from the builders after an intended change.
 
 use switchyard_core::io::random_inputs;

@@ -1,0 +1,22 @@
+//! switchyard's workspace integration tests, one module per concern.
+//!
+//! They are one test binary rather than one per file: each binary links the
+//! whole workspace, so fifteen of them cost fifteen links and as many copies on
+//! disk. Run one concern with a filter, e.g.
+//! `cargo test -p switchyard-tests --test workspace cache::`.
+
+mod cache;
+mod composites;
+mod cuda;
+mod devices;
+mod examples;
+mod fuser;
+mod hints;
+mod partition;
+mod plan_scale;
+mod plugins;
+mod primitives;
+mod runtime;
+mod schedule;
+mod snapshots;
+mod text_format;
