@@ -7,7 +7,9 @@
 //!    executor that accepts it, else to its cheapest operator executor.
 //! 3. Regions form by a topological walk that keeps taking ready ops of the
 //!    current fusion executor: consumers of the region first (vertical), then
-//!    any ready op (horizontal, when enabled). Regions are runs of one
+//!    any ready op (horizontal, when enabled). When a consumer waits only on
+//!    a few operator ops that do not read the region, those go first, as
+//!    regions of their own, and the consumer joins. Regions are runs of one
 //!    topological order, so the region graph can never have a cycle, and the
 //!    walk is O(n log n).
 //! 4. Each fusion region is offered to its executor's `refine`; ops handed back
@@ -740,7 +742,15 @@ fn cluster(
         out
     };
     let unit_consumers: Vec<Vec<usize>> = (0..m).map(|u| edges(u, false)).collect();
-    let mut waiting: Vec<usize> = (0..m).map(|u| edges(u, true).len()).collect();
+    let unit_producers: Vec<Vec<usize>> = (0..m).map(|u| edges(u, true)).collect();
+    let mut waiting: Vec<usize> = unit_producers.iter().map(Vec::len).collect();
+    // The serial of the region each unit went to, counting from 1; `EARLIER`
+    // for an operator op taken ahead of a fusion region (see below), `UNTAKEN`
+    // until then. All the search below needs is which units the region being
+    // formed holds.
+    const EARLIER: usize = 0;
+    let mut region_serial = vec![UNTAKEN; m];
+    let mut serial = 0usize;
     let mut ready_any: BTreeSet<usize> = BTreeSet::new();
     let mut ready_by: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); execs.len()];
     for u in 0..m {
@@ -751,25 +761,31 @@ fn cluster(
     }
     let mut regions = Vec::new();
     // Takes unit `u`, and reports the units it makes ready.
-    let mut take =
-        |u: usize, ready_any: &mut BTreeSet<usize>, ready_by: &mut Vec<BTreeSet<usize>>| -> Vec<usize> {
-            ready_any.remove(&u);
-            ready_by[exec_of(u)].remove(&u);
-            let mut newly = Vec::new();
-            for &c in &unit_consumers[u] {
-                waiting[c] -= 1;
-                if waiting[c] == 0 {
-                    ready_any.insert(c);
-                    ready_by[exec_of(c)].insert(c);
-                    newly.push(c);
-                }
+    let mut take = |u: usize,
+                    serial: usize,
+                    region_serial: &mut Vec<usize>,
+                    ready_any: &mut BTreeSet<usize>,
+                    ready_by: &mut Vec<BTreeSet<usize>>|
+     -> Vec<usize> {
+        region_serial[u] = serial;
+        ready_any.remove(&u);
+        ready_by[exec_of(u)].remove(&u);
+        let mut newly = Vec::new();
+        for &c in &unit_consumers[u] {
+            waiting[c] -= 1;
+            if waiting[c] == 0 {
+                ready_any.insert(c);
+                ready_by[exec_of(c)].insert(c);
+                newly.push(c);
             }
-            newly
-        };
+        }
+        newly
+    };
     while let Some(&start) = ready_any.first() {
         let k = exec_of(start);
+        serial += 1;
         let mut ops = units[start].clone();
-        let newly = take(start, &mut ready_any, &mut ready_by);
+        let newly = take(start, serial, &mut region_serial, &mut ready_any, &mut ready_by);
         let first = units[start][0].index();
         let closed = is_group(start) || hints[first].alone();
         if execs[k].kind == ExecutorKind::Fusion && !closed {
@@ -783,6 +799,7 @@ fn cluster(
             let mut vertical: BTreeSet<usize> = newly.into_iter().filter(|&u| exec_of(u) == k).collect();
             // Consumers of the region on this executor still waiting for other operands.
             let mut blocked: BTreeSet<usize> = BTreeSet::new();
+            let mut hopeless: BTreeSet<usize> = BTreeSet::new();
             blocked.extend(unit_consumers[start].iter().filter(|&&c| exec_of(c) == k));
             loop {
                 let next = match vertical.pop_first() {
@@ -801,6 +818,44 @@ fn cluster(
                                 .map(|p| unit_of[p.index()])
                                 .find(|&p| ready_by[k].contains(&p) && joins(p, &region_hints))
                         });
+                        // Else the operator ops a blocked consumer waits on, taken
+                        // first as regions of their own, so that it can join
+                        // (`silu(a @ w1) * (a @ w3)` fuses the silu and the mul).
+                        // A consumer that cannot be freed so is not tried again.
+                        let mut pulled = None;
+                        if sibling.is_none() {
+                            for &c in &blocked {
+                                if hopeless.contains(&c) || !joins(c, &region_hints) {
+                                    continue;
+                                }
+                                let operator =
+                                    |u: usize| execs[exec_of(u)].kind != ExecutorKind::Fusion && !is_group(u);
+                                match operator_ancestors(
+                                    c,
+                                    &unit_producers,
+                                    &region_serial,
+                                    serial,
+                                    &operator,
+                                ) {
+                                    Some(found) => {
+                                        pulled = Some(found);
+                                        break;
+                                    }
+                                    None => {
+                                        hopeless.insert(c);
+                                    }
+                                }
+                            }
+                        }
+                        if let Some(pulled) = pulled {
+                            for u in pulled {
+                                regions.push((exec_of(u), units[u].clone()));
+                                let newly =
+                                    take(u, EARLIER, &mut region_serial, &mut ready_any, &mut ready_by);
+                                vertical.extend(newly.into_iter().filter(|&u| exec_of(u) == k));
+                            }
+                            continue;
+                        }
                         match sibling {
                             Some(p) => Some(p),
                             None if execs[k].horizontal => {
@@ -816,13 +871,72 @@ fn cluster(
                 region_hints.absorb(&hints[op.index()]);
                 blocked.remove(&next);
                 blocked.extend(unit_consumers[next].iter().filter(|&&c| exec_of(c) == k));
-                let newly = take(next, &mut ready_any, &mut ready_by);
+                let newly = take(next, serial, &mut region_serial, &mut ready_any, &mut ready_by);
                 vertical.extend(newly.into_iter().filter(|&u| exec_of(u) == k));
             }
         }
         regions.push((k, ops));
     }
     regions
+}
+
+/// The region serial of a unit [`cluster`] has not taken yet.
+const UNTAKEN: usize = usize::MAX;
+
+/// The untaken units `consumer` waits on, directly or not, producers first,
+/// when all are `eligible` and none reads the region being formed (serial
+/// `current`), which would make a cycle; else `None`. The search gives up past
+/// a few units, so that it costs O(1) per consumer.
+fn operator_ancestors(
+    consumer: usize,
+    unit_producers: &[Vec<usize>],
+    region_serial: &[usize],
+    current: usize,
+    eligible: &dyn Fn(usize) -> bool,
+) -> Option<Vec<usize>> {
+    let mut search = Ancestors {
+        producers: unit_producers,
+        region_serial,
+        current,
+        eligible,
+        found: Vec::new(),
+        budget: 8,
+    };
+    (search.visit(consumer, true) && !search.found.is_empty()).then_some(search.found)
+}
+
+/// The state of [`operator_ancestors`].
+struct Ancestors<'a> {
+    producers: &'a [Vec<usize>],
+    region_serial: &'a [usize],
+    current: usize,
+    eligible: &'a dyn Fn(usize) -> bool,
+    found: Vec<usize>,
+    budget: usize,
+}
+
+impl Ancestors<'_> {
+    /// Adds the untaken producers of `u`, post-order so that each follows its
+    /// own producers. `top`: `u` is the consumer, which may read the region.
+    fn visit(&mut self, u: usize, top: bool) -> bool {
+        for &p in &self.producers[u] {
+            if self.region_serial[p] == self.current && !top {
+                return false;
+            }
+            if self.region_serial[p] != UNTAKEN || self.found.contains(&p) {
+                continue;
+            }
+            if !(self.eligible)(p) || self.budget == 0 {
+                return false;
+            }
+            self.budget -= 1;
+            if !self.visit(p, false) {
+                return false;
+            }
+            self.found.push(p);
+        }
+        true
+    }
 }
 
 /// Dissolves a fusion region that costs more than its ops apart, or splits out

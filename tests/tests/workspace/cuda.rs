@@ -190,6 +190,15 @@ fn the_transformer_block_for_cuda_goes_to_cublas_cudnn_and_the_fuser() {
         }
         assert_eq!(seen["cublas"], 7, "the block's seven linears");
         assert_eq!(seen["cudnn"], 1);
+        // SwiGLU's activation and product are one kernel across the up projection.
+        let region_of = |name: &str| {
+            let v = t.find_value(name).unwrap();
+            plan.regions
+                .iter()
+                .position(|r| r.ops.iter().any(|&o| t.op(o).outputs.contains(&v)))
+                .unwrap()
+        };
+        assert_eq!(region_of("l0.act.1"), region_of("l0.swiglu"), "{}", model.name);
         assert!(seen["fuser"] >= 20, "{seen:?}");
         let assumed: Vec<&str> = plan
             .explanation

@@ -265,6 +265,59 @@ fn a_cheaper_operator_executor_wins_its_op() {
     same_results(&t, plan);
 }
 
+/// The ops of each region, by value name, in plan order.
+fn region_names(plan: &Plan) -> Vec<Vec<String>> {
+    plan.regions
+        .iter()
+        .map(|r| {
+            r.ops
+                .iter()
+                .map(|&o| plan.trace.value(plan.trace.op(o).outputs[0]).name.clone())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn operator_ops_a_fused_consumer_waits_on_run_first() {
+    // SwiGLU: the gate's activation and the product fuse across the second
+    // matmul (and the transpose before it), which go first.
+    let t = parse(
+        "input x: f32[8, 16]\ninput w1: f32[16, 16]\ninput w3: f32[16, 16]\n\
+         g = matmul(x, w1)\na = tanh(g)\nw3t = transpose(w3, perm=[1, 0])\n\
+         u = matmul(x, w3t)\nm = mul(a, u)\noutput m\n",
+    )
+    .unwrap();
+    for horizontal in [false, true] {
+        let fuser = Scripted::fuser("fuser")
+            .with("matmul", Script::Reject("scripted".into()))
+            .with("transpose", Script::Reject("scripted".into()));
+        let plan = plan_with(&t, vec![fuser.arc(), fallback()], horizontal).unwrap();
+        check_invariants(&plan);
+        assert_eq!(
+            region_names(&plan),
+            [vec!["g"], vec!["w3t"], vec!["u"], vec!["a", "m"]],
+            "horizontal: {horizontal}"
+        );
+        same_results(&t, plan);
+    }
+}
+
+#[test]
+fn an_operator_op_that_reads_the_region_is_not_run_first() {
+    // `m` reads `a`, and `b` reads both: taking `m` into the middle of the
+    // region would make a cycle, so `b` starts a region of its own.
+    let t = parse(
+        "input x: f32[8, 8]\ninput w: f32[8, 8]\na = relu(x)\nm = matmul(a, w)\nb = add(a, m)\noutput b\n",
+    )
+    .unwrap();
+    let fuser = Scripted::fuser("fuser").with("matmul", Script::Reject("scripted".into()));
+    let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
+    check_invariants(&plan);
+    assert_eq!(region_names(&plan), [vec!["a"], vec!["m"], vec!["b"]]);
+    same_results(&t, plan);
+}
+
 #[test]
 fn plans_are_deterministic() {
     let t = switchyard_tests::workloads::llama(1, switchyard_tests::workloads::BlockSize::SMALL).unwrap();
