@@ -15,8 +15,8 @@
 //! element by element, among parts evaluated under shifted maps; loads that
 //! could fall outside their part carry masks. Nothing here is CPU-specific.
 
-use switchyard_core::DType;
 use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
+use switchyard_core::{DType, Device, Tensor};
 
 /// A virtual register: the result of one instruction.
 pub type Reg = usize;
@@ -244,6 +244,30 @@ pub struct Program {
 }
 
 impl Program {
+    /// Checks that `inputs` are the program's, in number, dtype and device,
+    /// before a backend reads them on `device`.
+    pub fn check_inputs(&self, inputs: &[&Tensor], device: Device) -> Result<(), String> {
+        if inputs.len() != self.inputs.len() {
+            return Err(format!(
+                "expected {} inputs, got {}",
+                self.inputs.len(),
+                inputs.len()
+            ));
+        }
+        for (k, (t, &d)) in inputs.iter().zip(&self.inputs).enumerate() {
+            // A host backend reads the data itself, whatever a device layer says.
+            let readable = device != Device::Cpu || t.host_data().is_some();
+            if t.dtype() != d || t.device() != device || !readable {
+                return Err(format!(
+                    "input {k} is {} on {}, expected {d} on {device}",
+                    t.dtype(),
+                    t.device()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Elements of the iteration space.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()

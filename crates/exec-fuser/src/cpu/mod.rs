@@ -17,7 +17,7 @@ mod stream;
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::meta::contiguous_strides;
-use switchyard_core::{DType, OutputBuffer, Tensor};
+use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 
 use crate::program::{Instr, Program, Space};
 use io::{OutBuf, OutPtr, Source};
@@ -132,22 +132,7 @@ impl CpuKernel {
         mut given: Vec<Option<OutputBuffer>>,
     ) -> Result<Vec<Tensor>, String> {
         let p = &self.program;
-        if inputs.len() != p.inputs.len() {
-            return Err(format!(
-                "expected {} inputs, got {}",
-                p.inputs.len(),
-                inputs.len()
-            ));
-        }
-        for (k, (t, &d)) in inputs.iter().zip(&p.inputs).enumerate() {
-            if t.dtype() != d || t.host_data().is_none() {
-                return Err(format!(
-                    "input {k} is {} on {}, expected host {d}",
-                    t.dtype(),
-                    t.device()
-                ));
-            }
-        }
+        p.check_inputs(inputs, Device::Cpu)?;
         // An input whose run-time layout does not allow one of the region's
         // reshapes as a view (the plan expected another layout) is read from
         // a dense copy of the views before that reshape: slower, still right.
@@ -362,6 +347,17 @@ mod tests {
             out[0].to_vec::<f32>().unwrap(),
             vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
         );
+    }
+
+    #[test]
+    fn inputs_not_the_programs_are_errors() {
+        let kernel = CpuKernel::new(transpose_flatten());
+        let x = Tensor::from_vec(vec![0f32; 6], &[2, 3]).unwrap();
+        let e = kernel.run(&[&x, &x], vec![]).unwrap_err();
+        assert_eq!(e, "expected 1 inputs, got 2");
+        let y = Tensor::from_vec(vec![0f64; 6], &[2, 3]).unwrap();
+        let e = kernel.run(&[&y], vec![]).unwrap_err();
+        assert_eq!(e, "input 0 is f64 on cpu, expected f32 on cpu");
     }
 
     #[test]

@@ -155,22 +155,7 @@ impl CudaKernel {
         drop(given);
         let p = &self.program;
         let device = Device::Cuda(self.device);
-        if inputs.len() != p.inputs.len() {
-            return Err(format!(
-                "expected {} inputs, got {}",
-                p.inputs.len(),
-                inputs.len()
-            ));
-        }
-        for (k, (t, &d)) in inputs.iter().zip(&p.inputs).enumerate() {
-            if t.dtype() != d || t.device() != device {
-                return Err(format!(
-                    "input {k} is {} on {}, expected {d} on {device}",
-                    t.dtype(),
-                    t.device()
-                ));
-            }
-        }
+        p.check_inputs(inputs, device)?;
         // Each load reads its input where it lies, or, when a reshape it
         // applies needs a copy of the layout, a dense device copy of the
         // views before that reshape (kept until the launch is queued).
