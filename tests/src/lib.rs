@@ -142,3 +142,33 @@ pub fn repo_path(rel: &str) -> std::path::PathBuf {
         .join("..")
         .join(rel)
 }
+
+/// A folder of the project's shared data (`../shared/REL` beside the
+/// checkout), or `None`, printing why the calling test skips, when a fresh
+/// clone does not have it.
+pub fn shared_data(rel: &str) -> Option<std::path::PathBuf> {
+    let p = repo_path("../shared").join(rel);
+    if p.is_dir() {
+        Some(p)
+    } else {
+        println!(
+            "skipped: {} is absent (a clone without the shared data)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// Runs a trace with the default executors (as `switchyard run` chooses
+/// them) and returns its outputs and the plan's executor per region.
+pub fn run_default(trace: &Trace, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<String>)> {
+    let set = switchyard_core::config::Config::default().executor_set(None)?;
+    let plan = partition(
+        trace,
+        &set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )?;
+    let executors = plan.regions.iter().map(|r| plan.executor_name(r)).collect();
+    Ok((run_plan(plan, inputs)?.outputs, executors))
+}

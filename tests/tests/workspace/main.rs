@@ -12,6 +12,7 @@ mod devices;
 mod examples;
 mod fuser;
 mod hints;
+mod onnx;
 mod partition;
 mod plan_scale;
 mod plugins;

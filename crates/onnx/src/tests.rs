@@ -1,0 +1,315 @@
+//! The importer on small models built in Rust.
+
+use std::collections::HashMap;
+
+use prost::Message;
+use switchyard_core::ir::OpKind;
+use switchyard_core::{DType, Tensor};
+
+use crate::builder::{Dim, ModelBuilder, attr_int, attr_ints, attr_string};
+use crate::import::{ImportOptions, Imported, import, import_for, run_fallback};
+use crate::model::Model;
+use crate::proto::{ModelProto, OperatorSetIdProto};
+use crate::{Error, builder};
+
+fn model(p: ModelProto) -> Model {
+    Model::from_bytes(p.encode_to_vec(), "test.onnx", None).unwrap()
+}
+
+fn run(m: &Imported, feeds: &[(&str, Tensor)]) -> Vec<Tensor> {
+    let feeds: HashMap<String, Tensor> = feeds.iter().map(|(n, t)| (n.to_string(), t.clone())).collect();
+    run_fallback(&m.trace, &m.bind_inputs(&feeds).unwrap()).unwrap()
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.contiguous().unwrap().to_vec::<f32>().unwrap()
+}
+
+fn d(v: &[usize]) -> Vec<Dim> {
+    v.iter().map(|&x| Dim::Fixed(x)).collect()
+}
+
+#[test]
+fn a_linear_layer_with_weights_runs_and_keeps_onnx_names() {
+    let mut b = ModelBuilder::new("mlp", 18);
+    b.input("x/in", DType::F32, &d(&[2, 3]))
+        .initializer(
+            "w",
+            &Tensor::from_vec(vec![1f32, 0., 0., 1., 1., 1.], &[3, 2]).unwrap(),
+        )
+        .unwrap()
+        .initializer("b", &Tensor::from_vec(vec![0.5f32, -10.], &[2]).unwrap())
+        .unwrap()
+        .node("MatMul", &["x/in", "w"], &["/h:0"], vec![])
+        .node("Add", &["/h:0", "b"], &["/y"], vec![])
+        .node("Relu", &["/y"], &["out"], vec![])
+        .output("out", DType::F32, &d(&[2, 2]));
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    assert_eq!(m.weights.len(), 2);
+    assert_eq!(m.inputs[0].0, "x/in");
+    assert_eq!(m.output_names(), vec!["out"]);
+    let x = Tensor::from_vec(vec![1f32, 2., 3., -4., -5., -6.], &[2, 3]).unwrap();
+    let y = run(&m, &[("x/in", x)]);
+    // [1+3, 2+3] + [0.5, -10] = [4.5, -5] -> relu; [-4-6, -5-6] + b -> 0
+    assert_eq!(f32s(&y[0]), vec![4.5, 0., 0., 0.]);
+    assert!(crate::ir_names_are_valid(&m));
+}
+
+#[test]
+fn shape_arithmetic_is_folded_so_the_trace_holds_only_tensor_compute() {
+    // y = reshape(x, concat(shape(x)[0:1], [-1])): a flatten computed the
+    // way exporters write it.
+    let mut b = ModelBuilder::new("fold", 18);
+    b.input("x", DType::F32, &d(&[2, 3, 4]))
+        .initializer("zero", &Tensor::from_vec(vec![0i64], &[1]).unwrap())
+        .unwrap()
+        .initializer("minus1", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .node("Shape", &["x"], &["s"], vec![])
+        .node("Gather", &["s", "zero"], &["batch"], vec![attr_int("axis", 0)])
+        .node(
+            "Concat",
+            &["batch", "minus1"],
+            &["target"],
+            vec![attr_int("axis", 0)],
+        )
+        .node("Reshape", &["x", "target"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2, 12]));
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    let kinds: Vec<OpKind> = m.trace.ops.iter().map(|o| o.kind).collect();
+    assert_eq!(kinds, vec![OpKind::Reshape]);
+    assert_eq!(m.folded_nodes, 2, "Gather and Concat run at import");
+    assert!(m.weights.is_empty(), "the folded shape never becomes a weight");
+}
+
+#[test]
+fn symbolic_dims_are_bound_from_given_shapes_or_named_in_the_error() {
+    let mut b = ModelBuilder::new("sym", 18);
+    b.input("ids", DType::I64, &[Dim::Fixed(1), Dim::from("seq")])
+        .node("Neg", &["ids"], &["y"], vec![])
+        .output("y", DType::I64, &[Dim::Fixed(1), Dim::from("seq")]);
+    let m = model(b.build());
+    let e = import(&m, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("input `ids`") && e.contains("dim 1 is the symbol `seq`"),
+        "{e}"
+    );
+    let mut o = ImportOptions::default();
+    o.input_shapes.insert("ids".into(), vec![1, 5]);
+    assert_eq!(
+        import(&m, &o)
+            .unwrap()
+            .trace
+            .meta(m_input(&import(&m, &o).unwrap()))
+            .shape,
+        vec![1, 5]
+    );
+    o.input_shapes.insert("ids".into(), vec![2, 5]);
+    let e = import(&m, &o).unwrap_err().to_string();
+    assert!(e.contains("dim 0 is 1 in the graph but 2 was given"), "{e}");
+    o.input_shapes.clear();
+    o.input_shapes.insert("nope".into(), vec![1]);
+    let e = import(&m, &o).unwrap_err().to_string();
+    assert!(e.contains("no such input"), "{e}");
+}
+
+fn m_input(m: &Imported) -> switchyard_core::ir::ValueId {
+    m.inputs[0].1
+}
+
+#[test]
+fn every_unsupported_op_type_is_listed_at_once_with_counts_and_names() {
+    let mut b = ModelBuilder::new("unsup", 18);
+    b.input("x", DType::F32, &d(&[1, 1, 4, 4]))
+        .node("Conv", &["x", "x"], &["a"], vec![])
+        .node("Conv", &["a", "x"], &["b"], vec![])
+        .node("Frobnicate", &["b"], &["c"], vec![])
+        .node("Relu", &["c"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[1, 1, 4, 4]));
+    let e = import(&model(b.build()), &ImportOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)));
+    let e = e.to_string();
+    assert!(e.contains("Conv: 2 node(s): Conv_1, Conv_2"), "{e}");
+    assert!(e.contains("Frobnicate: 1 node(s): Frobnicate_3"), "{e}");
+    assert!(!e.contains("Relu"), "{e}");
+}
+
+#[test]
+fn malformed_graphs_name_the_node_or_value() {
+    let base = || {
+        let mut b = ModelBuilder::new("bad", 18);
+        b.input("x", DType::F32, &d(&[2]));
+        b
+    };
+    let check = |b: &ModelBuilder, want: &str| {
+        let e = import(&model(b.build()), &ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "want `{want}` in: {e}");
+    };
+    let mut b = base();
+    b.node("Relu", &["w"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    check(
+        &b,
+        "node `Relu_1` (Relu): input `w` is not a graph input, an initializer or any node's output",
+    );
+    let mut b = base();
+    b.node("Relu", &["x"], &["y"], vec![])
+        .node("Neg", &["x"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    check(&b, "node `Neg_2` (Neg): output `y` is already defined");
+    let mut b = base();
+    b.node("Add", &["x", "b"], &["a"], vec![])
+        .node("Neg", &["a"], &["b"], vec![])
+        .output("b", DType::F32, &d(&[2]));
+    check(&b, "is part of a cycle");
+    let mut b = base();
+    b.node("If", &["x"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    check(&b, "If (control flow): 1 node(s)");
+    let mut b = base();
+    b.node("Relu", &["x"], &["y"], vec![])
+        .output("z", DType::F32, &d(&[2]));
+    check(&b, "graph output `z` is never defined");
+    let mut b = base();
+    b.node("Relu", &["x"], &["y"], vec![])
+        .output("y", DType::F64, &d(&[2]));
+    check(&b, "graph output `y`: declared f64 but computes f32");
+    let mut b = base();
+    b.node("Reshape", &["x", "x"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    check(
+        &b,
+        "node `Reshape_1` (Reshape): input 1 (shape) must be known at import",
+    );
+    let mut other = base();
+    other
+        .node("Relu", &["x"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    let mut p = other.build();
+    p.graph.as_mut().unwrap().node[0].domain = Some("com.example".into());
+    let e = import(&model(p.clone()), &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("com.example::Relu (operator set com.example)"), "{e}");
+    p.graph.as_mut().unwrap().node[0].domain = None;
+    p.opset_import = vec![OperatorSetIdProto {
+        domain: Some(String::new()),
+        version: Some(99),
+    }];
+    let e = import(&model(p), &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("opset 99, newer than the 22"), "{e}");
+}
+
+#[test]
+fn bytes_that_are_not_a_model_are_an_error_not_a_panic() {
+    let good = {
+        let mut b = ModelBuilder::new("m", 18);
+        b.input("x", DType::F32, &d(&[2]))
+            .node("Relu", &["x"], &["y"], vec![])
+            .output("y", DType::F32, &d(&[2]));
+        b.build().encode_to_vec()
+    };
+    for bytes in [
+        b"hello world\n".to_vec(),
+        good[..good.len() / 2].to_vec(),
+        Vec::new(),
+        vec![0xff; 64],
+    ] {
+        let e = Model::from_bytes(bytes.clone(), "m.onnx", None)
+            .and_then(|m| import(&m, &ImportOptions::default()));
+        assert!(e.is_err(), "{bytes:?} imported");
+    }
+    // Every truncation of a real model fails cleanly.
+    for cut in 0..good.len() {
+        let _ = Model::from_bytes(good[..cut].to_vec(), "m.onnx", None)
+            .and_then(|m| import(&m, &ImportOptions::default()));
+    }
+}
+
+#[test]
+fn axes_follow_the_models_opset() {
+    // ReduceSum: axes an attribute at opset 11, an input from 13.
+    let x = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
+    let mut b11 = ModelBuilder::new("r", 11);
+    b11.input("x", DType::F32, &d(&[2, 3]))
+        .node(
+            "ReduceSum",
+            &["x"],
+            &["y"],
+            vec![attr_ints("axes", &[1]), attr_int("keepdims", 0)],
+        )
+        .output("y", DType::F32, &d(&[2]));
+    let mut b13 = ModelBuilder::new("r", 13);
+    b13.input("x", DType::F32, &d(&[2, 3]))
+        .initializer("axes", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .node("ReduceSum", &["x", "axes"], &["y"], vec![attr_int("keepdims", 0)])
+        .output("y", DType::F32, &d(&[2]));
+    for b in [b11, b13] {
+        let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+        assert_eq!(f32s(&run(&m, &[("x", x.clone())])[0]), vec![6., 15.]);
+    }
+}
+
+#[test]
+fn a_slice_with_a_negative_step_reverses() {
+    let mut b = ModelBuilder::new("s", 18);
+    b.input("x", DType::F32, &d(&[5]))
+        .initializer("st", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .initializer("en", &Tensor::from_vec(vec![i64::MIN], &[1]).unwrap())
+        .unwrap()
+        .initializer("ax", &Tensor::from_vec(vec![0i64], &[1]).unwrap())
+        .unwrap()
+        .initializer("sp", &Tensor::from_vec(vec![-2i64], &[1]).unwrap())
+        .unwrap()
+        .node("Slice", &["x", "st", "en", "ax", "sp"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[3]));
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    let x = Tensor::from_vec(vec![0f32, 1., 2., 3., 4.], &[5]).unwrap();
+    assert_eq!(f32s(&run(&m, &[("x", x)])[0]), vec![4., 2., 0.]);
+}
+
+#[test]
+fn inputs_the_import_needs_the_value_of_are_fixed_from_the_feeds() {
+    let mut b = ModelBuilder::new("r", 18);
+    b.input("x", DType::F32, &d(&[2, 3]))
+        .input("shape", DType::I64, &d(&[1]))
+        .node("Reshape", &["x", "shape"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[6]));
+    let m = model(b.build());
+    let x = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
+    let feeds: HashMap<String, Tensor> = [
+        ("x".to_string(), x),
+        ("shape".to_string(), Tensor::from_vec(vec![6i64], &[1]).unwrap()),
+    ]
+    .into();
+    let (imported, fixed) = import_for(&m, &feeds).unwrap();
+    assert_eq!(fixed, vec!["shape".to_string()]);
+    assert_eq!(imported.inputs.len(), 1);
+    let y = run_fallback(&imported.trace, &imported.bind_inputs(&feeds).unwrap()).unwrap();
+    assert_eq!(f32s(&y[0]), vec![1., 2., 3., 4., 5., 6.]);
+}
+
+#[test]
+fn composites_are_kept_for_executors_to_claim() {
+    let mut b = ModelBuilder::new("c", 18);
+    b.input("x", DType::F32, &d(&[2, 4]))
+        .initializer("g", &Tensor::from_vec(vec![1f32; 4], &[4]).unwrap())
+        .unwrap()
+        .initializer("bb", &Tensor::from_vec(vec![0f32; 4], &[4]).unwrap())
+        .unwrap()
+        .node("LayerNormalization", &["x", "g", "bb"], &["n"], vec![])
+        .node("Softmax", &["n"], &["s"], vec![])
+        .node("Gelu", &["s"], &["y"], vec![attr_string("approximate", "tanh")])
+        .output("y", DType::F32, &d(&[2, 4]));
+    let p = b.build();
+    let m = import(&model(p), &ImportOptions::default()).unwrap();
+    let names: Vec<&str> = m.trace.ops.iter().map(|o| o.kind.name()).collect();
+    assert_eq!(names, vec!["layer_norm", "softmax", "gelu"]);
+    let _ = builder::attr_float("unused", 0.0);
+}

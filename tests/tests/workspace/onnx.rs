@@ -1,0 +1,111 @@
+//! ONNX models in: the shared transformer exports against ONNX Runtime's
+//! outputs, and the ONNX node conformance suite, both on the default
+//! executors. Both need `../shared/onnx` and skip, saying so, without it.
+//!
+//! `docs/onnx.md` holds the suite's results; after an intended change:
+//! `SWITCHYARD_BLESS=1 cargo test -p switchyard-tests --test workspace onnx::`.
+
+use std::collections::HashMap;
+
+use switchyard_core::io::read_safetensors;
+use switchyard_onnx::conformance::{self, Outcome};
+use switchyard_onnx::{Model, import_for};
+use switchyard_tests::{repo_path, run, run_default, shared_data};
+
+/// max |got - want| / max |want|
+fn relative_error(got: &switchyard_core::Tensor, want: &switchyard_core::Tensor) -> f64 {
+    let g = got.to_f64_vec().unwrap();
+    let w = want.to_f64_vec().unwrap();
+    assert_eq!(g.len(), w.len());
+    let scale = w.iter().fold(0f64, |a, b| a.max(b.abs()));
+    let diff = g.iter().zip(&w).fold(0f64, |a, (x, y)| a.max((x - y).abs()));
+    diff / scale
+}
+
+#[test]
+fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() {
+    let Some(dir) = shared_data("onnx/models") else {
+        return;
+    };
+    let mut models: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    models.sort();
+    assert!(
+        models.len() >= 4,
+        "expected the four shared models in {}",
+        dir.display()
+    );
+    for m in models {
+        let name = m.file_name().unwrap().to_string_lossy().to_string();
+        let model = Model::load(&m.join("model.onnx")).unwrap();
+        let feeds: HashMap<_, _> = read_safetensors(&m.join("inputs.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect();
+        let want = read_safetensors(&m.join("expected.safetensors")).unwrap();
+        let (imported, fixed) = import_for(&model, &feeds).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            fixed.is_empty(),
+            "{name}: no input should need fixing, got {fixed:?}"
+        );
+        let inputs = imported.bind_inputs(&feeds).unwrap();
+        let (default, executors) =
+            run_default(&imported.trace, &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            executors.iter().any(|e| e == "fuser"),
+            "{name}: the plan should use the fuser: {executors:?}"
+        );
+        let reference = run(&imported.trace, &inputs).unwrap().outputs;
+        for (k, (out, _)) in imported.outputs.iter().enumerate() {
+            let w = &want[out];
+            for (label, got) in [("default executors", &default[k]), ("fallback", &reference[k])] {
+                let e = relative_error(got, w);
+                assert!(e <= 1e-4, "{name} `{out}` on the {label}: relative error {e:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn node_conformance_has_no_failures_and_its_results_are_in_the_docs() {
+    let Some(dir) = shared_data("onnx/node") else {
+        return;
+    };
+    let runner =
+        |t: &switchyard_core::Trace, i: &[switchyard_core::Tensor]| run_default(t, i).map(|(o, _)| o);
+    let results: Vec<_> = conformance::cases(&dir)
+        .unwrap()
+        .iter()
+        .map(|c| conformance::run_case(c, &runner))
+        .collect();
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Fail(why) => Some(format!("{}: {why}", r.name)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} failing case(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let counts = conformance::counts(&results);
+    assert!(counts.pass >= 600, "only {} cases pass", counts.pass);
+    let doc_path = repo_path("docs/onnx.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let updated = conformance::with_report(&doc, &conformance::report(&results))
+        .expect("docs/onnx.md has the conformance markers");
+    if std::env::var_os("SWITCHYARD_BLESS").is_some() {
+        std::fs::write(&doc_path, updated).unwrap();
+    } else {
+        assert!(
+            doc == updated,
+            "docs/onnx.md's conformance results are out of date; run with SWITCHYARD_BLESS=1 to rewrite them"
+        );
+    }
+}
