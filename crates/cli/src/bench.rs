@@ -194,6 +194,7 @@ pub fn measure(
     workload: &str,
     set: &str,
     trace: &Trace,
+    inputs: Option<&[switchyard_core::Tensor]>,
     planner: &Planner,
     samples: u32,
 ) -> Result<Measurement> {
@@ -208,7 +209,8 @@ pub fn measure(
     // Inputs start where the trace declares them, so that a GPU workload
     // times its kernels, not copying its inputs over each run.
     let trace = &compiled.plan().trace;
-    let inputs = random_inputs(trace, 0)
+    let inputs = inputs
+        .map_or_else(|| random_inputs(trace, 0), <[switchyard_core::Tensor]>::to_vec)
         .iter()
         .zip(&trace.inputs)
         .map(|(t, &v)| switchyard_core::device::move_to(t, trace.meta(v).device))

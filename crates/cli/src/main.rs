@@ -9,6 +9,7 @@
 
 mod bench;
 mod calibrate;
+mod model;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,7 +20,7 @@ use switchyard_core::cache::KernelCache;
 use switchyard_core::config::{Config, executor_statuses};
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Availability, ExecutorSet};
-use switchyard_core::io::{load_inputs, preview, random_inputs, write_safetensors};
+use switchyard_core::io::{preview, random_inputs, write_safetensors};
 use switchyard_core::partition::PartitionOptions;
 use switchyard_core::pipeline::Planner;
 use switchyard_core::plan::Plan;
@@ -30,6 +31,8 @@ use switchyard_core::report::{
 };
 use switchyard_core::runtime::RunOptions;
 use switchyard_core::{Device, Trace, text};
+
+use crate::model::{ModelArgs, Program, read_feeds, trace_inputs};
 
 /// Keeps the built-in executors and device layers linked: their `inventory`
 /// entries live in crates this binary would otherwise never reference.
@@ -84,7 +87,8 @@ enum Command {
     /// Parse and validate a trace; print it back in canonical form with --print,
     /// or as JSON with --json.
     Check {
-        /// The trace (text format, or JSON when the name ends in .json).
+        /// The trace (text format, JSON when the name ends in .json, or an
+        /// ONNX model, .onnx).
         trace: PathBuf,
         /// Print the parsed trace in the text format.
         #[arg(long, conflicts_with = "json")]
@@ -92,7 +96,44 @@ enum Command {
         /// Print the parsed trace as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        model: ModelArgs,
     },
+    /// Import an ONNX model: write it as a trace and its weights.
+    Import(ImportArgs),
+    /// Run the ONNX backend node tests in DIR and count pass, fail and
+    /// unsupported cases.
+    Conformance(ConformanceArgs),
+}
+
+#[derive(clap::Args)]
+struct ImportArgs {
+    /// The model (.onnx).
+    model: PathBuf,
+    /// Where to write the trace (default: the model's name with .trace).
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Where to write the weights (default: the model's name with
+    /// .weights.safetensors).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    #[command(flatten)]
+    model_args: ModelArgs,
+}
+
+#[derive(clap::Args)]
+struct ConformanceArgs {
+    /// The folder of test cases (each with model.onnx and test_data_set_0).
+    dir: PathBuf,
+    /// Rewrite the conformance section of this Markdown file with the
+    /// results (between its conformance markers).
+    #[arg(long, value_name = "FILE.md")]
+    doc: Option<PathBuf>,
+    /// Print every case's outcome, not only the failures.
+    #[arg(long)]
+    verbose: bool,
+    #[command(flatten)]
+    planning: Planning,
 }
 
 /// How to choose executors and cost a plan.
@@ -115,6 +156,8 @@ struct Planning {
     plugin: Vec<PathBuf>,
     #[command(flatten)]
     targeting: Targeting,
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
 /// Where traces run, and the cost model they are planned with.
@@ -169,11 +212,17 @@ impl Targeting {
 }
 
 impl Planning {
-    /// The trace in `path`, moved to `--target` when one is given.
-    fn trace(&self, path: &Path, config: &Config) -> Result<Trace> {
-        let mut trace = read_trace(path)?;
-        self.targeting.apply(&mut trace, config)?;
-        Ok(trace)
+    /// The trace or model in `path`, moved to `--target` when one is
+    /// given; `feeds` are the tensors a model will run on.
+    fn program(
+        &self,
+        path: &Path,
+        config: &Config,
+        feeds: Option<&std::collections::HashMap<String, switchyard_core::Tensor>>,
+    ) -> Result<Program> {
+        let mut program = model::load(path, &self.model, feeds)?;
+        self.targeting.apply(&mut program.trace, config)?;
+        Ok(program)
     }
 
     /// The partitioner's options; a plan made for `--target` alone
@@ -253,7 +302,8 @@ fn load_plugins(config: &Config, extra: &[PathBuf]) -> Vec<LoadedPlugin> {
 
 #[derive(clap::Args)]
 struct PlanArgs {
-    /// The trace (text format, or JSON when the name ends in .json).
+    /// The trace (text format, JSON when the name ends in .json, or an
+    /// ONNX model, .onnx).
     trace: PathBuf,
     #[command(flatten)]
     planning: Planning,
@@ -274,13 +324,16 @@ struct PlanArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The trace (text format, or JSON when the name ends in .json).
+    /// The trace (text format, JSON when the name ends in .json, or an
+    /// ONNX model, .onnx).
     trace: PathBuf,
     #[command(flatten)]
     planning: Planning,
-    /// Read inputs from this safetensors file (by input name).
+    /// Read inputs from this safetensors file (by input name); may be
+    /// repeated (a trace's inputs and the weights `import` wrote). A
+    /// model's weights come from the model.
     #[arg(long)]
-    inputs: Option<PathBuf>,
+    inputs: Vec<PathBuf>,
     /// Write outputs to this safetensors file (by output name).
     #[arg(long)]
     outputs: Option<PathBuf>,
@@ -301,7 +354,8 @@ struct RunArgs {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Trace files to measure, instead of a suite.
+    /// Trace files or ONNX models to measure, instead of a suite (a model
+    /// runs on random inputs and its own weights).
     traces: Vec<PathBuf>,
     /// A built-in suite: standard (every workload; the default), elementwise,
     /// reduction, matmul or overhead.
@@ -339,17 +393,8 @@ struct BenchArgs {
     plugin: Vec<PathBuf>,
     #[command(flatten)]
     targeting: Targeting,
-}
-
-fn read_trace(path: &Path) -> Result<Trace> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let name = path.display().to_string();
-    let trace = if path.extension().is_some_and(|e| e == "json") {
-        Trace::from_json(&text).with_context(|| format!("in {name}"))?
-    } else {
-        text::parse_named(&text, Some(&name))?
-    };
-    Ok(trace)
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
 fn median(v: &[u64]) -> u64 {
@@ -371,7 +416,13 @@ fn human_bytes(b: usize) -> String {
 
 fn run(args: RunArgs) -> Result<()> {
     let config = args.planning.config()?;
-    let trace = args.planning.trace(&args.trace, &config)?;
+    let feeds = if args.inputs.is_empty() {
+        None
+    } else {
+        Some(read_feeds(&args.inputs)?)
+    };
+    let program = args.planning.program(&args.trace, &config, feeds.as_ref())?;
+    let trace = program.trace;
     let (set, plugins) = args.planning.executors(&config)?;
     let device = args.planning.targeting.model(&config)?;
     let opts = args.planning.partition_options(&config, false);
@@ -383,9 +434,11 @@ fn run(args: RunArgs) -> Result<()> {
     }
     // Lowering keeps the inputs, so the plan's trace names them as the file did.
     let trace = &compiled.plan().trace;
-    let inputs = match &args.inputs {
-        Some(path) => load_inputs(path, trace)?,
-        None => random_inputs(trace, args.seed),
+    let inputs = match (&program.onnx, &feeds) {
+        (Some(m), Some(feeds)) => m.bind_inputs(feeds)?,
+        (Some(m), None) => m.random_inputs(args.seed),
+        (None, Some(feeds)) => trace_inputs(trace, feeds, &args.inputs)?,
+        (None, None) => random_inputs(trace, args.seed),
     };
     let opts = RunOptions {
         profile: args.json,
@@ -406,12 +459,16 @@ fn run(args: RunArgs) -> Result<()> {
         bail!("--repeat must be at least 1")
     };
     let plan = compiled.plan();
-    let out_names: Vec<String> = plan
-        .trace
-        .outputs
-        .iter()
-        .map(|v| plan.trace.value(*v).name.clone())
-        .collect();
+    // A model's outputs keep their names in the model.
+    let out_names: Vec<String> = match &program.onnx {
+        Some(m) => m.output_names(),
+        None => plan
+            .trace
+            .outputs
+            .iter()
+            .map(|v| plan.trace.value(*v).name.clone())
+            .collect(),
+    };
     // Outputs on a device are shown and written from host copies.
     let host_outputs = result
         .outputs
@@ -518,7 +575,7 @@ fn plan(args: PlanArgs) -> Result<()> {
     let config = args.planning.config()?;
     let plan = args
         .planning
-        .plan(args.planning.trace(&args.trace, &config)?, &config)?;
+        .plan(args.planning.program(&args.trace, &config, None)?.trace, &config)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -603,6 +660,8 @@ fn bench_command(args: BenchArgs) -> Result<()> {
         None => Config::default(),
     };
     let plugins = load_plugins(&config, &args.plugin);
+    // A model's workload runs on its own weights.
+    let mut weights = std::collections::HashMap::new();
     let (suite_name, mut workloads) = if args.traces.is_empty() {
         let name = args.suite.clone().unwrap_or_else(|| "standard".into());
         let w = bench::suite(&name)?;
@@ -615,7 +674,11 @@ fn bench_command(args: BenchArgs) -> Result<()> {
                 let name = p
                     .file_stem()
                     .map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into());
-                Ok((name, read_trace(p)?))
+                let program = model::load(p, &args.model, None)?;
+                if let Some(m) = &program.onnx {
+                    weights.insert(name.clone(), m.random_inputs(0));
+                }
+                Ok((name, program.trace))
             })
             .collect::<Result<Vec<_>>>()?;
         ("traces".to_string(), w)
@@ -685,7 +748,8 @@ fn bench_command(args: BenchArgs) -> Result<()> {
                 strategy,
                 budget,
             };
-            results.push(bench::measure(w, &s.name, trace, &planner, args.repeat)?);
+            let inputs = weights.get(w).map(Vec::as_slice);
+            results.push(bench::measure(w, &s.name, trace, inputs, &planner, args.repeat)?);
             bar.inc(1);
         }
     }
@@ -832,6 +896,110 @@ fn human_bytes_short(b: usize) -> String {
     switchyard_core::report::human_bytes(b)
 }
 
+fn import_command(args: ImportArgs) -> Result<()> {
+    let program = model::load(&args.model, &args.model_args, None)?;
+    let imported = program.onnx.context("`import` reads ONNX models (.onnx)")?;
+    let output = args.output.unwrap_or_else(|| args.model.with_extension("trace"));
+    let weights_path = args
+        .weights
+        .unwrap_or_else(|| args.model.with_extension("weights.safetensors"));
+    let header = format!(
+        "# Imported from {} (ai.onnx opset {}); weights in {}.\n",
+        args.model.display(),
+        imported.opset,
+        weights_path.display()
+    );
+    std::fs::write(&output, header + &text::print(&imported.trace))
+        .with_context(|| format!("writing {}", output.display()))?;
+    let named: Vec<(String, switchyard_core::Tensor)> = imported
+        .weights
+        .iter()
+        .map(|(v, t)| (imported.trace.value(*v).name.clone(), t.clone()))
+        .collect();
+    write_safetensors(&weights_path, &named)?;
+    let bytes: usize = named.iter().map(|(_, t)| t.numel() * t.dtype().size()).sum();
+    let inputs: Vec<String> = imported
+        .inputs
+        .iter()
+        .map(|(n, v)| format!("{n}: {}", imported.trace.meta(*v)))
+        .collect();
+    println!(
+        "{}: {} ops, inputs {}",
+        output.display(),
+        imported.trace.ops.len(),
+        if inputs.is_empty() {
+            "none".to_string()
+        } else {
+            inputs.join(", ")
+        }
+    );
+    println!(
+        "{}: {} weights, {}",
+        weights_path.display(),
+        named.len(),
+        switchyard_core::report::human_bytes(bytes)
+    );
+    Ok(())
+}
+
+fn conformance_command(args: ConformanceArgs) -> Result<()> {
+    use switchyard_onnx::conformance::{self, Outcome};
+    let config = args.planning.config()?;
+    let (set, _) = args.planning.executors(&config)?;
+    let device = args.planning.targeting.model(&config)?;
+    let opts = args.planning.partition_options(&config, false);
+    let planner = args.planning.planner(&config, &set, &device, &opts)?;
+    let runner = |t: &Trace, inputs: &[switchyard_core::Tensor]| {
+        let plan = planner.plan(t)?;
+        Ok(switchyard_core::runtime::CompiledPlan::compile(plan)?
+            .run(inputs, RunOptions::default())?
+            .outputs)
+    };
+    let cases = conformance::cases(&args.dir).with_context(|| format!("reading {}", args.dir.display()))?;
+    if cases.is_empty() {
+        bail!(
+            "{} holds no test case (folders with a model.onnx)",
+            args.dir.display()
+        );
+    }
+    let results: Vec<_> = cases.iter().map(|c| conformance::run_case(c, &runner)).collect();
+    for r in &results {
+        match &r.outcome {
+            Outcome::Fail(why) => println!("fail {}: {why}", r.name),
+            Outcome::Unsupported(why) if args.verbose => {
+                println!("unsupported {}: {}", r.name, why.replace('\n', " "))
+            }
+            Outcome::Pass if args.verbose => println!("pass {}", r.name),
+            _ => {}
+        }
+    }
+    let c = conformance::counts(&results);
+    println!(
+        "{} cases: {} pass, {} fail, {} unsupported",
+        c.total(),
+        c.pass,
+        c.fail,
+        c.unsupported
+    );
+    if let Some(path) = &args.doc {
+        let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let updated = conformance::with_report(&doc, &conformance::report(&results)).with_context(|| {
+            format!(
+                "{} has no conformance section (the lines `{}` and `{}`)",
+                path.display(),
+                conformance::BEGIN,
+                conformance::END
+            )
+        })?;
+        std::fs::write(path, updated).with_context(|| format!("writing {}", path.display()))?;
+        println!("results written to {}", path.display());
+    }
+    if c.fail > 0 {
+        bail!("{} case(s) failed", c.fail);
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     link_builtin_executors();
     tracing_subscriber::fmt()
@@ -859,14 +1027,24 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Bench(args) => bench_command(args),
-        Command::Check { trace, print, json } => read_trace(&trace).and_then(|t| {
+        Command::Check {
+            trace,
+            print,
+            json,
+            model,
+        } => model::load(&trace, &model, None).and_then(|p| {
+            let t = &p.trace;
             if json {
                 println!("{}", t.to_json()?);
             } else if print {
                 print!("{t}");
             } else {
+                let weights = p
+                    .onnx
+                    .as_ref()
+                    .map_or_else(String::new, |m| format!(" of which {} weights", m.weights.len()));
                 println!(
-                    "{}: ok ({} inputs, {} ops, {} outputs)",
+                    "{}: ok ({} inputs{weights}, {} ops, {} outputs)",
                     trace.display(),
                     t.inputs.len(),
                     t.ops.len(),
@@ -875,6 +1053,8 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
+        Command::Import(args) => import_command(args),
+        Command::Conformance(args) => conformance_command(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -734,6 +734,7 @@ impl Importer {
             .names
             .unique(n.output.first().map_or("", String::as_str), &self.b);
         self.b.set_name_prefix(Some(&prefix));
+        self.b.set_origin(Some(Arc::from(node_label(n))));
         let input_names = n.input.clone();
         let (names, weights) = (&mut self.names, &mut self.weights);
         let mut sink = |b: &mut TraceBuilder, input: Option<usize>, t: Tensor| {
@@ -749,6 +750,7 @@ impl Importer {
         }
         let outs = outs?;
         self.b.set_name_prefix(None);
+        self.b.set_origin(None);
         for (i, v) in materialized {
             if let Some(k) = self.env.get_mut(&n.input[i]) {
                 k.value = Some(v);

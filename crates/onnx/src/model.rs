@@ -102,3 +102,11 @@ pub fn read_tensor_proto(path: &Path) -> Result<TensorProto> {
         message: e.to_string(),
     })
 }
+
+/// Writes one serialized `TensorProto` (as a conformance case's data files).
+pub fn write_tensor_proto(t: &TensorProto, path: &Path) -> Result<()> {
+    std::fs::write(path, t.encode_to_vec()).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -109,3 +109,28 @@ fn node_conformance_has_no_failures_and_its_results_are_in_the_docs() {
         );
     }
 }
+
+#[test]
+fn the_example_model_is_what_its_builder_writes_and_runs() {
+    use prost::Message;
+    let path = repo_path("examples/models/mlp.onnx");
+    let built = switchyard_tests::models::example_mlp().unwrap().encode_to_vec();
+    if std::env::var_os("SWITCHYARD_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &built).unwrap();
+    }
+    let on_disk = std::fs::read(&path).unwrap();
+    assert!(
+        on_disk == built,
+        "{} is out of date with its builder; run with SWITCHYARD_BLESS=1",
+        path.display()
+    );
+    let imported = switchyard_onnx::import_file(&path, &Default::default()).unwrap();
+    let kinds: Vec<&str> = imported.trace.ops.iter().map(|o| o.kind.name()).collect();
+    assert_eq!(kinds, vec!["linear", "gelu", "matmul", "add", "layer_norm"]);
+    let inputs = imported.random_inputs(0);
+    let (got, executors) = run_default(&imported.trace, &inputs).unwrap();
+    assert!(executors.iter().any(|e| e == "fuser"), "{executors:?}");
+    let want = run(&imported.trace, &inputs).unwrap().outputs;
+    assert!(relative_error(&got[0], &want[0]) <= 1e-5);
+}

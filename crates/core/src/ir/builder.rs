@@ -35,6 +35,7 @@ pub struct TraceBuilder {
     prefix: Option<String>,
     span: Option<SpanId>,
     line: Option<usize>,
+    origin: Option<std::sync::Arc<str>>,
 }
 
 impl TraceBuilder {
@@ -67,6 +68,11 @@ impl TraceBuilder {
     /// The source line recorded for new ops.
     pub fn set_line(&mut self, line: Option<usize>) {
         self.line = line;
+    }
+
+    /// The model node recorded as the origin of new ops (see [`Trace::origins`]).
+    pub fn set_origin(&mut self, origin: Option<std::sync::Arc<str>>) {
+        self.origin = origin;
     }
 
     /// Opens a hint span nested in the current one; new ops go into it.
@@ -273,6 +279,7 @@ impl TraceBuilder {
             span: self.span,
         });
         self.trace.lines.push(self.line);
+        self.trace.origins.push(self.origin.clone());
         Ok(ids)
     }
 

@@ -326,6 +326,7 @@ pub(crate) fn decompose_round(trace: &Trace, should: &mut impl FnMut(&Trace, OpI
     };
     for (id, op) in trace.ops_with_ids() {
         b.set_line(trace.lines.get(id.index()).copied().flatten());
+        b.set_origin(trace.origin_of(id).cloned());
         b.set_span(op.span);
         let operands = op
             .operands

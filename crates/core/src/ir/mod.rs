@@ -12,6 +12,7 @@ mod infer;
 mod ops;
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -190,6 +191,10 @@ pub struct Trace {
     /// messages, so it takes no part in equality.
     #[serde(skip)]
     pub lines: Vec<Option<usize>>,
+    /// Where each op came from in a model the trace was imported from (an
+    /// ONNX node's name). Like `lines`, used only in messages and reports.
+    #[serde(skip)]
+    pub origins: Vec<Option<Arc<str>>>,
 }
 
 impl PartialEq for Trace {
@@ -238,11 +243,18 @@ impl Trace {
         self.lines.get(id.index()).copied().flatten()
     }
 
-    /// The op as a statement for messages, e.g. `line 4: t2 = matmul(t1, t1)`.
+    /// The model node an op came from, when the trace was imported.
+    pub fn origin_of(&self, id: OpId) -> Option<&Arc<str>> {
+        self.origins.get(id.index())?.as_ref()
+    }
+
+    /// The op as a statement for messages, e.g. `line 4: t2 = matmul(t1, t1)`,
+    /// or `node /attn/MatMul: t2 = matmul(t1, t1)` for an imported model.
     pub fn describe_op(&self, id: OpId) -> String {
-        match self.line_of(id) {
-            Some(line) => format!("line {line}: {}", self.statement(id)),
-            None => self.statement(id),
+        match (self.line_of(id), self.origin_of(id)) {
+            (Some(line), _) => format!("line {line}: {}", self.statement(id)),
+            (None, Some(node)) => format!("node {node}: {}", self.statement(id)),
+            (None, None) => self.statement(id),
         }
     }
 
@@ -313,6 +325,7 @@ impl Trace {
                 span: None,
             });
             t.lines.push(self.line_of(o));
+            t.origins.push(self.origin_of(o).cloned());
         }
         t.outputs = outputs.iter().map(|v| map[v]).collect();
         t
@@ -524,6 +537,9 @@ impl Trace {
         }
         if self.lines.len() > self.ops.len() {
             return Err(Error::InvalidTrace("more source lines than ops".into()));
+        }
+        if self.origins.len() > self.ops.len() {
+            return Err(Error::InvalidTrace("more op origins than ops".into()));
         }
         Ok(())
     }

@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 use switchyard_core::io::{random_inputs, read_safetensors, write_safetensors};
 use switchyard_core::text::parse;
 
+mod onnx;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
 }

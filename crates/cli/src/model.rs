@@ -1,0 +1,171 @@
+//! Programs from files: a trace (text, or JSON) or an ONNX model, which is
+//! imported; and the tensors files that feed them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use switchyard_core::io::read_safetensors;
+use switchyard_core::{Tensor, Trace, text};
+use switchyard_onnx::{ImportOptions, Imported, Model};
+
+/// Options of ONNX models.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ModelArgs {
+    /// An ONNX model input's shape, binding its symbolic dims:
+    /// `NAME=D0,D1,...`; may be repeated.
+    #[arg(long = "input-shape", value_name = "NAME=DIMS")]
+    pub input_shape: Vec<String>,
+}
+
+impl ModelArgs {
+    fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
+        let mut out = BTreeMap::new();
+        for s in &self.input_shape {
+            let (name, dims) = s
+                .split_once('=')
+                .with_context(|| format!("--input-shape `{s}`: expected NAME=D0,D1,..."))?;
+            let dims = if dims.trim().is_empty() {
+                Vec::new()
+            } else {
+                dims.split(',')
+                    .map(|d| d.trim().parse::<usize>())
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .with_context(|| format!("--input-shape `{s}`: dims must be non-negative integers"))?
+            };
+            out.insert(name.to_string(), dims);
+        }
+        Ok(out)
+    }
+}
+
+/// A program read from a file.
+pub struct Program {
+    /// The trace to plan and run.
+    pub trace: Trace,
+    /// The import, when the file is an ONNX model.
+    pub onnx: Option<Imported>,
+}
+
+/// Whether `path` names an ONNX model.
+pub fn is_model(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// Reads a trace file, or imports a model. `feeds` (the tensors it will
+/// run on, by name) bind a model's symbolic dims and fix the inputs whose
+/// values the import needs.
+pub fn load(path: &Path, args: &ModelArgs, feeds: Option<&HashMap<String, Tensor>>) -> Result<Program> {
+    if !is_model(path) {
+        return Ok(Program {
+            trace: read_trace(path)?,
+            onnx: None,
+        });
+    }
+    let model = Model::load(path)?;
+    let shapes = args.shapes()?;
+    let imported = match feeds {
+        Some(feeds) => {
+            let (imported, fixed) = switchyard_onnx::import_for(&model, feeds)
+                .with_context(|| format!("importing {}", path.display()))?;
+            if !fixed.is_empty() {
+                eprintln!(
+                    "note: the model is specialised to the given values of {} (needed at import)",
+                    fixed.join(", ")
+                );
+            }
+            imported
+        }
+        None => switchyard_onnx::import(
+            &model,
+            &ImportOptions {
+                input_shapes: shapes,
+                ..ImportOptions::default()
+            },
+        )
+        .with_context(|| format!("importing {}", path.display()))?,
+    };
+    Ok(Program {
+        trace: imported.trace.clone(),
+        onnx: Some(imported),
+    })
+}
+
+/// Reads a trace: the text format, or JSON when the name ends in `.json`.
+pub fn read_trace(path: &Path) -> Result<Trace> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let name = path.display().to_string();
+    let trace = if path.extension().is_some_and(|e| e == "json") {
+        Trace::from_json(&text).with_context(|| format!("in {name}"))?
+    } else {
+        text::parse_named(&text, Some(&name))?
+    };
+    Ok(trace)
+}
+
+/// The tensors of several safetensors files, by name; a name in two files
+/// is an error.
+pub fn read_feeds(paths: &[PathBuf]) -> Result<HashMap<String, Tensor>> {
+    let mut all = HashMap::new();
+    for p in paths {
+        for (name, t) in read_safetensors(p)? {
+            if all.insert(name.clone(), t).is_some() {
+                bail!(
+                    "tensor `{name}` is in more than one --inputs file (again in {})",
+                    p.display()
+                );
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// The trace's inputs taken from `feeds` by name, checked against their
+/// dtypes and shapes.
+pub fn trace_inputs(
+    trace: &Trace,
+    feeds: &HashMap<String, Tensor>,
+    files: &[PathBuf],
+) -> Result<Vec<Tensor>> {
+    trace
+        .inputs
+        .iter()
+        .map(|&id| {
+            let v = trace.value(id);
+            let t = feeds.get(&v.name).ok_or_else(|| {
+                let mut names: Vec<&str> = feeds.keys().map(String::as_str).collect();
+                names.sort_unstable();
+                let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+                switchyard_core::Error::Tensor {
+                    name: v.name.clone(),
+                    message: format!(
+                        "not found in {} (it holds: {})",
+                        files.join(", "),
+                        names.join(", ")
+                    ),
+                }
+            })?;
+            t.check_meta(&v.name, &v.meta).map_err(|e| match e {
+                switchyard_core::Error::Tensor { name, message } => {
+                    let file = files
+                        .iter()
+                        .find(|p| read_names(p).contains(&name))
+                        .map_or_else(String::new, |p| format!("in {}: ", p.display()));
+                    switchyard_core::Error::Tensor {
+                        name,
+                        message: format!("{file}{message}"),
+                    }
+                }
+                e => e,
+            })?;
+            Ok(t.clone())
+        })
+        .collect()
+}
+
+/// The tensor names in a safetensors file (none if it cannot be read).
+fn read_names(path: &Path) -> Vec<String> {
+    read_safetensors(path)
+        .map(|m| m.into_keys().collect())
+        .unwrap_or_default()
+}

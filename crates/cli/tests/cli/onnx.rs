@@ -1,0 +1,204 @@
+//! ONNX models through the command line: run, plan, check, import, bench
+//! and conformance.
+
+use std::path::PathBuf;
+
+use switchyard_core::io::{read_safetensors, write_safetensors};
+use switchyard_core::{DType, Tensor};
+use switchyard_onnx::builder::{Dim, ModelBuilder, attr_int};
+use switchyard_onnx::model::{Model, write_tensor_proto};
+use switchyard_onnx::tensor::tensor_to_proto;
+
+use super::{bin, fails, ok, scratch};
+
+fn example_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/models/mlp.onnx")
+}
+
+fn x() -> Tensor {
+    let v: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+    Tensor::from_vec(v, &[4, 16]).unwrap()
+}
+
+#[test]
+fn run_takes_a_model_with_inputs_and_writes_outputs_by_their_onnx_names() {
+    let inputs = scratch("onnx-in.safetensors");
+    write_safetensors(&inputs, &[("x".into(), x())]).unwrap();
+    let outputs = scratch("onnx-out.safetensors");
+    let s = ok(bin()
+        .arg("run")
+        .arg(example_model())
+        .arg("--inputs")
+        .arg(&inputs)
+        .arg("--outputs")
+        .arg(&outputs)
+        .output()
+        .unwrap());
+    assert!(s.contains("outputs:\n  y: f32[4, 16] ["), "{s}");
+    assert!(s.contains("on fuser"), "{s}");
+    let out = read_safetensors(&outputs).unwrap();
+    assert_eq!(out["y"].shape(), &[4, 16]);
+}
+
+#[test]
+fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
+    let inputs = scratch("imp-in.safetensors");
+    write_safetensors(&inputs, &[("x".into(), x())]).unwrap();
+    let (trace, weights) = (scratch("mlp.trace"), scratch("mlp.weights.safetensors"));
+    let s = ok(bin()
+        .arg("import")
+        .arg(example_model())
+        .arg("-o")
+        .arg(&trace)
+        .arg("--weights")
+        .arg(&weights)
+        .output()
+        .unwrap());
+    assert!(s.contains("5 ops, inputs x: f32[4, 16]"), "{s}");
+    assert!(s.contains("6 weights"), "{s}");
+    let via_model = scratch("imp-a.safetensors");
+    let via_trace = scratch("imp-b.safetensors");
+    ok(bin()
+        .arg("run")
+        .arg(example_model())
+        .arg("--inputs")
+        .arg(&inputs)
+        .arg("--outputs")
+        .arg(&via_model)
+        .output()
+        .unwrap());
+    ok(bin()
+        .arg("run")
+        .arg(&trace)
+        .arg("--inputs")
+        .arg(&inputs)
+        .arg("--inputs")
+        .arg(&weights)
+        .arg("--outputs")
+        .arg(&via_trace)
+        .output()
+        .unwrap());
+    let a = read_safetensors(&via_model).unwrap()["y"].to_f64_vec().unwrap();
+    let b = read_safetensors(&via_trace)
+        .unwrap()
+        .into_values()
+        .next()
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn plan_explain_names_the_node_each_op_came_from() {
+    let s = ok(bin()
+        .arg("plan")
+        .arg(example_model())
+        .arg("--explain")
+        .output()
+        .unwrap());
+    assert!(s.contains("node Gemm_1: "), "{s}");
+    assert!(s.contains("node LayerNormalization_5: "), "{s}");
+    let s = ok(bin().arg("check").arg(example_model()).output().unwrap());
+    assert!(
+        s.contains("ok (7 inputs of which 6 weights, 5 ops, 1 outputs)"),
+        "{s}"
+    );
+}
+
+#[test]
+fn symbolic_dims_are_bound_with_input_shape() {
+    let mut b = ModelBuilder::new("sym", 18);
+    b.input("x", DType::F32, &[Dim::from("batch"), Dim::Fixed(3)])
+        .node("Softmax", &["x"], &["y"], vec![attr_int("axis", -1)])
+        .output("y", DType::F32, &[Dim::from("batch"), Dim::Fixed(3)]);
+    let path = scratch("sym.onnx");
+    Model::save(&b.build(), &path).unwrap();
+    let e = fails(bin().arg("plan").arg(&path).output().unwrap());
+    assert!(e.contains("input `x`: dim 0 is the symbol `batch`"), "{e}");
+    let s = ok(bin()
+        .arg("run")
+        .arg(&path)
+        .args(["--input-shape", "x=5,3"])
+        .output()
+        .unwrap());
+    assert!(s.contains("y: f32[5, 3]"), "{s}");
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(&path)
+            .args(["--input-shape", "x=5,a"])
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("dims must be non-negative integers"), "{e}");
+}
+
+#[test]
+fn a_file_that_is_not_a_model_is_an_error_naming_it() {
+    let path = scratch("not-a-model.onnx");
+    std::fs::write(&path, "hello, I am text\n").unwrap();
+    for cmd in ["run", "plan", "check", "import"] {
+        let e = fails(bin().arg(cmd).arg(&path).output().unwrap());
+        assert!(e.contains("not-a-model.onnx"), "{cmd}: {e}");
+        assert!(!e.contains("panicked"), "{cmd}: {e}");
+    }
+}
+
+#[test]
+fn bench_compares_executor_sets_on_a_model() {
+    let s = ok(bin()
+        .arg("bench")
+        .arg(example_model())
+        .args(["--repeat", "2", "--executors-sets", "fallback;fuser,fallback"])
+        .output()
+        .unwrap());
+    assert!(s.contains("mlp"), "{s}");
+    assert!(s.contains("fuser,fallback"), "{s}");
+}
+
+#[test]
+fn conformance_counts_cases_and_fails_on_a_wrong_one() {
+    let dir = scratch("conformance");
+    let _ = std::fs::remove_dir_all(&dir);
+    let case = |name: &str, want: Vec<f32>| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(d.join("test_data_set_0")).unwrap();
+        let mut b = ModelBuilder::new("c", 18);
+        b.input("x", DType::F32, &[Dim::Fixed(3)])
+            .node("Relu", &["x"], &["y"], vec![])
+            .output("y", DType::F32, &[Dim::Fixed(3)]);
+        Model::save(&b.build(), &d.join("model.onnx")).unwrap();
+        let x = Tensor::from_vec(vec![-1f32, 0., 2.], &[3]).unwrap();
+        let y = Tensor::from_vec(want, &[3]).unwrap();
+        write_tensor_proto(
+            &tensor_to_proto("x", &x).unwrap(),
+            &d.join("test_data_set_0/input_0.pb"),
+        )
+        .unwrap();
+        write_tensor_proto(
+            &tensor_to_proto("y", &y).unwrap(),
+            &d.join("test_data_set_0/output_0.pb"),
+        )
+        .unwrap();
+    };
+    case("test_relu", vec![0., 0., 2.]);
+    let unsupported = dir.join("test_conv");
+    std::fs::create_dir_all(&unsupported).unwrap();
+    let mut b = ModelBuilder::new("c", 18);
+    b.input("x", DType::F32, &[Dim::Fixed(3)])
+        .node("Conv", &["x", "x"], &["y"], vec![])
+        .output("y", DType::F32, &[Dim::Fixed(3)]);
+    Model::save(&b.build(), &unsupported.join("model.onnx")).unwrap();
+    let s = ok(bin().arg("conformance").arg(&dir).output().unwrap());
+    assert!(s.contains("2 cases: 1 pass, 0 fail, 1 unsupported"), "{s}");
+    case("test_relu_wrong", vec![0., 1., 2.]);
+    let out = bin().arg("conformance").arg(&dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let e = fails(out);
+    assert!(
+        stdout.contains("fail test_relu_wrong: output 0 (`y`): element 1 is 0 but expected 1"),
+        "{stdout}"
+    );
+    assert!(e.contains("1 case(s) failed"), "{e}");
+}
