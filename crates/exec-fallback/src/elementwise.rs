@@ -14,12 +14,18 @@ use crate::walk::{map1, map2, map3};
 /// The arithmetic type floats compute in.
 pub(crate) trait Real: num_traits::Float + Send + Sync + 'static {
     fn erf(self) -> Self;
+    /// Rounded to the nearest integer, halves to even (IEEE 754's default,
+    /// numpy's and ONNX's Round).
+    fn round_even(self) -> Self;
     fn from_f64(v: f64) -> Self;
 }
 
 impl Real for f32 {
     fn erf(self) -> Self {
         libm::erff(self)
+    }
+    fn round_even(self) -> Self {
+        self.round_ties_even()
     }
     fn from_f64(v: f64) -> Self {
         v as f32
@@ -29,6 +35,9 @@ impl Real for f32 {
 impl Real for f64 {
     fn erf(self) -> Self {
         libm::erf(self)
+    }
+    fn round_even(self) -> Self {
+        self.round_ties_even()
     }
     fn from_f64(v: f64) -> Self {
         v
@@ -43,9 +52,26 @@ impl<T: FloatStored<Compute: Real>> FloatLike for T {}
 pub(crate) trait IntLike:
     Stored + Ord + WrappingAdd + WrappingSub + WrappingMul + WrappingNeg + num_traits::Zero
 {
+    /// `self / d` truncated toward zero, wrapping `MIN / -1`; `d` is not 0.
+    fn div_trunc(self, d: Self) -> Self;
+    /// The remainder of [`IntLike::div_trunc`].
+    fn rem_trunc(self, d: Self) -> Self;
 }
-impl IntLike for i32 {}
-impl IntLike for i64 {}
+
+macro_rules! int_like {
+    ($t:ty) => {
+        impl IntLike for $t {
+            fn div_trunc(self, d: Self) -> Self {
+                self.wrapping_div(d)
+            }
+            fn rem_trunc(self, d: Self) -> Self {
+                self.wrapping_rem(d)
+            }
+        }
+    };
+}
+int_like!(i32);
+int_like!(i64);
 
 /// The buffer, strides broadcast to `shape`, and offset of an operand.
 pub(crate) fn operand<'a, T: Stored>(
@@ -103,6 +129,9 @@ fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result
         UnaryOp::Sin => f(|v| v.sin()),
         UnaryOp::Cos => f(|v| v.cos()),
         UnaryOp::Erf => f(|v| v.erf()),
+        UnaryOp::Floor => f(|v| v.floor()),
+        UnaryOp::Ceil => f(|v| v.ceil()),
+        UnaryOp::Round => f(|v| v.round_even()),
         UnaryOp::LogicalNot => {
             let _ = one;
             Storage::Bool(op1!(shape, xs, move |v: T| v.to_compute() == zero))
@@ -149,6 +178,17 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
             ))),
             other => Err(format!("{} is not defined on bool", other.name())),
         },
+    }
+}
+
+/// The remainder of `x / y` with the sign of `y` (floored division), from the
+/// truncated remainder `r`.
+fn floored<C: PartialOrd + Copy + num_traits::Zero>(r: C, y: C, add: impl Fn(C, C) -> C) -> C {
+    let zero = C::zero();
+    if r != zero && ((r < zero) != (y < zero)) {
+        add(r, y)
+    } else {
+        r
     }
 }
 
@@ -205,12 +245,17 @@ fn float_binary<T: FloatLike>(
         BinaryOp::Ge => pred(|x, y| x >= y),
         BinaryOp::LogicalAnd => pred(|x, y| x != <T::Compute>::zero() && y != <T::Compute>::zero()),
         BinaryOp::LogicalOr => pred(|x, y| x != <T::Compute>::zero() || y != <T::Compute>::zero()),
+        BinaryOp::Fmod => arith(|x, y| x % y),
+        BinaryOp::Remainder => arith(|x, y| floored(x % y, y, |a, b| a + b)),
     })
 }
 
 fn int_binary<T: IntLike>(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
     let av = operand::<T>(a, shape)?;
     let bv = operand::<T>(b, shape)?;
+    if op.divides() && b.offsets().any(|i| bv.0[i] == T::zero()) {
+        return Err(format!("integer {} by zero", op.name()));
+    }
     let arith = |g: fn(T, T) -> T| T::into_storage(op2!(shape, av.clone(), bv.clone(), g));
     let pred = |g: fn(T, T) -> bool| Storage::Bool(op2!(shape, av.clone(), bv.clone(), g));
     Ok(match op {
@@ -227,7 +272,11 @@ fn int_binary<T: IntLike>(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize])
         BinaryOp::Ge => pred(|x, y| x >= y),
         BinaryOp::LogicalAnd => pred(|x, y| x != T::zero() && y != T::zero()),
         BinaryOp::LogicalOr => pred(|x, y| x != T::zero() || y != T::zero()),
-        BinaryOp::Div | BinaryOp::Pow => {
+        // The divisor holds no zero (checked above); MIN / -1 wraps.
+        BinaryOp::Div => arith(|x, y| x.div_trunc(y)),
+        BinaryOp::Fmod => arith(|x, y| x.rem_trunc(y)),
+        BinaryOp::Remainder => arith(|x, y| floored(x.rem_trunc(y), y, |a, b| a.wrapping_add(&b))),
+        BinaryOp::Pow => {
             return Err(format!("{} is defined for floating-point dtypes only", op.name()));
         }
     })

@@ -18,6 +18,7 @@ mod movement;
 #[cfg(test)]
 mod proptests;
 mod reduce;
+mod scan;
 mod walk;
 
 use std::sync::Arc;
@@ -93,6 +94,7 @@ enum Prim {
     Matmul,
     Gather(usize),
     IndexSelect(usize),
+    Cumsum(scan::Scan),
     Full(Scalar),
     Iota { dim: usize, start: i64, step: i64 },
     Uniform { low: f64, high: f64, seed: u64 },
@@ -224,6 +226,12 @@ fn compile_op(
                 Prim::IndexSelect(dim)
             }
         }
+        OpKind::Cumsum => Prim::Cumsum(scan::Scan {
+            dim: normalize_dim(a.int("dim").map_err(fail)?, in_meta(0)?.rank())
+                .ok_or_else(|| fail("dim out of range".into()))?,
+            exclusive: a.bool_or("exclusive", false).map_err(fail)?,
+            reverse: a.bool_or("reverse", false).map_err(fail)?,
+        }),
         OpKind::Full => Prim::Full(
             a.scalar_opt("value")
                 .map_err(fail)?
@@ -296,6 +304,7 @@ impl CompiledOp {
             Prim::Matmul => dense(matmul::matmul(args[0], args[1], shape)),
             Prim::Gather(d) => dense(movement::gather(args[0], args[1], *d)),
             Prim::IndexSelect(d) => dense(movement::index_select(args[0], args[1], *d)),
+            Prim::Cumsum(s) => dense(scan::cumsum(args[0], *s)),
             Prim::Full(v) => dense(Ok(create::full(*v, self.out.dtype, n))),
             Prim::Iota { dim, start, step } => {
                 dense(Ok(create::iota(shape, *dim, *start, *step, self.out.dtype)))

@@ -110,6 +110,28 @@ fn check(model: &Model, data: &Path, run: &Runner) -> Outcome {
         if initializers.contains(vi.name()) {
             continue;
         }
+        use crate::proto::type_proto::Value;
+        match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(Value::TensorType(_)) => {}
+            Some(Value::SequenceType(_)) => {
+                return Outcome::Unsupported(format!(
+                    "input `{}`: sequence types are not supported",
+                    vi.name()
+                ));
+            }
+            Some(Value::OptionalType(_)) => {
+                return Outcome::Unsupported(format!(
+                    "input `{}`: optional types are not supported",
+                    vi.name()
+                ));
+            }
+            _ => {
+                return Outcome::Unsupported(format!(
+                    "input `{}`: only tensor types are supported",
+                    vi.name()
+                ));
+            }
+        }
         match read_data(&data.join(format!("input_{i}.pb"))) {
             Ok(t) => {
                 feeds.insert(vi.name().to_string(), t);

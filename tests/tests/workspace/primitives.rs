@@ -95,6 +95,148 @@ fn integer_unary_ops() {
 }
 
 #[test]
+fn floor_ceil_and_round_halves_to_even() {
+    let x = [
+        -2.5,
+        -1.5,
+        -0.5,
+        0.5,
+        1.5,
+        2.5,
+        2.4,
+        -2.6,
+        f64::INFINITY,
+        f64::NAN,
+    ];
+    unary_f32(
+        "floor",
+        &x,
+        &[
+            -3.0,
+            -2.0,
+            -1.0,
+            0.0,
+            1.0,
+            2.0,
+            2.0,
+            -3.0,
+            f64::INFINITY,
+            f64::NAN,
+        ],
+    );
+    unary_f32(
+        "ceil",
+        &x,
+        &[
+            -2.0,
+            -1.0,
+            -0.0,
+            1.0,
+            2.0,
+            3.0,
+            3.0,
+            -2.0,
+            f64::INFINITY,
+            f64::NAN,
+        ],
+    );
+    unary_f32(
+        "round",
+        &x,
+        &[
+            -2.0,
+            -2.0,
+            -0.0,
+            0.0,
+            2.0,
+            2.0,
+            2.0,
+            -3.0,
+            f64::INFINITY,
+            f64::NAN,
+        ],
+    );
+    let e = run_text(
+        "input x: i32[2]\ny = floor(x)\noutput y\n",
+        &[i32s(&[1, 2], &[2])],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("floating-point"), "{e}");
+}
+
+#[test]
+fn fmod_takes_the_dividends_sign_and_remainder_the_divisors() {
+    let a = [7.0, -7.0, 7.0, -7.0, 5.5];
+    let b = [3.0, 3.0, -3.0, -3.0, 2.0];
+    let run = |op: &str| {
+        let src = format!("input a: f32[5]\ninput b: f32[5]\ny = {op}(a, b)\noutput y\n");
+        run_text(&src, &[f32s(&a, &[5]), f32s(&b, &[5])]).unwrap()
+    };
+    assert_close(&run("fmod")[0], &[1.0, -1.0, 1.0, -1.0, 1.5], 1e-6);
+    assert_close(&run("remainder")[0], &[1.0, 2.0, -2.0, -1.0, 1.5], 1e-6);
+    let run = |op: &str| {
+        let src = format!("input a: i32[4]\ninput b: i32[4]\ny = {op}(a, b)\noutput y\n");
+        run_text(
+            &src,
+            &[i32s(&[7, -7, 7, i32::MIN], &[4]), i32s(&[3, 3, -3, -1], &[4])],
+        )
+        .unwrap()[0]
+            .to_vec::<i32>()
+            .unwrap()
+    };
+    assert_eq!(run("fmod"), vec![1, -1, 1, 0]);
+    assert_eq!(run("remainder"), vec![1, 2, -2, 0]);
+    // Integer division truncates toward zero; MIN / -1 wraps.
+    assert_eq!(run("div"), vec![2, -2, -2, i32::MIN]);
+}
+
+#[test]
+fn integer_division_by_zero_is_an_error_not_a_crash() {
+    for op in ["div", "fmod", "remainder"] {
+        let src = format!("input a: i64[2]\ny = {op}(a, 0)\noutput y\n");
+        let e = run_text(&src, &[Tensor::from_vec(vec![4i64, 5], &[2]).unwrap()]).unwrap_err();
+        assert!(e.to_string().contains(&format!("integer {op} by zero")), "{e}");
+    }
+}
+
+#[test]
+fn cumsum_inclusive_exclusive_and_reversed() {
+    let x = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let run = |attrs: &str| {
+        let src = format!("input x: f32[2, 3]\ny = cumsum(x, {attrs})\noutput y\n");
+        run_text(&src, std::slice::from_ref(&x)).unwrap()
+    };
+    assert_close(&run("dim=1")[0], &[1.0, 3.0, 6.0, 4.0, 9.0, 15.0], 1e-6);
+    assert_close(&run("dim=0")[0], &[1.0, 2.0, 3.0, 5.0, 7.0, 9.0], 1e-6);
+    assert_close(
+        &run("dim=-1, exclusive=true")[0],
+        &[0.0, 1.0, 3.0, 0.0, 4.0, 9.0],
+        1e-6,
+    );
+    assert_close(
+        &run("dim=1, reverse=true")[0],
+        &[6.0, 5.0, 3.0, 15.0, 11.0, 6.0],
+        1e-6,
+    );
+    assert_close(
+        &run("dim=1, exclusive=true, reverse=true")[0],
+        &[5.0, 3.0, 0.0, 11.0, 6.0, 0.0],
+        1e-6,
+    );
+    let out = run_text(
+        "input x: i64[3]\ny = cumsum(x, dim=0)\noutput y\n",
+        &[Tensor::from_vec(vec![i64::MAX, 1, 2], &[3]).unwrap()],
+    )
+    .unwrap();
+    assert_eq!(
+        out[0].to_vec::<i64>().unwrap(),
+        vec![i64::MAX, i64::MIN, i64::MIN + 2]
+    );
+    let e = switchyard_core::text::parse("input x: bool[3]\ny = cumsum(x, dim=0)\noutput y\n").unwrap_err();
+    assert!(e.to_string().contains("numeric"), "{e}");
+}
+
+#[test]
 fn half_precision_computes_in_f32_and_rounds_once() {
     // exp(1) = 2.71828...; the nearest f16 (spacing 2^-9 in [2, 4)) is 2.71875,
     // and the nearest bf16 (spacing 2^-6) is 2.71875 too.

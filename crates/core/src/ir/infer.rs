@@ -476,6 +476,19 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                 Ok(out(x.dtype, idx.shape.clone(), device))
             }
         }
+        OpKind::Cumsum => {
+            attrs.check_keys(&["dim", "exclusive", "reverse"])?;
+            expect_count(ops, 1)?;
+            let x = tensor(ops, 0)?;
+            if !x.dtype.is_numeric() {
+                return Err("needs a numeric operand, got bool".into());
+            }
+            normalize_dim(attrs.int("dim")?, x.rank())
+                .ok_or_else(|| format!("attribute `dim` is out of range for rank {}", x.rank()))?;
+            attrs.bool_or("exclusive", false)?;
+            attrs.bool_or("reverse", false)?;
+            Ok(out(x.dtype, x.shape.clone(), device))
+        }
         OpKind::Full => {
             attrs.check_keys(&["shape", "value", "dtype", "device"])?;
             expect_count(ops, 0)?;

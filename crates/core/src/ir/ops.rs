@@ -59,6 +59,12 @@ op_enum!(
         Erf => "erf",
         /// `x == 0`, as bool
         LogicalNot => "logical_not",
+        /// largest integer not above `x`
+        Floor => "floor",
+        /// smallest integer not below `x`
+        Ceil => "ceil",
+        /// nearest integer, halves to even
+        Round => "round",
     }
 );
 
@@ -96,7 +102,7 @@ op_enum!(
         Sub => "sub",
         /// `a * b`
         Mul => "mul",
-        /// `a / b` (floating point only)
+        /// `a / b`; integers divide truncating toward zero
         Div => "div",
         /// `a ^ b` (floating point only)
         Pow => "pow",
@@ -120,6 +126,10 @@ op_enum!(
         LogicalAnd => "logical_and",
         /// either nonzero
         LogicalOr => "logical_or",
+        /// remainder of `a / b` truncated toward zero: the sign of `a` (C's fmod)
+        Fmod => "fmod",
+        /// remainder of `a / b` floored: the sign of `b` (Python's `%`)
+        Remainder => "remainder",
     }
 );
 
@@ -141,7 +151,12 @@ impl BinaryOp {
 
     /// Whether the op is defined only on floating-point dtypes.
     pub fn float_only(self) -> bool {
-        matches!(self, BinaryOp::Div | BinaryOp::Pow)
+        matches!(self, BinaryOp::Pow)
+    }
+
+    /// Whether the op divides, so that an integer divisor of zero is an error.
+    pub fn divides(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Fmod | BinaryOp::Remainder)
     }
 
     /// Whether bool operands are accepted.
@@ -228,6 +243,8 @@ pub enum OpKind {
     Gather,
     /// `index_select(x, index, dim=k)` with a 1-D index
     IndexSelect,
+    /// `cumsum(x, dim=k, exclusive=false, reverse=false)`: running sums along a dim
+    Cumsum,
     /// `full(shape=[...], value=v, dtype=d)`
     Full,
     /// `iota(shape=[...], dim=k, start=0, step=1, dtype=i64)`
@@ -258,6 +275,7 @@ impl OpKind {
             OpKind::Matmul => "matmul",
             OpKind::Gather => "gather",
             OpKind::IndexSelect => "index_select",
+            OpKind::Cumsum => "cumsum",
             OpKind::Full => "full",
             OpKind::Iota => "iota",
             OpKind::Uniform => "uniform",
@@ -283,6 +301,7 @@ impl OpKind {
             OpKind::Matmul,
             OpKind::Gather,
             OpKind::IndexSelect,
+            OpKind::Cumsum,
             OpKind::Full,
             OpKind::Iota,
             OpKind::Uniform,

@@ -12,6 +12,8 @@ pub(crate) trait Arith: Float + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
     fn erf(self) -> Self;
+    /// Rounded to the nearest integer, halves to even.
+    fn round_even(self) -> Self;
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
     /// `dst = exp(a)`, `tanh(a)` and `sigmoid(a)` over a tile. By default
     /// through libm, one call per element.
@@ -111,6 +113,9 @@ fn grown<C: Copy + Default + 'static, R>(
 }
 
 impl Arith for f32 {
+    fn round_even(self) -> Self {
+        self.round_ties_even()
+    }
     fn from_f64(v: f64) -> Self {
         v as f32
     }
@@ -143,6 +148,9 @@ impl Arith for f32 {
 }
 
 impl Arith for f64 {
+    fn round_even(self) -> Self {
+        self.round_ties_even()
+    }
     fn from_f64(v: f64) -> Self {
         v
     }

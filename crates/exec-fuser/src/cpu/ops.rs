@@ -33,6 +33,9 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
         UnaryOp::Cos => map(dst, &|x| x.cos()),
         UnaryOp::Erf => map(dst, &|x| x.erf()),
         UnaryOp::LogicalNot => map(dst, &|x| truth(x == zero)),
+        UnaryOp::Floor => map(dst, &|x| x.floor()),
+        UnaryOp::Ceil => map(dst, &|x| x.ceil()),
+        UnaryOp::Round => map(dst, &|x| x.round_even()),
     }
 }
 
@@ -68,6 +71,16 @@ pub(super) fn binary<C: Arith>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
         BinaryOp::Ge => it.for_each(|(d, (&x, &y))| *d = truth(x >= y)),
         BinaryOp::LogicalAnd => it.for_each(|(d, (&x, &y))| *d = truth(x != zero && y != zero)),
         BinaryOp::LogicalOr => it.for_each(|(d, (&x, &y))| *d = truth(x != zero || y != zero)),
+        BinaryOp::Fmod => it.for_each(|(d, (&x, &y))| *d = x % y),
+        // The truncated remainder moved to the divisor's sign.
+        BinaryOp::Remainder => it.for_each(|(d, (&x, &y))| {
+            let r = x % y;
+            *d = if r != zero && ((r < zero) != (y < zero)) {
+                r + y
+            } else {
+                r
+            };
+        }),
     }
 }
 

@@ -67,6 +67,10 @@ template <typename T> __device__ __forceinline__ T sy_max(T a, T b) {
 template <typename T> __device__ __forceinline__ T sy_min(T a, T b) {
   return (a != a || b != b) ? a + b : (a < b ? a : b);
 }
+template <typename T> __device__ __forceinline__ T sy_remainder(T a, T b) {
+  T r = fmod(a, b);
+  return (r != (T)0 && ((r < (T)0) != (b < (T)0))) ? r + b : r;
+}
 "#;
 
 /// The C type an input or output of `dtype` is stored as.
@@ -137,6 +141,10 @@ fn unary(op: UnaryOp, a: &str, c: &str) -> String {
         UnaryOp::Cos => format!("cos{f}({a})"),
         UnaryOp::Erf => format!("erf{f}({a})"),
         UnaryOp::LogicalNot => format!("({c})({a} == ({c})0)"),
+        UnaryOp::Floor => format!("floor{f}({a})"),
+        UnaryOp::Ceil => format!("ceil{f}({a})"),
+        // rint rounds halves to even in the default rounding mode.
+        UnaryOp::Round => format!("rint{f}({a})"),
     }
 }
 
@@ -159,6 +167,8 @@ fn binary(op: BinaryOp, a: &str, b: &str, c: &str) -> String {
         BinaryOp::Ge => truth(format!("{a} >= {b}")),
         BinaryOp::LogicalAnd => truth(format!("{a} != ({c})0 && {b} != ({c})0")),
         BinaryOp::LogicalOr => truth(format!("{a} != ({c})0 || {b} != ({c})0")),
+        BinaryOp::Fmod => format!("fmod{f}({a}, {b})"),
+        BinaryOp::Remainder => format!("sy_remainder({a}, {b})"),
     }
 }
 

@@ -246,6 +246,10 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             "half_chain",
             "input x: f16[7, 33]\ny = tanh(x)\nz = mul(y, x)\noutput z\n",
         ),
+        (
+            "rounding_and_remainders",
+            "input x: f32[4, 9]\ninput w: f32[4, 9]\na = mul(x, 7.5)\nd = add(w, 2.0)\nf = floor(a)\nc = ceil(a)\nr = round(a)\nm = fmod(a, d)\nq = remainder(a, d)\noutput f, c, r, m, q\n",
+        ),
         // Rows longer than a block: every thread holds a partial.
         (
             "long_rows",

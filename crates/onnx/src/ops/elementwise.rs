@@ -21,6 +21,13 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("Cos", |n| unary(n, UnaryOp::Cos)),
     ("Erf", |n| unary(n, UnaryOp::Erf)),
     ("Not", |n| unary(n, UnaryOp::LogicalNot)),
+    ("Floor", |n| unary(n, UnaryOp::Floor)),
+    ("Ceil", |n| unary(n, UnaryOp::Ceil)),
+    ("Round", |n| unary(n, UnaryOp::Round)),
+    ("Mod", modulo),
+    ("Tan", tan),
+    ("Sinh", |n| hyperbolic(n, false)),
+    ("Cosh", |n| hyperbolic(n, true)),
     ("Add", |n| binary(n, BinaryOp::Add)),
     ("Sub", |n| binary(n, BinaryOp::Sub)),
     ("Mul", |n| binary(n, BinaryOp::Mul)),
@@ -89,6 +96,14 @@ fn binary(n: &mut Node, op: BinaryOp) -> Result<Vec<Out>, String> {
     n.arity(2, 2)?;
     let (a, b) = operands(n, 0, 1)?;
     one(n.b.binary(op, a, b).map_err(err)?)
+}
+
+fn modulo(n: &mut Node) -> Result<Vec<Out>, String> {
+    let fmod = n.int("fmod", 0) != 0;
+    if !fmod && n.dtype(0)?.is_float() {
+        return Err("floating-point Mod needs fmod=1".into());
+    }
+    binary(n, if fmod { BinaryOp::Fmod } else { BinaryOp::Remainder })
 }
 
 fn pow(n: &mut Node) -> Result<Vec<Out>, String> {
@@ -372,4 +387,23 @@ fn mish(n: &mut Node) -> Result<Vec<Out>, String> {
     let sp = softplus_of(b, x)?;
     let t = b.unary(UnaryOp::Tanh, sp).map_err(err)?;
     one(b.mul(x, t).map_err(err)?)
+}
+
+fn tan(n: &mut Node) -> Result<Vec<Out>, String> {
+    let (x, _) = float_input(n)?;
+    let b = &mut *n.b;
+    let s = b.unary(UnaryOp::Sin, x).map_err(err)?;
+    let c = b.unary(UnaryOp::Cos, x).map_err(err)?;
+    one(b.div(s, c).map_err(err)?)
+}
+
+/// `(e^x ± e^-x) / 2`.
+fn hyperbolic(n: &mut Node, cosh: bool) -> Result<Vec<Out>, String> {
+    let (x, _) = float_input(n)?;
+    let b = &mut *n.b;
+    let e = b.exp(x).map_err(err)?;
+    let nx = b.unary(UnaryOp::Neg, x).map_err(err)?;
+    let en = b.exp(nx).map_err(err)?;
+    let s = if cosh { b.add(e, en) } else { b.sub(e, en) }.map_err(err)?;
+    one(b.mul(s, 0.5).map_err(err)?)
 }

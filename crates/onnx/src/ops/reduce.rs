@@ -1,11 +1,11 @@
-//! The Reduce* family. Axes moved from an attribute to an input (ReduceSum
-//! at opset 13, the others at 18), which also brought
-//! `noop_with_empty_axes`.
+//! The Reduce* family, ArgMax/ArgMin, Hardmax and CumSum. Reduce axes
+//! moved from an attribute to an input (ReduceSum at opset 13, the others
+//! at 18), which also brought `noop_with_empty_axes`.
 
-use switchyard_core::TraceBuilder;
-use switchyard_core::ir::{ReduceOp, UnaryOp, ValueId};
+use switchyard_core::ir::{Attrs, BinaryOp, OpKind, ReduceOp, UnaryOp, ValueId};
+use switchyard_core::{DType, TraceBuilder};
 
-use super::{LowerFn, Node, Out, err, one};
+use super::{LowerFn, Node, Out, axis, dims_i64, err, one};
 
 pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("ReduceSum", |n| reduce(n, Kind::Plain(ReduceOp::Sum))),
@@ -18,6 +18,10 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("ReduceSumSquare", |n| reduce(n, Kind::SumSquare)),
     ("ReduceLogSum", |n| reduce(n, Kind::LogSum)),
     ("ReduceLogSumExp", |n| reduce(n, Kind::LogSumExp)),
+    ("ArgMax", |n| arg_reduce(n, true)),
+    ("ArgMin", |n| arg_reduce(n, false)),
+    ("Hardmax", hardmax),
+    ("CumSum", cumsum),
 ];
 
 #[derive(Clone, Copy)]
@@ -93,4 +97,116 @@ fn reduce(n: &mut Node, kind: Kind) -> Result<Vec<Out>, String> {
         }
     };
     one(y)
+}
+
+/// The index of the first (or last) maximum or minimum of `x` along `dim`,
+/// kept as a dim of size 1: the positions holding the extreme (or a NaN,
+/// which the extreme then is) are marked, and the smallest (largest) marked
+/// index taken.
+fn arg_extreme(
+    b: &mut TraceBuilder,
+    x: ValueId,
+    dim: usize,
+    max: bool,
+    last: bool,
+) -> Result<ValueId, String> {
+    let shape = b.meta(x).shape.clone();
+    if shape[dim] == 0 {
+        return Err(format!(
+            "cannot take the arg{} of an empty axis",
+            if max { "max" } else { "min" }
+        ));
+    }
+    let d = [dim as i64];
+    let extreme = b
+        .reduce(
+            if max { ReduceOp::Amax } else { ReduceOp::Amin },
+            x,
+            Some(&d),
+            true,
+        )
+        .map_err(err)?;
+    let mut hit = b.binary(BinaryOp::Eq, x, extreme).map_err(err)?;
+    if b.meta(x).dtype.is_float() {
+        let nan = b.binary(BinaryOp::Ne, x, x).map_err(err)?;
+        hit = b.binary(BinaryOp::LogicalOr, hit, nan).map_err(err)?;
+    }
+    let idx = b.iota(&shape, dim as i64, DType::I64).map_err(err)?;
+    let miss = if last { -1 } else { shape[dim] as i64 };
+    let marked = b.where_(hit, idx, miss).map_err(err)?;
+    b.reduce(
+        if last { ReduceOp::Amax } else { ReduceOp::Amin },
+        marked,
+        Some(&d),
+        true,
+    )
+    .map_err(err)
+}
+
+fn arg_reduce(n: &mut Node, max: bool) -> Result<Vec<Out>, String> {
+    n.arity(1, 1)?;
+    let s = n.shape(0)?;
+    let a = axis(n.int("axis", 0), s.len())?;
+    let last = n.int("select_last_index", 0) != 0;
+    let x = n.value(0)?;
+    let y = arg_extreme(n.b, x, a, max, last)?;
+    if n.int("keepdims", 1) != 0 {
+        return one(y);
+    }
+    let mut shape = s;
+    shape.remove(a);
+    one(n.b.reshape(y, &dims_i64(&shape)).map_err(err)?)
+}
+
+fn hardmax(n: &mut Node) -> Result<Vec<Out>, String> {
+    n.arity(1, 1)?;
+    let s = n.shape(0)?;
+    let dt = n.dtype(0)?;
+    let x = n.value(0)?;
+    // Before opset 13 the input is seen as a matrix split at `axis`.
+    let (m, dim) = if n.opset >= 13 {
+        (x, axis(n.int("axis", -1), s.len())?)
+    } else {
+        let a = n.int("axis", 1);
+        let a = if a < 0 { a + s.len() as i64 } else { a };
+        if a < 0 || a as usize > s.len() {
+            return Err(format!(
+                "axis {} is out of range for rank {}",
+                n.int("axis", 1),
+                s.len()
+            ));
+        }
+        let (outer, inner) = s.split_at(a as usize);
+        let flat = [
+            outer.iter().product::<usize>() as i64,
+            inner.iter().product::<usize>() as i64,
+        ];
+        (n.b.reshape(x, &flat).map_err(err)?, 1)
+    };
+    let b = &mut *n.b;
+    let shape = b.meta(m).shape.clone();
+    let at = arg_extreme(b, m, dim, true, false)?;
+    let idx = b.iota(&shape, dim as i64, DType::I64).map_err(err)?;
+    let hot = b.binary(BinaryOp::Eq, idx, at).map_err(err)?;
+    let mut y = b.cast(hot, dt).map_err(err)?;
+    if shape != s {
+        y = b.reshape(y, &dims_i64(&s)).map_err(err)?;
+    }
+    one(y)
+}
+
+fn cumsum(n: &mut Node) -> Result<Vec<Out>, String> {
+    n.arity(2, 2)?;
+    let r = n.rank(0)?;
+    let axes = n.const_ints(1, "axis")?;
+    let [a] = axes[..] else {
+        return Err("axis must hold one value".into());
+    };
+    let a = axis(a, r)?;
+    let attrs = Attrs::new()
+        .with("dim", a as i64)
+        .with("exclusive", n.int("exclusive", 0) != 0)
+        .with("reverse", n.int("reverse", 0) != 0);
+    let x = n.value(0)?;
+    one(n.b.op(OpKind::Cumsum, &[x.into()], attrs).map_err(err)?)
 }

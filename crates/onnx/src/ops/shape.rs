@@ -30,6 +30,8 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("Constant", constant),
     ("ConstantOfShape", constant_of_shape),
     ("Range", range),
+    ("EyeLike", eye_like),
+    ("OneHot", one_hot),
 ];
 
 /// Input `i` passed through: a constant stays one.
@@ -785,4 +787,69 @@ fn range(n: &mut Node) -> Result<Vec<Out>, String> {
     Ok(vec![Out::Const(
         Tensor::from_storage(storage, &[len]).map_err(err)?,
     )])
+}
+
+fn eye_like(n: &mut Node) -> Result<Vec<Out>, String> {
+    n.arity(1, 1)?;
+    let s = n.shape(0)?;
+    if s.len() != 2 {
+        return Err(format!("needs a rank-2 input, got {}", ShapeDisplay(&s)));
+    }
+    let dt = if n.has_attr("dtype") {
+        crate::tensor::dtype_from_onnx(n.int("dtype", 0) as i32)
+            .map_err(|e| format!("attribute `dtype`: {e}"))?
+    } else {
+        n.dtype(0)?
+    };
+    let k = n.int("k", 0);
+    let b = &mut *n.b;
+    let row = b.iota(&s, 0, DType::I64).map_err(err)?;
+    let col = b.iota(&s, 1, DType::I64).map_err(err)?;
+    let diag = b.sub(col, row).map_err(err)?;
+    let on = b.binary(BinaryOp::Eq, diag, k).map_err(err)?;
+    if dt == DType::Bool {
+        return one(on);
+    }
+    one(b.cast(on, dt).map_err(err)?)
+}
+
+fn one_hot(n: &mut Node) -> Result<Vec<Out>, String> {
+    n.arity(3, 3)?;
+    let depth = *n.const_floats(1, "depth")?.first().ok_or("depth is empty")?;
+    if !(depth >= 1.0 && depth < (1u64 << 40) as f64) {
+        return Err(format!("depth {depth} is not a positive size"));
+    }
+    let depth = depth as usize;
+    if n.meta(2)?.numel() != 2 {
+        return Err("values must hold [off, on]".into());
+    }
+    let ishape = n.shape(0)?;
+    let a = n.int("axis", -1);
+    let rank = ishape.len() + 1;
+    let a = axis(a, rank)?;
+    let mut out = ishape.clone();
+    out.insert(a, depth);
+    let mut spread = dims_i64(&ishape);
+    spread.insert(a, 1);
+    let idx = n.value(0)?;
+    let values = n.value(2)?;
+    let b = &mut *n.b;
+    let idx = if b.meta(idx).dtype == DType::I64 {
+        idx
+    } else {
+        b.cast(idx, DType::I64).map_err(err)?
+    };
+    // Negative indices count from the end; others out of range match no position.
+    let neg = b.binary(BinaryOp::Lt, idx, 0i64).map_err(err)?;
+    let up = b.add(idx, depth as i64).map_err(err)?;
+    let idx = b.where_(neg, up, idx).map_err(err)?;
+    let idx = b.reshape(idx, &spread).map_err(err)?;
+    let pos = b.iota(&out, a as i64, DType::I64).map_err(err)?;
+    let hot = b.binary(BinaryOp::Eq, pos, idx).map_err(err)?;
+    let flat = b.reshape(values, &[2]).map_err(err)?;
+    let off = b.slice(flat, &[0], &[1], &[1]).map_err(err)?;
+    let on = b.slice(flat, &[1], &[2], &[1]).map_err(err)?;
+    let off = b.reshape(off, &[]).map_err(err)?;
+    let on = b.reshape(on, &[]).map_err(err)?;
+    one(b.where_(hot, on, off).map_err(err)?)
 }

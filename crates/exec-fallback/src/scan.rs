@@ -1,0 +1,90 @@
+//! `cumsum`: running sums along one dim, inclusive or exclusive, forward or
+//! reversed. Floats accumulate in their compute type (f32 for f16 and bf16,
+//! rounded once per element); integers wrap.
+
+use half::{bf16, f16};
+use num_traits::WrappingAdd;
+use switchyard_core::{FloatStored, HostData, Storage, Stored, Tensor};
+
+/// What a scan needs to know besides the data.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scan {
+    /// The dim summed along.
+    pub dim: usize,
+    /// Each output excludes its own element.
+    pub exclusive: bool,
+    /// Sums run from the end of the dim.
+    pub reverse: bool,
+}
+
+fn scan<T: Copy, A: Copy>(
+    v: &[T],
+    shape: &[usize],
+    s: Scan,
+    zero: A,
+    to: impl Fn(T) -> A,
+    add: impl Fn(A, A) -> A,
+    from: impl Fn(A) -> T,
+) -> Vec<T> {
+    let n = shape[s.dim];
+    let inner: usize = shape[s.dim + 1..].iter().product();
+    let outer: usize = shape[..s.dim].iter().product();
+    let mut out = v.to_vec();
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| o * n * inner + k * inner + i;
+            let mut acc = zero;
+            for step in 0..n {
+                let k = if s.reverse { n - 1 - step } else { step };
+                let x = to(v[at(k)]);
+                if s.exclusive {
+                    out[at(k)] = from(acc);
+                    acc = add(acc, x);
+                } else {
+                    acc = add(acc, x);
+                    out[at(k)] = from(acc);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn float<T: FloatStored + Stored>(v: &[T], shape: &[usize], s: Scan) -> Storage {
+    T::into_storage(scan(
+        v,
+        shape,
+        s,
+        <T::Compute as num_traits::Zero>::zero(),
+        T::to_compute,
+        |a, b| a + b,
+        T::from_compute,
+    ))
+}
+
+fn int<T: Stored + WrappingAdd + num_traits::Zero>(v: &[T], shape: &[usize], s: Scan) -> Storage {
+    T::into_storage(scan(
+        v,
+        shape,
+        s,
+        T::zero(),
+        |x| x,
+        |a, b| a.wrapping_add(&b),
+        |x| x,
+    ))
+}
+
+/// Runs `cumsum` over `x`.
+pub(crate) fn cumsum(x: &Tensor, s: Scan) -> Result<Storage, String> {
+    let x = crate::elementwise::contiguous(x)?;
+    let shape = x.shape().to_vec();
+    Ok(match x.host().map_err(|e| e.to_string())? {
+        HostData::F32(v) => float::<f32>(v, &shape, s),
+        HostData::F64(v) => float::<f64>(v, &shape, s),
+        HostData::F16(v) => float::<f16>(v, &shape, s),
+        HostData::BF16(v) => float::<bf16>(v, &shape, s),
+        HostData::I32(v) => int::<i32>(v, &shape, s),
+        HostData::I64(v) => int::<i64>(v, &shape, s),
+        HostData::Bool(_) => return Err("cumsum is not defined on bool".into()),
+    })
+}
