@@ -22,20 +22,20 @@ fn relative_error(got: &switchyard_core::Tensor, want: &switchyard_core::Tensor)
     diff / scale
 }
 
-#[test]
-fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() {
-    let Some(dir) = shared_data("onnx/models") else {
-        return;
-    };
-    let mut models: Vec<_> = std::fs::read_dir(&dir)
+/// Each model folder in `dir` (model.onnx, inputs.safetensors,
+/// expected.safetensors) imported and run on the default executors and on
+/// the fallback, each within 1e-4 (max |got - want| / max |want|) of the
+/// expected outputs, with the fuser in the default plan.
+fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
+    let mut models: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.join("model.onnx").is_file())
         .collect();
     models.sort();
     assert!(
-        models.len() >= 4,
-        "expected the four shared models in {}",
+        models.len() >= at_least,
+        "expected {at_least} models in {}",
         dir.display()
     );
     for m in models {
@@ -67,6 +67,19 @@ fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() 
             }
         }
     }
+}
+
+#[test]
+fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() {
+    let Some(dir) = shared_data("onnx/models") else {
+        return;
+    };
+    models_match_their_expected_outputs(&dir, 4);
+}
+
+#[test]
+fn eighteen_transformer_architectures_match_onnx_runtime() {
+    models_match_their_expected_outputs(&repo_path("tests/data/onnx"), 18);
 }
 
 #[test]

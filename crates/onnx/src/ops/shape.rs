@@ -19,6 +19,7 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("Split", split),
     ("Gather", gather),
     ("GatherElements", gather_elements),
+    ("GatherND", gather_nd),
     ("Expand", expand),
     ("Tile", tile),
     ("Pad", pad),
@@ -852,4 +853,101 @@ fn one_hot(n: &mut Node) -> Result<Vec<Out>, String> {
     let off = b.reshape(off, &[]).map_err(err)?;
     let on = b.reshape(on, &[]).map_err(err)?;
     one(b.where_(hot, on, off).map_err(err)?)
+}
+
+/// GatherND as an `index_select` over `data` with its batch and indexed dims
+/// flattened into one: each index tuple (plus its batch position) becomes
+/// one row number, computed at import when the indices are constant.
+fn gather_nd(n: &mut Node) -> Result<Vec<Out>, String> {
+    n.arity(2, 2)?;
+    let ds = n.shape(0)?;
+    let is = n.shape(1)?;
+    let b = usize::try_from(n.int("batch_dims", 0)).map_err(|_| "batch_dims is negative".to_string())?;
+    let Some(&k) = is.last() else {
+        return Err("indices must have rank 1 or more".into());
+    };
+    if b >= is.len() || b + k > ds.len() || is[..b] != ds[..b] {
+        return Err(format!(
+            "indices {} do not fit data {} with batch_dims {b}",
+            ShapeDisplay(&is),
+            ShapeDisplay(&ds)
+        ));
+    }
+    let indexed = &ds[b..b + k];
+    // Row-major strides of the indexed dims, and rows per batch position.
+    let mut strides = vec![1i64; k];
+    for j in (0..k.saturating_sub(1)).rev() {
+        strides[j] = strides[j + 1] * indexed[j + 1] as i64;
+    }
+    let per_batch: i64 = indexed.iter().map(|&d| d as i64).product();
+    let tuples: Vec<usize> = is[..is.len() - 1].to_vec();
+    let per_tuple_batch: usize = tuples[b..].iter().product();
+    let rows = if let Some(t) = n.constant(1) {
+        let idx = ints_of(t)?;
+        let mut rows = Vec::with_capacity(idx.len() / k.max(1));
+        for (t, tuple) in idx.chunks(k.max(1)).enumerate() {
+            let batch = (t / per_tuple_batch.max(1)) as i64;
+            let mut row = batch * per_batch;
+            for (j, &i) in tuple.iter().enumerate().take(k) {
+                let d = indexed[j] as i64;
+                let w = if i < 0 { i + d } else { i };
+                if w < 0 || w >= d {
+                    return Err(format!("index {i} is out of range for a dim of size {d}"));
+                }
+                row += w * strides[j];
+            }
+            rows.push(row);
+        }
+        let len = rows.len();
+        n.constant_value(Tensor::from_vec(rows, &[len]).map_err(err)?)?
+    } else {
+        let idx = n.value(1)?;
+        let dims = n.constant_value(
+            Tensor::from_vec(indexed.iter().map(|&d| d as i64).collect(), &[k]).map_err(err)?,
+        )?;
+        let st = n.constant_value(Tensor::from_vec(strides, &[k]).map_err(err)?)?;
+        let bf = &mut *n.b;
+        let idx = if bf.meta(idx).dtype == DType::I64 {
+            idx
+        } else {
+            bf.cast(idx, DType::I64).map_err(err)?
+        };
+        let neg = bf.binary(BinaryOp::Lt, idx, 0i64).map_err(err)?;
+        let up = bf.add(idx, dims).map_err(err)?;
+        let idx = bf.where_(neg, up, idx).map_err(err)?;
+        let scaled = bf.mul(idx, st).map_err(err)?;
+        let mut row = bf.sum(scaled, &[-1], false).map_err(err)?;
+        if b > 0 {
+            // The batch position counts over all batch dims: iota over their
+            // flattening, broadcast along the tuple dims.
+            let mut flat = vec![numel(&tuples[..b]) as i64];
+            flat.extend(dims_i64(&tuples[b..]));
+            let pos = bf
+                .iota(
+                    &flat.iter().map(|&d| d as usize).collect::<Vec<_>>(),
+                    0,
+                    DType::I64,
+                )
+                .map_err(err)?;
+            let pos = bf.reshape(pos, &dims_i64(&tuples)).map_err(err)?;
+            let off = bf.mul(pos, per_batch).map_err(err)?;
+            row = bf.add(row, off).map_err(err)?;
+        }
+        bf.reshape(row, &[-1]).map_err(err)?
+    };
+    let x = n.value(0)?;
+    let mut flat_shape = vec![numel(&ds[..b + k]) as i64];
+    flat_shape.extend(dims_i64(&ds[b + k..]));
+    let bf = &mut *n.b;
+    let xf = bf.reshape(x, &flat_shape).map_err(err)?;
+    let sel = bf
+        .op(
+            OpKind::IndexSelect,
+            &[xf.into(), rows.into()],
+            Attrs::new().with("dim", 0i64),
+        )
+        .map_err(err)?;
+    let mut out = dims_i64(&tuples);
+    out.extend(dims_i64(&ds[b + k..]));
+    one(bf.reshape(sel, &out).map_err(err)?)
 }
