@@ -257,9 +257,16 @@ pub fn tested_op(name: &str, ops: &[String], first_node: &str) -> String {
 /// A Markdown table of counts per tested op, with the reasons of the
 /// unsupported cases summarised.
 pub fn table(results: &[CaseResult]) -> String {
+    // An `_expanded` case tests the op of the case it expands.
+    let op_of: HashMap<&str, &str> = results.iter().map(|r| (r.name.as_str(), r.op.as_str())).collect();
     let mut per_op: BTreeMap<String, (Counts, Vec<String>)> = BTreeMap::new();
     for r in results {
-        let e = per_op.entry(r.op.clone()).or_default();
+        let op = r
+            .name
+            .strip_suffix("_expanded")
+            .and_then(|base| op_of.get(base))
+            .map_or_else(|| r.op.clone(), |op| op.to_string());
+        let e = per_op.entry(op).or_default();
         e.0.add(&r.outcome);
         if let Outcome::Unsupported(why) | Outcome::Fail(why) = &r.outcome {
             let first = why

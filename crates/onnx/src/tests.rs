@@ -313,3 +313,23 @@ fn composites_are_kept_for_executors_to_claim() {
     assert_eq!(names, vec!["layer_norm", "softmax", "gelu"]);
     let _ = builder::attr_float("unused", 0.0);
 }
+
+#[test]
+fn an_einsum_with_an_ellipsis_runs_as_a_batched_matmul() {
+    let mut b = ModelBuilder::new("e", 18);
+    b.input("a", DType::F32, &d(&[2, 2, 3]))
+        .input("b", DType::F32, &d(&[3, 2]))
+        .node(
+            "Einsum",
+            &["a", "b"],
+            &["y"],
+            vec![attr_string("equation", "...ij,jk->...ik")],
+        )
+        .output("y", DType::F32, &d(&[2, 2, 2]));
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    let a = Tensor::from_vec((0..12).map(|v| v as f32).collect::<Vec<_>>(), &[2, 2, 3]).unwrap();
+    let w = Tensor::from_vec(vec![1f32, 0., 0., 1., 1., 1.], &[3, 2]).unwrap();
+    // Each row [x, y, z] becomes [x + z, y + z].
+    let y = run(&m, &[("a", a), ("b", w)]);
+    assert_eq!(f32s(&y[0]), vec![2., 3., 8., 9., 14., 15., 20., 21.]);
+}

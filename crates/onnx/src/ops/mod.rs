@@ -306,3 +306,20 @@ pub(crate) fn one(v: ValueId) -> Result<Vec<Out>, String> {
 pub(crate) fn dims_i64(shape: &[usize]) -> Vec<i64> {
     shape.iter().map(|&d| d as i64).collect()
 }
+
+/// The input of shape `shape` seen as a matrix split at attribute `axis`
+/// (default 1), as Flatten does, and Softmax and Hardmax before opset 13:
+/// its row and column counts.
+pub(crate) fn matrix_at_axis(n: &Node, shape: &[usize]) -> Result<[usize; 2], String> {
+    let given = n.int("axis", 1);
+    let a = if given < 0 {
+        given + shape.len() as i64
+    } else {
+        given
+    };
+    if a < 0 || a as usize > shape.len() {
+        return Err(format!("axis {given} is out of range for rank {}", shape.len()));
+    }
+    let (outer, inner) = shape.split_at(a as usize);
+    Ok([outer.iter().product(), inner.iter().product()])
+}

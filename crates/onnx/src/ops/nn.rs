@@ -4,7 +4,7 @@
 
 use switchyard_core::ir::{Attrs, BinaryOp, CompositeOp, ReduceOp, UnaryOp, ValueId};
 
-use super::{LowerFn, Node, Out, axis, dims_i64, err, one};
+use super::{LowerFn, Node, Out, axis, dims_i64, err, matrix_at_axis, one};
 
 pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("MatMul", matmul),
@@ -105,20 +105,7 @@ fn softmax(n: &mut Node, op: CompositeOp) -> Result<Vec<Out>, String> {
             .map_err(err)?);
     }
     // Before opset 13 the input is seen as a matrix split at `axis`.
-    let a = n.int("axis", 1);
-    let a = if a < 0 { a + s.len() as i64 } else { a };
-    if a < 0 || a as usize > s.len() {
-        return Err(format!(
-            "axis {} is out of range for rank {}",
-            n.int("axis", 1),
-            s.len()
-        ));
-    }
-    let (outer, inner) = s.split_at(a as usize);
-    let flat = [
-        outer.iter().product::<usize>() as i64,
-        inner.iter().product::<usize>() as i64,
-    ];
+    let flat = dims_i64(&matrix_at_axis(n, &s)?);
     let m = n.b.reshape(x, &flat).map_err(err)?;
     let y =
         n.b.composite(op, &[m], Attrs::new().with("dim", -1i64))
@@ -177,6 +164,12 @@ fn einsum(n: &mut Node) -> Result<Vec<Out>, String> {
     if eq.is_empty() {
         return Err("missing attribute `equation`".into());
     }
+    let ranks = (0..n.count()).map(|i| n.rank(i)).collect::<Result<Vec<_>, _>>()?;
+    let eq = if eq.contains("...") {
+        expand_ellipsis(&eq, &ranks)?
+    } else {
+        eq
+    };
     let xs = (0..n.count())
         .map(|i| n.value(i))
         .collect::<Result<Vec<_>, _>>()?;
@@ -188,4 +181,75 @@ fn einsum(n: &mut Node) -> Result<Vec<Out>, String> {
             Attrs::new().with("equation", eq.as_str()),
         )
         .map_err(err)?)
+}
+
+/// The equation with each `...` replaced by letters of its own: the dims it
+/// stands for, aligned from the right across operands as numpy broadcasts
+/// them; an implicit output (no `->`) is written out as numpy defines it.
+fn expand_ellipsis(eq: &str, ranks: &[usize]) -> Result<String, String> {
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (eq, None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != ranks.len() {
+        return Err(format!(
+            "the equation has {} terms but {} inputs are given",
+            terms.len(),
+            ranks.len()
+        ));
+    }
+    let mut lens = Vec::with_capacity(terms.len());
+    for (t, &r) in terms.iter().zip(ranks) {
+        let named = t.replace("...", "").chars().count();
+        lens.push(if t.contains("...") {
+            r.checked_sub(named)
+                .ok_or_else(|| format!("term `{t}` names {named} dims but its input has rank {r}"))?
+        } else {
+            0
+        });
+    }
+    let width = lens.iter().copied().max().unwrap_or(0);
+    let free: Vec<char> = ('a'..='z')
+        .chain('A'..='Z')
+        .filter(|c| !eq.contains(*c))
+        .take(width)
+        .collect();
+    if free.len() < width {
+        return Err("too many dims under `...` for the letters left".into());
+    }
+    let fill = |len: usize| free[width - len..].iter().collect::<String>();
+    let expanded: Vec<String> = terms
+        .iter()
+        .zip(&lens)
+        .map(|(t, &l)| t.replace("...", &fill(l)))
+        .collect();
+    let output = match rhs {
+        Some(r) => r.replace("...", &fill(width)),
+        None => {
+            let mut once: Vec<char> = lhs
+                .chars()
+                .filter(|c| c.is_ascii_alphabetic() && lhs.matches(*c).count() == 1)
+                .collect();
+            once.sort_unstable();
+            format!("{}{}", fill(width), once.into_iter().collect::<String>())
+        }
+    };
+    Ok(format!("{}->{output}", expanded.join(",")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_ellipsis;
+
+    #[test]
+    fn ellipses_become_letters_aligned_from_the_right() {
+        assert_eq!(
+            expand_ellipsis("...ij,...jk->...ik", &[4, 3]).unwrap(),
+            "abij,bjk->abik"
+        );
+        assert_eq!(expand_ellipsis("...ii->...i", &[3]).unwrap(), "aii->ai");
+        assert_eq!(expand_ellipsis("...j,j", &[3, 1]).unwrap(), "abj,j->ab");
+        assert!(expand_ellipsis("...ijk", &[2]).is_err());
+    }
 }

@@ -5,7 +5,7 @@
 use switchyard_core::ir::{Attrs, BinaryOp, OpKind, ReduceOp, UnaryOp, ValueId};
 use switchyard_core::{DType, TraceBuilder};
 
-use super::{LowerFn, Node, Out, axis, dims_i64, err, one};
+use super::{LowerFn, Node, Out, axis, dims_i64, err, matrix_at_axis, one};
 
 pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("ReduceSum", |n| reduce(n, Kind::Plain(ReduceOp::Sum))),
@@ -167,20 +167,7 @@ fn hardmax(n: &mut Node) -> Result<Vec<Out>, String> {
     let (m, dim) = if n.opset >= 13 {
         (x, axis(n.int("axis", -1), s.len())?)
     } else {
-        let a = n.int("axis", 1);
-        let a = if a < 0 { a + s.len() as i64 } else { a };
-        if a < 0 || a as usize > s.len() {
-            return Err(format!(
-                "axis {} is out of range for rank {}",
-                n.int("axis", 1),
-                s.len()
-            ));
-        }
-        let (outer, inner) = s.split_at(a as usize);
-        let flat = [
-            outer.iter().product::<usize>() as i64,
-            inner.iter().product::<usize>() as i64,
-        ];
+        let flat = dims_i64(&matrix_at_axis(n, &s)?);
         (n.b.reshape(x, &flat).map_err(err)?, 1)
     };
     let b = &mut *n.b;

@@ -6,7 +6,7 @@ use switchyard_core::ir::{Attrs, BinaryOp, OpKind, ValueId};
 use switchyard_core::meta::{ShapeDisplay, broadcast_shapes, numel};
 use switchyard_core::{DType, Scalar, Storage, Tensor};
 
-use super::{LowerFn, Node, Out, axis, dims_i64, err, ints_of, one};
+use super::{LowerFn, Node, Out, axis, dims_i64, err, ints_of, matrix_at_axis, one};
 
 pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("Reshape", reshape),
@@ -117,17 +117,8 @@ fn reshape(n: &mut Node) -> Result<Vec<Out>, String> {
 fn flatten(n: &mut Node) -> Result<Vec<Out>, String> {
     n.arity(1, 1)?;
     let s = n.shape(0)?;
-    let a = n.int("axis", 1);
-    let a = if a < 0 { a + s.len() as i64 } else { a };
-    if a < 0 || a as usize > s.len() {
-        return Err(format!(
-            "axis {} is out of range for rank {}",
-            n.int("axis", 1),
-            s.len()
-        ));
-    }
-    let (outer, inner) = s.split_at(a as usize);
-    reshape_to(n, &[numel(outer), numel(inner)])
+    let m = matrix_at_axis(n, &s)?;
+    reshape_to(n, &m)
 }
 
 /// The axes of Squeeze/Unsqueeze: an attribute before opset 13, an input after.
