@@ -138,8 +138,12 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     strides
 }
 
-/// Whether `strides` are row-major for `shape`; dimensions of size 1 may have any stride.
+/// Whether `strides` are row-major for `shape`; dimensions of size 1 may have
+/// any stride, and a tensor with no elements is dense whatever its strides.
 pub fn is_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
     let mut expected = 1isize;
     for (&d, &s) in shape.iter().zip(strides).rev() {
         if d != 1 && s != expected {
@@ -266,6 +270,21 @@ pub fn normalize_dim(dim: i64, rank: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_strides_of_any_shape_are_contiguous_by_its_own_test() {
+        for shape in [
+            vec![3, 0],
+            vec![0, 3, 2],
+            vec![2, 3],
+            vec![],
+            vec![1, 0, 1],
+            vec![4, 1, 5],
+        ] {
+            assert!(is_contiguous(&shape, &contiguous_strides(&shape)), "{shape:?}");
+        }
+        assert!(!is_contiguous(&[2, 3], &[1, 2]));
+    }
 
     #[test]
     fn broadcasting_follows_numpy() {

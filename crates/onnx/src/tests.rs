@@ -333,3 +333,282 @@ fn an_einsum_with_an_ellipsis_runs_as_a_batched_matmul() {
     let y = run(&m, &[("a", a), ("b", w)]);
     assert_eq!(f32s(&y[0]), vec![2., 3., 8., 9., 14., 15., 20., 21.]);
 }
+
+#[test]
+fn weights_in_an_external_file_are_read_from_the_models_folder() {
+    use crate::proto::StringStringEntryProto;
+    use crate::proto::tensor_proto::{DataLocation, DataType};
+    let dir = std::env::temp_dir().join(format!("switchyard-onnx-external-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("weights")).unwrap();
+    let w: Vec<u8> = [0.5f32, -1.0, 2.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut data = vec![7u8; 8];
+    data.extend(&w);
+    std::fs::write(dir.join("weights/w.bin"), &data).unwrap();
+    let entry = |k: &str, v: &str| StringStringEntryProto {
+        key: Some(k.into()),
+        value: Some(v.into()),
+    };
+    let mut b = ModelBuilder::new("ext", 18);
+    b.input("x", DType::F32, &d(&[4]))
+        .initializer_proto(crate::proto::TensorProto {
+            name: Some("w".into()),
+            dims: vec![4],
+            data_type: Some(DataType::Float as i32),
+            data_location: Some(DataLocation::External as i32),
+            external_data: vec![
+                entry("location", "weights/w.bin"),
+                entry("offset", "8"),
+                entry("length", "16"),
+            ],
+            ..Default::default()
+        })
+        .node("Mul", &["x", "w"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[4]));
+    let path = dir.join("model.onnx");
+    Model::save(&b.build(), &path).unwrap();
+    let m = crate::import_file(&path, &ImportOptions::default()).unwrap();
+    let x = Tensor::from_vec(vec![2f32; 4], &[4]).unwrap();
+    assert_eq!(f32s(&run(&m, &[("x", x)])[0]), vec![1., -2., 4., 8.]);
+    // The same model read from memory has no folder to read the file from.
+    let bytes = std::fs::read(&path).unwrap();
+    let e = Model::from_bytes(bytes, "m", None)
+        .and_then(|m| import(&m, &ImportOptions::default()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tensor `w`") && e.contains("read from memory"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A small deterministic generator for the mutation test.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn mutated_model_bytes_import_or_fail_cleanly() {
+    // A model with weights, shape arithmetic folded at import and several
+    // op families, whose bytes are then flipped, cut and spliced.
+    let mut b = ModelBuilder::new("fuzz", 18);
+    b.input("x", DType::F32, &d(&[2, 3, 4]))
+        .initializer(
+            "w",
+            &Tensor::from_vec((0..20).map(|v| v as f32 * 0.1).collect::<Vec<_>>(), &[4, 5]).unwrap(),
+        )
+        .unwrap()
+        .initializer("axes", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .initializer("minus1", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .initializer("zero", &Tensor::from_vec(vec![0i64], &[1]).unwrap())
+        .unwrap()
+        .node("MatMul", &["x", "w"], &["h"], vec![])
+        .node("Shape", &["h"], &["s"], vec![])
+        .node("Slice", &["s", "zero", "minus1"], &["lead"], vec![])
+        .node("Concat", &["lead", "minus1"], &["t"], vec![attr_int("axis", 0)])
+        .node("Reshape", &["h", "t"], &["r"], vec![])
+        .node("Softmax", &["r"], &["p"], vec![attr_int("axis", -1)])
+        .node("ReduceSum", &["p", "axes"], &["y"], vec![attr_int("keepdims", 0)])
+        .output("y", DType::F32, &d(&[2, 3]));
+    let good = b.build().encode_to_vec();
+    import(&model(b.build()), &ImportOptions::default()).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut imported, mut refused) = (0, 0);
+    for _ in 0..600 {
+        let mut bytes = good.clone();
+        for _ in 0..1 + next(&mut state) % 4 {
+            let at = (next(&mut state) as usize) % bytes.len();
+            match next(&mut state) % 4 {
+                0 => bytes[at] ^= 1 << (next(&mut state) % 8),
+                1 => bytes[at] = next(&mut state) as u8,
+                2 => bytes.truncate(at.max(1)),
+                _ => {
+                    let chunk: Vec<u8> = good[at..(at + 8).min(good.len())].to_vec();
+                    let to = (next(&mut state) as usize) % bytes.len();
+                    bytes.splice(to..to, chunk);
+                }
+            }
+        }
+        match Model::from_bytes(bytes, "mutated", None).and_then(|m| import(&m, &ImportOptions::default())) {
+            Ok(_) => imported += 1,
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        imported > 0 && refused > 0,
+        "{imported} imported, {refused} refused"
+    );
+    // Structural mutations: attributes, initializer values, wiring and op
+    // types changed to odd values; every op function must refuse, not panic.
+    let proto = b.build();
+    let odd = [-5i64, -1, 0, 1, 2, 3, 7, i64::MAX, i64::MIN];
+    let op_types = crate::supported_op_types();
+    let (mut imported, mut refused) = (0, 0);
+    for _ in 0..2000 {
+        let mut p = proto.clone();
+        let g = p.graph.as_mut().unwrap();
+        let names: Vec<String> = g
+            .node
+            .iter()
+            .flat_map(|n| n.output.clone())
+            .chain(["x", "w", "axes", "minus1", "zero"].map(String::from))
+            .collect();
+        let k = (next(&mut state) as usize) % g.node.len();
+        let pick = |state: &mut u64| odd[(next(state) as usize) % odd.len()];
+        match next(&mut state) % 5 {
+            0 => {
+                let name = ["axis", "keepdims", "perm", "noop_with_empty_axes", "allowzero"]
+                    [(next(&mut state) % 5) as usize];
+                let v = pick(&mut state);
+                g.node[k].attribute.retain(|a| a.name() != name);
+                g.node[k].attribute.push(if name == "perm" {
+                    attr_ints(name, &[v, pick(&mut state)])
+                } else {
+                    attr_int(name, v)
+                });
+            }
+            1 => {
+                let i = (next(&mut state) as usize) % g.initializer.len();
+                let t = &mut g.initializer[i];
+                if t.data_type() == crate::proto::tensor_proto::DataType::Int64 as i32 {
+                    t.raw_data = Some(pick(&mut state).to_le_bytes().to_vec().into());
+                } else {
+                    t.dims = vec![pick(&mut state).rem_euclid(6), 5];
+                }
+            }
+            2 => {
+                let i = (next(&mut state) as usize) % g.node[k].input.len().max(1);
+                let to = names[(next(&mut state) as usize) % names.len()].clone();
+                if let Some(input) = g.node[k].input.get_mut(i) {
+                    *input = to;
+                }
+            }
+            3 => g.node[k].op_type = Some(op_types[(next(&mut state) as usize) % op_types.len()].to_string()),
+            _ => p.opset_import[0].version = Some(1 + (next(&mut state) % 22) as i64),
+        }
+        match import(&model(p), &ImportOptions::default()) {
+            Ok(_) => imported += 1,
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        imported > 0 && refused > 0,
+        "{imported} imported, {refused} refused"
+    );
+}
+
+#[test]
+fn every_op_refuses_odd_nodes_instead_of_panicking() {
+    // One-node models of each op type with inputs of random dtypes, ranks
+    // and sizes (graph inputs or constants) and odd attribute values: the
+    // import, and the run on the fallback when the import succeeds, must
+    // end in a result or an error.
+    use crate::builder::{attr_float, attr_tensor};
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let dtypes = [
+        DType::F32,
+        DType::F64,
+        DType::I64,
+        DType::I32,
+        DType::Bool,
+        DType::F16,
+    ];
+    let ints = [-3i64, -1, 0, 1, 2, 3];
+    const ROUNDS: usize = 60;
+    for op in crate::supported_op_types() {
+        for _ in 0..ROUNDS {
+            let mut b = ModelBuilder::new("one", [11, 13, 18, 20][(next(&mut state) % 4) as usize]);
+            let count = (next(&mut state) % 4) as usize;
+            let mut names = Vec::new();
+            let mut feeds = Vec::new();
+            for i in 0..count {
+                let name = format!("in{i}");
+                let rank = (next(&mut state) % 4) as usize;
+                let shape: Vec<usize> = (0..rank).map(|_| (next(&mut state) % 4) as usize).collect();
+                let dt = dtypes[(next(&mut state) as usize) % dtypes.len()];
+                if next(&mut state).is_multiple_of(2) {
+                    let n: usize = shape.iter().product();
+                    let v: Vec<i64> = (0..n)
+                        .map(|_| ints[(next(&mut state) as usize) % ints.len()])
+                        .collect();
+                    b.initializer(&name, &Tensor::from_vec(v, &shape).unwrap())
+                        .unwrap();
+                } else {
+                    let dims: Vec<Dim> = shape.iter().map(|&s| Dim::Fixed(s)).collect();
+                    b.input(&name, dt, &dims);
+                    let meta = switchyard_core::TensorMeta::new(dt, shape);
+                    feeds.push((
+                        name.clone(),
+                        switchyard_core::io::random_tensor(&meta, 1, i as u64),
+                    ));
+                }
+                names.push(name);
+            }
+            let mut attrs = Vec::new();
+            for key in [
+                "axis",
+                "keepdims",
+                "transB",
+                "upper",
+                "exclusive",
+                "batch_dims",
+                "to",
+                "fmod",
+                "num_outputs",
+            ] {
+                if next(&mut state).is_multiple_of(3) {
+                    attrs.push(attr_int(key, ints[(next(&mut state) as usize) % ints.len()]));
+                }
+            }
+            for key in ["axes", "perm", "split", "shape", "starts", "ends", "pads"] {
+                if next(&mut state).is_multiple_of(4) {
+                    attrs.push(attr_ints(
+                        key,
+                        &[ints[(next(&mut state) as usize) % ints.len()], 1],
+                    ));
+                }
+            }
+            if next(&mut state).is_multiple_of(4) {
+                attrs.push(attr_float("alpha", -0.5));
+            }
+            if next(&mut state).is_multiple_of(4) {
+                attrs.push(attr_string(
+                    "equation",
+                    ["ij,jk->ik", "...i->i", "ii", "i,i"][(next(&mut state) % 4) as usize],
+                ));
+            }
+            if next(&mut state).is_multiple_of(5) {
+                attrs.push(attr_tensor("value", &Tensor::from_vec(vec![2.5f32], &[1]).unwrap()).unwrap());
+            }
+            let outputs = 1 + (next(&mut state) % 2) as usize;
+            let outs: Vec<String> = (0..outputs).map(|k| format!("out{k}")).collect();
+            let ins: Vec<&str> = names.iter().map(String::as_str).collect();
+            let os: Vec<&str> = outs.iter().map(String::as_str).collect();
+            b.node(op, &ins, &os, attrs);
+            for o in &outs {
+                b.output(o, DType::F32, &[]);
+            }
+            let mut p = b.build();
+            // Outputs of unknown type: the importer decides them.
+            for o in &mut p.graph.as_mut().unwrap().output {
+                o.r#type = None;
+            }
+            if let Ok(m) = import(&model(p), &ImportOptions::default()) {
+                let feeds: HashMap<String, Tensor> = feeds.into_iter().collect();
+                let inputs = m.bind_inputs(&feeds).unwrap();
+                let _ = run_fallback(&m.trace, &inputs);
+            }
+        }
+    }
+}

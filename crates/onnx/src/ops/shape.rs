@@ -728,6 +728,18 @@ fn constant_of_shape(n: &mut Node) -> Result<Vec<Out>, String> {
         .map_err(err)?)
 }
 
+/// The most elements a Range computes at import (64 MiB of i64).
+const RANGE_LIMIT: usize = 1 << 23;
+
+fn range_fits(count: usize) -> Result<(), String> {
+    if count > RANGE_LIMIT {
+        return Err(format!(
+            "the range has {count} elements, more than the {RANGE_LIMIT} computed at import"
+        ));
+    }
+    Ok(())
+}
+
 fn range(n: &mut Node) -> Result<Vec<Out>, String> {
     n.arity(3, 3)?;
     let dt = n.dtype(0)?;
@@ -753,6 +765,7 @@ fn range(n: &mut Node) -> Result<Vec<Out>, String> {
         }
         let count = ((l as i128 - s as i128) + d as i128 - d.signum() as i128) / d as i128;
         let count = count.max(0) as usize;
+        range_fits(count)?;
         let v: Vec<i64> = (0..count as i64).map(|i| s + i * d).collect();
         match dt {
             DType::I32 => Storage::I32(v.into_iter().map(|x| x as i32).collect()),
@@ -765,9 +778,8 @@ fn range(n: &mut Node) -> Result<Vec<Out>, String> {
             return Err(format!("delta is {d}"));
         }
         let count = ((l - s) / d).ceil().max(0.0);
-        if count > (1u64 << 32) as f64 {
-            return Err(format!("the range has {count} elements"));
-        }
+        // `as` saturates, so a huge count stays huge.
+        range_fits(count as usize)?;
         let v: Vec<f64> = (0..count as usize).map(|i| s + i as f64 * d).collect();
         match dt {
             DType::F32 => Storage::F32(v.into_iter().map(|x| x as f32).collect()),
