@@ -10,6 +10,7 @@
 mod bench;
 mod calibrate;
 mod model;
+mod onnx;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -100,40 +101,10 @@ enum Command {
         model: ModelArgs,
     },
     /// Import an ONNX model: write it as a trace and its weights.
-    Import(ImportArgs),
+    Import(onnx::ImportArgs),
     /// Run the ONNX backend node tests in DIR and count pass, fail and
     /// unsupported cases.
-    Conformance(ConformanceArgs),
-}
-
-#[derive(clap::Args)]
-struct ImportArgs {
-    /// The model (.onnx).
-    model: PathBuf,
-    /// Where to write the trace (default: the model's name with .trace).
-    #[arg(long, short)]
-    output: Option<PathBuf>,
-    /// Where to write the weights (default: the model's name with
-    /// .weights.safetensors).
-    #[arg(long)]
-    weights: Option<PathBuf>,
-    #[command(flatten)]
-    model_args: ModelArgs,
-}
-
-#[derive(clap::Args)]
-struct ConformanceArgs {
-    /// The folder of test cases (each with model.onnx and test_data_set_0).
-    dir: PathBuf,
-    /// Rewrite the conformance section of this Markdown file with the
-    /// results (between its conformance markers).
-    #[arg(long, value_name = "FILE.md")]
-    doc: Option<PathBuf>,
-    /// Print every case's outcome, not only the failures.
-    #[arg(long)]
-    verbose: bool,
-    #[command(flatten)]
-    planning: Planning,
+    Conformance(onnx::ConformanceArgs),
 }
 
 /// How to choose executors and cost a plan.
@@ -896,110 +867,6 @@ fn human_bytes_short(b: usize) -> String {
     switchyard_core::report::human_bytes(b)
 }
 
-fn import_command(args: ImportArgs) -> Result<()> {
-    let program = model::load(&args.model, &args.model_args, None)?;
-    let imported = program.onnx.context("`import` reads ONNX models (.onnx)")?;
-    let output = args.output.unwrap_or_else(|| args.model.with_extension("trace"));
-    let weights_path = args
-        .weights
-        .unwrap_or_else(|| args.model.with_extension("weights.safetensors"));
-    let header = format!(
-        "# Imported from {} (ai.onnx opset {}); weights in {}.\n",
-        args.model.display(),
-        imported.opset,
-        weights_path.display()
-    );
-    std::fs::write(&output, header + &text::print(&imported.trace))
-        .with_context(|| format!("writing {}", output.display()))?;
-    let named: Vec<(String, switchyard_core::Tensor)> = imported
-        .weights
-        .iter()
-        .map(|(v, t)| (imported.trace.value(*v).name.clone(), t.clone()))
-        .collect();
-    write_safetensors(&weights_path, &named)?;
-    let bytes: usize = named.iter().map(|(_, t)| t.numel() * t.dtype().size()).sum();
-    let inputs: Vec<String> = imported
-        .inputs
-        .iter()
-        .map(|(n, v)| format!("{n}: {}", imported.trace.meta(*v)))
-        .collect();
-    println!(
-        "{}: {} ops, inputs {}",
-        output.display(),
-        imported.trace.ops.len(),
-        if inputs.is_empty() {
-            "none".to_string()
-        } else {
-            inputs.join(", ")
-        }
-    );
-    println!(
-        "{}: {} weights, {}",
-        weights_path.display(),
-        named.len(),
-        switchyard_core::report::human_bytes(bytes)
-    );
-    Ok(())
-}
-
-fn conformance_command(args: ConformanceArgs) -> Result<()> {
-    use switchyard_onnx::conformance::{self, Outcome};
-    let config = args.planning.config()?;
-    let (set, _) = args.planning.executors(&config)?;
-    let device = args.planning.targeting.model(&config)?;
-    let opts = args.planning.partition_options(&config, false);
-    let planner = args.planning.planner(&config, &set, &device, &opts)?;
-    let runner = |t: &Trace, inputs: &[switchyard_core::Tensor]| {
-        let plan = planner.plan(t)?;
-        Ok(switchyard_core::runtime::CompiledPlan::compile(plan)?
-            .run(inputs, RunOptions::default())?
-            .outputs)
-    };
-    let cases = conformance::cases(&args.dir).with_context(|| format!("reading {}", args.dir.display()))?;
-    if cases.is_empty() {
-        bail!(
-            "{} holds no test case (folders with a model.onnx)",
-            args.dir.display()
-        );
-    }
-    let results: Vec<_> = cases.iter().map(|c| conformance::run_case(c, &runner)).collect();
-    for r in &results {
-        match &r.outcome {
-            Outcome::Fail(why) => println!("fail {}: {why}", r.name),
-            Outcome::Unsupported(why) if args.verbose => {
-                println!("unsupported {}: {}", r.name, why.replace('\n', " "))
-            }
-            Outcome::Pass if args.verbose => println!("pass {}", r.name),
-            _ => {}
-        }
-    }
-    let c = conformance::counts(&results);
-    println!(
-        "{} cases: {} pass, {} fail, {} unsupported",
-        c.total(),
-        c.pass,
-        c.fail,
-        c.unsupported
-    );
-    if let Some(path) = &args.doc {
-        let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let updated = conformance::with_report(&doc, &conformance::report(&results)).with_context(|| {
-            format!(
-                "{} has no conformance section (the lines `{}` and `{}`)",
-                path.display(),
-                conformance::BEGIN,
-                conformance::END
-            )
-        })?;
-        std::fs::write(path, updated).with_context(|| format!("writing {}", path.display()))?;
-        println!("results written to {}", path.display());
-    }
-    if c.fail > 0 {
-        bail!("{} case(s) failed", c.fail);
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     link_builtin_executors();
     tracing_subscriber::fmt()
@@ -1053,8 +920,8 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
-        Command::Import(args) => import_command(args),
-        Command::Conformance(args) => conformance_command(args),
+        Command::Import(args) => onnx::import_command(args),
+        Command::Conformance(args) => onnx::conformance_command(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

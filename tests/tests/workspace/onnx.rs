@@ -147,3 +147,47 @@ fn the_example_model_is_what_its_builder_writes_and_runs() {
     let want = run(&imported.trace, &inputs).unwrap().outputs;
     assert!(relative_error(&got[0], &want[0]) <= 1e-5);
 }
+
+#[test]
+fn odd_one_node_models_of_every_op_fail_cleanly_or_agree_with_the_fallback() {
+    // Each op type with random inputs and odd attributes: the import, and
+    // the runs on the fallback and on the default executors when it
+    // succeeds, end in a result or an error, never a panic; where both runs
+    // give results they agree.
+    use switchyard_tests::models::one_node_model;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let (mut ran, mut refused) = (0, 0);
+    for op in switchyard_onnx::supported_op_types() {
+        for _ in 0..100 {
+            let (proto, feeds) = one_node_model(op, &mut state).unwrap();
+            let bytes = prost::Message::encode_to_vec(&proto);
+            let model = Model::from_bytes(bytes, op, None).unwrap();
+            let Ok(imported) = switchyard_onnx::import(&model, &Default::default()) else {
+                refused += 1;
+                continue;
+            };
+            let feeds: HashMap<String, switchyard_core::Tensor> = feeds.into_iter().collect();
+            let inputs = imported.bind_inputs(&feeds).unwrap();
+            let reference = run(&imported.trace, &inputs);
+            let default = run_default(&imported.trace, &inputs);
+            if let (Ok(want), Ok((got, _))) = (reference, default) {
+                ran += 1;
+                for (g, w) in got.iter().zip(&want.outputs) {
+                    assert_eq!(
+                        (g.dtype(), g.shape()),
+                        (w.dtype(), w.shape()),
+                        "{op}\n{}",
+                        imported.trace
+                    );
+                    let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
+                    for (a, b) in g.iter().zip(&w) {
+                        let close =
+                            (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-3 * b.abs().max(1.0);
+                        assert!(close, "{op}: {a} vs the fallback's {b}\n{}", imported.trace);
+                    }
+                }
+            }
+        }
+    }
+    assert!(ran > 100 && refused > 100, "{ran} ran, {refused} refused");
+}

@@ -7,16 +7,18 @@
 //! semantics (attributes that became inputs) are handled inside each
 //! function.
 
+mod constant;
 mod elementwise;
 mod nn;
 mod reduce;
+mod select;
 mod shape;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use switchyard_core::ir::{Operand, ValueId};
-use switchyard_core::{DType, Tensor, TensorMeta, TraceBuilder};
+use switchyard_core::{DType, Scalar, Tensor, TensorMeta, TraceBuilder};
 
 use crate::import::{Known, scalar_of};
 use crate::proto::{AttributeProto, NodeProto};
@@ -46,13 +48,23 @@ pub(crate) type LowerFn = fn(&mut Node) -> Result<Vec<Out>, String>;
 pub(crate) type Sink<'s> =
     dyn FnMut(&mut TraceBuilder, Option<usize>, Tensor) -> Result<ValueId, String> + 's;
 
+/// The op tables, one per family.
+const FAMILIES: [&[(&str, LowerFn)]; 6] = [
+    elementwise::OPS,
+    nn::OPS,
+    reduce::OPS,
+    shape::OPS,
+    select::OPS,
+    constant::OPS,
+];
+
 /// Every op type the importer reads, by name.
 pub(crate) fn lookup(op_type: &str) -> Option<LowerFn> {
     static TABLE: OnceLock<HashMap<&'static str, LowerFn>> = OnceLock::new();
     TABLE
         .get_or_init(|| {
             let mut m = HashMap::new();
-            for family in [elementwise::OPS, nn::OPS, reduce::OPS, shape::OPS] {
+            for family in FAMILIES {
                 for &(name, f) in family {
                     assert!(m.insert(name, f).is_none(), "op type {name} registered twice");
                 }
@@ -65,10 +77,7 @@ pub(crate) fn lookup(op_type: &str) -> Option<LowerFn> {
 
 /// Every op type the importer reads, sorted.
 pub fn supported_op_types() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = [elementwise::OPS, nn::OPS, reduce::OPS, shape::OPS]
-        .iter()
-        .flat_map(|f| f.iter().map(|(n, _)| *n))
-        .collect();
+    let mut v: Vec<&'static str> = FAMILIES.iter().flat_map(|f| f.iter().map(|(n, _)| *n)).collect();
     v.sort_unstable();
     v
 }
@@ -322,4 +331,21 @@ pub(crate) fn matrix_at_axis(n: &Node, shape: &[usize]) -> Result<[usize; 2], St
     }
     let (outer, inner) = shape.split_at(a as usize);
     Ok([outer.iter().product(), inner.iter().product()])
+}
+
+/// Input `i` passed through: a constant stays one.
+pub(crate) fn pass(n: &mut Node, i: usize) -> Result<Out, String> {
+    match n.constant(i) {
+        Some(t) => Ok(Out::Const(t.clone())),
+        None => Ok(Out::Value(n.value(i)?)),
+    }
+}
+
+/// A scalar of `dt` holding `v`.
+pub(crate) fn scalar_for(dt: DType, v: f64) -> Scalar {
+    match dt {
+        DType::Bool => Scalar::Bool(v != 0.0),
+        d if d.is_int() => Scalar::Int(v as i64),
+        _ => Scalar::Float(v),
+    }
 }
