@@ -110,18 +110,28 @@ fn pow(n: &mut Node) -> Result<Vec<Out>, String> {
     n.arity(2, 2)?;
     let base = n.value(0)?;
     let dt = n.dtype(0)?;
-    if !dt.is_float() {
-        return Err(format!(
-            "Pow of a {dt} base is not supported (switchyard's pow is floating point)"
-        ));
+    if !dt.is_numeric() {
+        return Err(format!("Pow of a {dt} base is not defined"));
     }
-    let exp = if n.dtype(1)? == dt {
+    // Integer powers are computed in f64 (exact while results stay below
+    // 2^53) and truncated back, as numpy's integer power would give.
+    let compute = if dt.is_float() { dt } else { DType::F64 };
+    let base = if compute == dt {
+        base
+    } else {
+        n.b.cast(base, compute).map_err(err)?
+    };
+    let exp = if n.dtype(1)? == compute {
         n.operand(1, n.rank(0)?)?
     } else {
         let e = n.value(1)?;
-        n.b.cast(e, dt).map_err(err)?.into()
+        n.b.cast(e, compute).map_err(err)?.into()
     };
-    one(n.b.binary(BinaryOp::Pow, base, exp).map_err(err)?)
+    let y = n.b.binary(BinaryOp::Pow, base, exp).map_err(err)?;
+    if compute == dt {
+        return one(y);
+    }
+    one(n.b.cast(y, dt).map_err(err)?)
 }
 
 /// Max, Min, Sum and Mean of any number of broadcast inputs.

@@ -3,7 +3,7 @@
 //! at 18), which also brought `noop_with_empty_axes`.
 
 use switchyard_core::ir::{Attrs, BinaryOp, OpKind, ReduceOp, UnaryOp, ValueId};
-use switchyard_core::{DType, TraceBuilder};
+use switchyard_core::{DType, Scalar, TraceBuilder};
 
 use super::{LowerFn, Node, Out, axis, dims_i64, err, matrix_at_axis, one};
 
@@ -59,7 +59,21 @@ fn reduce(n: &mut Node, kind: Kind) -> Result<Vec<Out>, String> {
         _ => (0..rank as i64).collect(),
     };
     let keep = n.int("keepdims", 1) != 0;
-    let x = n.value(0)?;
+    let shape = n.shape(0)?;
+    let dt = n.dtype(0)?;
+    let dims = axes
+        .iter()
+        .map(|&a| axis(a, rank))
+        .collect::<Result<Vec<_>, _>>()?;
+    if dims.iter().any(|&d| shape[d] == 0) {
+        return empty_reduction(n, kind, &shape, &dims, keep);
+    }
+    let mut x = n.value(0)?;
+    // Max and min of bools are any and all: reduced as integers.
+    let bool_extreme = dt == DType::Bool && matches!(kind, Kind::Plain(ReduceOp::Amax | ReduceOp::Amin));
+    if bool_extreme {
+        x = n.b.cast(x, DType::I32).map_err(err)?;
+    }
     let b = &mut *n.b;
     let sum = |b: &mut TraceBuilder, v: ValueId| b.reduce(ReduceOp::Sum, v, Some(&axes), keep).map_err(err);
     let y = match kind {
@@ -96,7 +110,51 @@ fn reduce(n: &mut Node, kind: Kind) -> Result<Vec<Out>, String> {
             b.add(l, m).map_err(err)?
         }
     };
+    if bool_extreme {
+        return one(b.cast(y, DType::Bool).map_err(err)?);
+    }
     one(y)
+}
+
+/// A reduction over a dim of size 0 gives the reduction's identity (as
+/// numpy and ONNX's reference do): 0 for sums, 1 for products, -inf for
+/// maxima and log-sums, +inf for minima, NaN for means.
+fn empty_reduction(
+    n: &mut Node,
+    kind: Kind,
+    shape: &[usize],
+    dims: &[usize],
+    keep: bool,
+) -> Result<Vec<Out>, String> {
+    let dt = n.dtype(0)?;
+    let value = match kind {
+        Kind::Plain(ReduceOp::Sum) | Kind::L1 | Kind::L2 | Kind::SumSquare => 0.0,
+        Kind::Plain(ReduceOp::Prod) => 1.0,
+        Kind::Plain(ReduceOp::Amax) | Kind::LogSum | Kind::LogSumExp => f64::NEG_INFINITY,
+        Kind::Plain(ReduceOp::Amin) => f64::INFINITY,
+        Kind::Plain(ReduceOp::Mean) => f64::NAN,
+    };
+    let scalar = match dt {
+        d if d.is_float() => Scalar::Float(value),
+        DType::Bool => return Err("cannot reduce an empty dim of bools".into()),
+        // Integer maxima and minima of nothing have no value to give.
+        _ if !value.is_finite() => return Err(format!("cannot reduce an empty dim of {dt}")),
+        _ => Scalar::Int(value as i64),
+    };
+    let out: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .filter_map(|(d, &s)| match (dims.contains(&d), keep) {
+            (false, _) => Some(s),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    let attrs = Attrs::new()
+        .with("shape", &out[..])
+        .with("value", scalar)
+        .with("dtype", dt);
+    one(n.b.op(OpKind::Full, &[], attrs).map_err(err)?)
 }
 
 /// The index of the first (or last) maximum or minimum of `x` along `dim`,
