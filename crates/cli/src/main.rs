@@ -638,13 +638,12 @@ fn bench_command(args: BenchArgs) -> Result<()> {
         let w = bench::suite(&name)?;
         (name, w)
     } else {
+        let names = model::workload_names(&args.traces);
         let w = args
             .traces
             .iter()
-            .map(|p| {
-                let name = p
-                    .file_stem()
-                    .map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into());
+            .zip(names)
+            .map(|(p, name)| {
                 let program = model::load(p, &args.model, None)?;
                 if let Some(m) = &program.onnx {
                     weights.insert(name.clone(), m.random_inputs(0));

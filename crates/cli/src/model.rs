@@ -169,3 +169,49 @@ fn read_names(path: &Path) -> Vec<String> {
         .map(|m| m.into_keys().collect())
         .unwrap_or_default()
 }
+
+/// A name per file for reports: its stem (`mlp.onnx` is `mlp`), or, where
+/// stems repeat (`gpt2/model.onnx` and `bert/model.onnx`), its folder and
+/// stem, or its whole path.
+pub fn workload_names(paths: &[PathBuf]) -> Vec<String> {
+    let stem = |p: &PathBuf| {
+        p.file_stem()
+            .map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into())
+    };
+    let with_folder = |p: &PathBuf| match p.parent().and_then(Path::file_name) {
+        Some(dir) => format!("{}/{}", dir.to_string_lossy(), stem(p)),
+        None => stem(p),
+    };
+    let unique = |names: &[String]| {
+        let mut seen = std::collections::HashSet::new();
+        names.iter().all(|n| seen.insert(n))
+    };
+    let stems: Vec<String> = paths.iter().map(stem).collect();
+    if unique(&stems) {
+        return stems;
+    }
+    let folders: Vec<String> = paths.iter().map(with_folder).collect();
+    if unique(&folders) {
+        return folders;
+    }
+    paths.iter().map(|p| p.display().to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_are_named_by_stem_else_folder_else_path() {
+        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        assert_eq!(workload_names(&p(&["a/mlp.onnx", "b/x.trace"])), vec!["mlp", "x"]);
+        assert_eq!(
+            workload_names(&p(&["m/gpt2/model.onnx", "m/bert/model.onnx"])),
+            vec!["gpt2/model", "bert/model"]
+        );
+        assert_eq!(
+            workload_names(&p(&["a/m/x.onnx", "b/m/x.onnx"])),
+            vec!["a/m/x.onnx", "b/m/x.onnx"]
+        );
+    }
+}

@@ -146,14 +146,26 @@ fn a_file_that_is_not_a_model_is_an_error_naming_it() {
 }
 
 #[test]
-fn bench_compares_executor_sets_on_a_model() {
+fn bench_compares_executor_sets_on_models_that_share_a_file_name() {
+    // Two models both called model.onnx, with different inputs: each runs
+    // on its own weights and is reported under its folder's name.
+    let (a, b) = (scratch("bench-a"), scratch("bench-b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::copy(example_model(), a.join("model.onnx")).unwrap();
+    let mut m = ModelBuilder::new("other", 18);
+    m.input("t", DType::I64, &[Dim::Fixed(3)])
+        .node("Neg", &["t"], &["u"], vec![])
+        .output("u", DType::I64, &[Dim::Fixed(3)]);
+    Model::save(&m.build(), &b.join("model.onnx")).unwrap();
     let s = ok(bin()
         .arg("bench")
-        .arg(example_model())
+        .arg(a.join("model.onnx"))
+        .arg(b.join("model.onnx"))
         .args(["--repeat", "2", "--executors-sets", "fallback;fuser,fallback"])
         .output()
         .unwrap());
-    assert!(s.contains("mlp"), "{s}");
+    assert!(s.contains("bench-a/model") && s.contains("bench-b/model"), "{s}");
     assert!(s.contains("fuser,fallback"), "{s}");
 }
 
