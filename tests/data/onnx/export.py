@@ -2,7 +2,10 @@
 Hugging Face transformers exported with torch.onnx.export (dynamo, opset 18), each
 with inputs.safetensors and expected.safetensors (ONNX Runtime's outputs).
 
-    python export.py OUT_DIR [NAME...]
+    python export.py OUT_DIR [--torchscript] [NAME...]
+
+The default exporter is torch.export (dynamo, opset 18); --torchscript uses
+the TorchScript exporter (opset 17) instead and writes NAME_ts.
 
 Needs torch, transformers, onnx, onnxscript, onnxruntime, safetensors; the tests
 only read what it wrote.
@@ -37,8 +40,19 @@ specs = {
  "bart_enc": enc(T.BartConfig, None, encoder_layers=2, d_model=32, encoder_attention_heads=4, encoder_ffn_dim=64, vocab_size=64, max_position_embeddings=64),
  "mpnet": enc(T.MPNetConfig, T.MPNetModel, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=80),
  "deberta": enc(T.DebertaV2Config, T.DebertaV2Model, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=64),
+ "qwen3": dec(T.Qwen3Config, T.Qwen3ForCausalLM, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64, vocab_size=64, max_position_embeddings=64),
+ "phi3": dec(T.Phi3Config, T.Phi3ForCausalLM, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64, pad_token_id=0),
+ "cohere": dec(T.CohereConfig, T.CohereForCausalLM, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=64),
+ "gptj": dec(T.GPTJConfig, T.GPTJForCausalLM, n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64, rotary_dim=4),
+ "bigcode": dec(T.GPTBigCodeConfig, T.GPTBigCodeForCausalLM, n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64, multi_query=True),
+ "mobilebert": enc(T.MobileBertConfig, T.MobileBertModel, num_hidden_layers=2, hidden_size=32, embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16, num_attention_heads=4, intermediate_size=32, vocab_size=64, max_position_embeddings=64),
+ "llama_scaled": dec(T.LlamaConfig, T.LlamaForCausalLM, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+ "nemotron": dec(T.NemotronConfig, T.NemotronForCausalLM, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64, head_dim=8),
+ "xlm_roberta": enc(T.XLMRobertaConfig, T.XLMRobertaModel, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=80),
+ "clip_text": enc(T.CLIPTextConfig, T.CLIPTextModel, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=64),
 }
-names = sys.argv[2:] or list(specs)
+torchscript = "--torchscript" in sys.argv
+names = [a for a in sys.argv[2:] if a != "--torchscript"] or list(specs)
 for name in names:
     cfg_cls, model_cls, kw, kind = specs[name]
     try:
@@ -66,9 +80,12 @@ for name in names:
                 def __init__(s, m): super().__init__(); s.m = m
                 def forward(s, input_ids): return s.m(input_ids=input_ids, use_cache=False).logits
         w = W(model).eval()
-        d = f"{out_root}/{name}"; os.makedirs(d, exist_ok=True)
+        d = f"{out_root}/{name}" + ("_ts" if torchscript else ""); os.makedirs(d, exist_ok=True)
         args = tuple(torch.from_numpy(v) for v in inputs.values())
-        torch.onnx.export(w, args, f"{d}/model.onnx", dynamo=True, opset_version=18, optimize=True, external_data=False, input_names=list(inputs), output_names=["out"])
+        if torchscript:
+            torch.onnx.export(w, args, f"{d}/model.onnx", dynamo=False, opset_version=17, input_names=list(inputs), output_names=["out"])
+        else:
+            torch.onnx.export(w, args, f"{d}/model.onnx", dynamo=True, opset_version=18, optimize=True, external_data=False, input_names=list(inputs), output_names=["out"])
         s = ort.InferenceSession(f"{d}/model.onnx", providers=["CPUExecutionProvider"])
         res = s.run(None, inputs)
         with torch.no_grad():
