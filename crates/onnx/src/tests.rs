@@ -382,6 +382,17 @@ fn weights_in_an_external_file_are_read_from_the_models_folder() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Counts an import that succeeded or failed with a message.
+fn tally(r: crate::Result<Imported>, imported: &mut usize, refused: &mut usize) {
+    match r {
+        Ok(_) => *imported += 1,
+        Err(e) => {
+            assert!(!e.to_string().is_empty());
+            *refused += 1;
+        }
+    }
+}
+
 /// A small deterministic generator for the mutation test.
 fn next(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -434,13 +445,11 @@ fn mutated_model_bytes_import_or_fail_cleanly() {
                 }
             }
         }
-        match Model::from_bytes(bytes, "mutated", None).and_then(|m| import(&m, &ImportOptions::default())) {
-            Ok(_) => imported += 1,
-            Err(e) => {
-                assert!(!e.to_string().is_empty());
-                refused += 1;
-            }
-        }
+        tally(
+            Model::from_bytes(bytes, "mutated", None).and_then(|m| import(&m, &ImportOptions::default())),
+            &mut imported,
+            &mut refused,
+        );
     }
     assert!(
         imported > 0 && refused > 0,
@@ -494,13 +503,11 @@ fn mutated_model_bytes_import_or_fail_cleanly() {
             3 => g.node[k].op_type = Some(op_types[(next(&mut state) as usize) % op_types.len()].to_string()),
             _ => p.opset_import[0].version = Some(1 + (next(&mut state) % 22) as i64),
         }
-        match import(&model(p), &ImportOptions::default()) {
-            Ok(_) => imported += 1,
-            Err(e) => {
-                assert!(!e.to_string().is_empty());
-                refused += 1;
-            }
-        }
+        tally(
+            import(&model(p), &ImportOptions::default()),
+            &mut imported,
+            &mut refused,
+        );
     }
     assert!(
         imported > 0 && refused > 0,

@@ -147,6 +147,20 @@ pub fn reduce_dims(attrs: &Attrs, rank: usize) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// The shape of a reduction of `shape` over `dims` (normalised): those dims
+/// dropped, or kept with size 1.
+pub fn reduced_shape(shape: &[usize], dims: &[usize], keep: bool) -> Vec<usize> {
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(d, &s)| match (dims.contains(&d), keep) {
+            (false, _) => Some(s),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
+
 /// A slice's normalised `(start, length, step)` per dim for an input of `shape`.
 ///
 /// Negative `start`/`end` count from the end; both clamp to the dim like Python's.
@@ -392,17 +406,7 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
             if matches!(r, ReduceOp::Amax | ReduceOp::Amin) && dims.iter().any(|&d| x.shape[d] == 0) {
                 return Err("cannot take amax/amin over an empty dim".into());
             }
-            let shape = x
-                .shape
-                .iter()
-                .enumerate()
-                .filter_map(|(d, &s)| match (dims.contains(&d), keep) {
-                    (false, _) => Some(s),
-                    (true, true) => Some(1),
-                    (true, false) => None,
-                })
-                .collect();
-            Ok(out(x.dtype, shape, device))
+            Ok(out(x.dtype, reduced_shape(&x.shape, &dims, keep), device))
         }
         OpKind::Matmul => {
             attrs.check_keys(&[])?;

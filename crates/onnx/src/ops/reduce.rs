@@ -2,7 +2,7 @@
 //! moved from an attribute to an input (ReduceSum at opset 13, the others
 //! at 18), which also brought `noop_with_empty_axes`.
 
-use switchyard_core::ir::{Attrs, BinaryOp, OpKind, ReduceOp, UnaryOp, ValueId};
+use switchyard_core::ir::{Attrs, BinaryOp, OpKind, ReduceOp, UnaryOp, ValueId, reduced_shape};
 use switchyard_core::{DType, Scalar, TraceBuilder};
 
 use super::{LowerFn, Node, Out, axis, dims_i64, err, matrix_at_axis, one};
@@ -141,15 +141,7 @@ fn empty_reduction(
         _ if !value.is_finite() => return Err(format!("cannot reduce an empty dim of {dt}")),
         _ => Scalar::Int(value as i64),
     };
-    let out: Vec<usize> = shape
-        .iter()
-        .enumerate()
-        .filter_map(|(d, &s)| match (dims.contains(&d), keep) {
-            (false, _) => Some(s),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect();
+    let out = reduced_shape(shape, dims, keep);
     let attrs = Attrs::new()
         .with("shape", &out[..])
         .with("value", scalar)
