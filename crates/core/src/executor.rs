@@ -110,9 +110,28 @@ pub struct Region {
     pub device: Device,
 }
 
+impl Region {
+    /// Where each operand of `op` (one of the region's ops) is found among
+    /// [`Region::inputs`]: `Some(k)` for the `k`-th input, `None` for an
+    /// inline scalar or a value the region computes itself. An op that reads
+    /// one value twice (`matmul(x, x)`) gets the same position twice: a
+    /// kernel is given each distinct value once.
+    pub fn operand_inputs(&self, trace: &Trace, op: OpId) -> Vec<Option<usize>> {
+        trace
+            .op(op)
+            .operands
+            .iter()
+            .map(|o| o.value().and_then(|v| self.inputs.iter().position(|&i| i == v)))
+            .collect()
+    }
+}
+
 /// Compiled code for one region.
 pub trait Kernel: Send + Sync {
-    /// Runs the region: `inputs` match [`Region::inputs`], and the result must
+    /// Runs the region: `inputs` match [`Region::inputs`], one tensor per
+    /// distinct value the region reads, so an op reading a value twice
+    /// (`matmul(x, x)`, `add(x, x)`) finds it once; kernels map their ops'
+    /// operands to inputs with [`Region::operand_inputs`]. The result must
     /// match [`Region::outputs`] in order, dtype and shape.
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>>;
 
@@ -312,4 +331,26 @@ pub fn options_in<'a>(options: &'a BTreeMap<String, toml::Table>, name: &str) ->
     options
         .get(name)
         .unwrap_or_else(|| EMPTY.get_or_init(toml::Table::new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::parse;
+
+    #[test]
+    fn an_operand_read_twice_is_one_input() {
+        let t = parse("input x: f32[2, 2]\ny = matmul(x, x)\nz = add(y, 1.0)\noutput z\n").unwrap();
+        let region = Region {
+            id: 0,
+            executor: 0,
+            ops: vec![OpId(0), OpId(1)],
+            inputs: vec![t.inputs[0]],
+            outputs: vec![t.outputs[0]],
+            device: crate::Device::Cpu,
+        };
+        assert_eq!(region.operand_inputs(&t, OpId(0)), vec![Some(0), Some(0)]);
+        // A value computed inside the region and an inline scalar are no input.
+        assert_eq!(region.operand_inputs(&t, OpId(1)), vec![None, None]);
+    }
 }

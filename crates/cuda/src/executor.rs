@@ -35,6 +35,22 @@ pub fn one_op_on_device(region: &Region, needs: &[Needs]) -> Result<(OpId, u32),
     }
 }
 
+/// The positions among the region's inputs of each operand of its one op,
+/// which an operator kernel reads its operands by: a value read twice
+/// (`matmul(x, x)`) is one input, given once.
+pub fn operand_inputs(
+    region: &Region,
+    trace: &switchyard_core::Trace,
+    op: OpId,
+) -> Result<Vec<usize>, String> {
+    region
+        .operand_inputs(trace, op)
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| k.ok_or_else(|| format!("operand {} is not a tensor input of the region", i + 1)))
+        .collect()
+}
+
 /// Something made once per device, on first use, from the device's stream
 /// (a library handle).
 pub struct PerDevice<T> {

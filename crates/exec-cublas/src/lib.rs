@@ -134,9 +134,11 @@ impl Executor for CublasExecutor {
         };
         let (op, device) = executor::one_op_on_device(region, &[Needs::Cublas]).map_err(&fail)?;
         let (what, _) = gemm_in_trace(cx, op).map_err(&fail)?;
+        let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
         let handle = gemm::handle(device).map_err(&fail)?;
         Ok(Box::new(GemmKernel {
             what,
+            operands,
             dtype: cx.trace.meta(cx.trace.op(op).outputs[0]).dtype,
             device,
             handle,
@@ -148,6 +150,8 @@ impl Executor for CublasExecutor {
 /// A compiled matmul or linear.
 struct GemmKernel {
     what: What,
+    /// The region input each operand is (`matmul(x, x)` reads input 0 twice).
+    operands: Vec<usize>,
     dtype: DType,
     device: u32,
     handle: Arc<CudaBlasLT>,
@@ -186,6 +190,19 @@ impl GemmKernel {
 
 impl Kernel for GemmKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let inputs = self
+            .operands
+            .iter()
+            .map(|&k| inputs.get(k).copied())
+            .collect::<Option<Vec<&Tensor>>>()
+            .ok_or_else(|| {
+                self.error(format!(
+                    "expected {} input(s), got {}",
+                    self.operands.len(),
+                    inputs.len()
+                ))
+            })?;
+        let inputs = inputs.as_slice();
         let device = Device::Cuda(self.device);
         for t in inputs {
             if t.device() != device || t.dtype() != self.dtype {

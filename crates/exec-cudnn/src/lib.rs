@@ -210,6 +210,7 @@ impl Executor for CudnnExecutor {
         let (op, device) =
             executor::one_op_on_device(region, &[Needs::Cublas, Needs::Cudnn]).map_err(&fail)?;
         let attention = attention_in_trace(cx, op).map_err(&fail)?;
+        let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
         let blas = gemm::handle(device).map_err(&fail)?;
         let dnn = cudnn_handle(device).map_err(&fail)?;
         let mask = if attention.causal {
@@ -219,6 +220,7 @@ impl Executor for CudnnExecutor {
         };
         Ok(Box::new(AttentionKernel {
             attention,
+            operands,
             device,
             blas,
             dnn,
@@ -273,6 +275,8 @@ fn causal_mask(a: &Attention, device: u32) -> std::result::Result<Tensor, String
 /// A compiled attention.
 struct AttentionKernel {
     attention: Attention,
+    /// The region input each of q, k and v is (`sdpa(q, q, q)` reads input 0 thrice).
+    operands: Vec<usize>,
     device: u32,
     blas: Arc<CudaBlasLT>,
     dnn: Arc<Mutex<Handle>>,
@@ -382,9 +386,16 @@ impl Kernel for AttentionKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         let device = Device::Cuda(self.device);
         let a0 = &self.attention;
-        if inputs.len() != 3 {
-            return Err(self.error(format!("expected q, k and v, got {} inputs", inputs.len())));
-        }
+        let inputs = match self
+            .operands
+            .iter()
+            .map(|&k| inputs.get(k).copied())
+            .collect::<Option<Vec<&Tensor>>>()
+        {
+            Some(v) if v.len() == 3 => v,
+            _ => return Err(self.error(format!("expected q, k and v, got {} inputs", inputs.len()))),
+        };
+        let inputs = inputs.as_slice();
         for t in inputs {
             if t.device() != device || t.dtype() != a0.dtype {
                 return Err(self.error(format!(

@@ -109,7 +109,18 @@ impl Executor for TiledMatmul {
             message,
         })?;
         let out = cx.trace.meta(cx.trace.op(op).outputs[0]);
+        // A value read twice (`matmul(x, x)`) is one input of the region.
+        let operands = region
+            .operand_inputs(cx.trace, op)
+            .into_iter()
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| Error::Kernel {
+                executor: NAME.into(),
+                op: cx.trace.describe_op(op),
+                message: "an operand is not a tensor input of the region".into(),
+            })?;
         Ok(Box::new(MatmulKernel {
+            operands,
             dims: d,
             shape: Arc::new(out.shape.clone()),
         }))
@@ -117,6 +128,8 @@ impl Executor for TiledMatmul {
 }
 
 struct MatmulKernel {
+    /// The region input each operand is.
+    operands: Vec<usize>,
     dims: [usize; 4],
     shape: Arc<Vec<usize>>,
 }
@@ -156,8 +169,11 @@ impl Kernel for MatmulKernel {
             op: "matmul".into(),
             message,
         };
-        let [a, b] = inputs else {
-            return Err(fail(format!("expected 2 inputs, got {}", inputs.len())));
+        let (Some(a), Some(b)) = (
+            self.operands.first().and_then(|&k| inputs.get(k)),
+            self.operands.get(1).and_then(|&k| inputs.get(k)),
+        ) else {
+            return Err(fail(format!("expected 2 operands, got {} inputs", inputs.len())));
         };
         // The plugin boundary hands over dense tensors.
         let out = match (a.contiguous_data::<f32>(), b.contiguous_data::<f32>()) {

@@ -377,6 +377,31 @@ fn gpu_every_claimed_op_matches_the_fallback() {
 }
 
 #[test]
+fn gpu_ops_that_read_one_value_twice_match_the_fallback() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    // A region is given each distinct value once: matmul(x, x) on cuBLAS,
+    // sdpa(q, q, q) on cuDNN, add and cat of a value with itself fused.
+    let cases: &[(&str, f64)] = &[
+        ("input x: f32[64, 64]\ny = matmul(x, x)\noutput y\n", 1e-3),
+        ("input x: f32[32, 32]\ny = linear(x, x)\noutput y\n", 1e-3),
+        (
+            "input q: f32[2, 4, 32, 16]\na = sdpa(q, q, q, causal=true)\noutput a\n",
+            1e-3,
+        ),
+        (
+            "input x: f32[8, 96]\na = add(x, x)\nc = cat(a, a, dim=1)\noutput c\n",
+            1e-6,
+        ),
+    ];
+    for (text, tol) in cases {
+        gpu_matches_fallback(text, *tol);
+    }
+}
+
+#[test]
 fn gpu_the_transformer_block_matches_the_fallback() {
     if let Some(why) = no_gpu() {
         println!("skipped: no GPU here ({why})");

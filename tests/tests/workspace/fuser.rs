@@ -515,3 +515,17 @@ fn cat_is_handed_back_when_its_parts_are_expensive() {
         .map(|r| plan.executor_name(r));
     assert_eq!(cat_on.as_deref(), Some("fallback"));
 }
+
+#[test]
+fn ops_that_read_one_value_twice_match_the_fallback() {
+    // Each region is given a value once however many operands read it.
+    let src = "input x: f32[4, 6]\na = add(x, x)\nm = mul(a, a)\nc = cat(m, m, dim=1)\nw = where(gt(c, 0.0), c, c)\np = matmul(x, transpose(x, perm=[1, 0]))\noutput w, p\n";
+    let src = src
+        .replace("where(gt(c, 0.0), c, c)", "maximum(c, c)")
+        .replace("matmul(x, transpose(x, perm=[1, 0]))", "sum(x, dims=[1])");
+    assert!(check(&parse(&src).unwrap(), 7) >= 1);
+    let mm = "input x: f32[5, 5]\ny = matmul(x, x)\nz = add(y, y)\noutput z\n";
+    check(&parse(mm).unwrap(), 8);
+    let sdpa = "input q: f32[2, 4, 8]\ny = sdpa(q, q, q, causal=true)\noutput y\n";
+    check(&parse(sdpa).unwrap(), 9);
+}

@@ -301,3 +301,20 @@ fn an_executor_linked_in_is_registered() {
     let out = switchyard_tests::run_plan(plan, &inputs).unwrap().outputs;
     same_as_fallback(&t, &out);
 }
+
+#[test]
+fn a_plugin_kernel_finds_a_value_read_twice_once() {
+    // `matmul(x, x)`: the region has one input, which the kernel reads as
+    // both operands.
+    let t =
+        switchyard_core::text::parse("input x: f32[8, 8]\ny = matmul(x, x)\nz = matmul(y, x)\noutput z\n")
+            .unwrap();
+    let path = matmul_plugin().display().to_string();
+    let fast = config(&format!(
+        "[[plugin]]\npath = {path:?}\n[options.tiled_matmul]\ngflops = 1000000.0\n"
+    ));
+    let (outputs, executors, set_aside) = plan_and_run(&t, &fast).unwrap();
+    assert!(set_aside.is_empty(), "{set_aside:?}");
+    assert_eq!(executors, vec!["tiled_matmul", "tiled_matmul"]);
+    same_as_fallback(&t, &outputs);
+}
