@@ -51,6 +51,8 @@ specs = {
  "xlm_roberta": enc(T.XLMRobertaConfig, T.XLMRobertaModel, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=80),
  "clip_text": enc(T.CLIPTextConfig, T.CLIPTextModel, num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=64),
 }
+for k in ["qwen2", "opt"]:
+    specs[k + "_mask"] = specs[k]
 torchscript = "--torchscript" in sys.argv
 names = [a for a in sys.argv[2:] if a != "--torchscript"] or list(specs)
 for name in names:
@@ -67,13 +69,16 @@ for name in names:
         model.eval()
         rng = np.random.default_rng(7)
         ids = rng.integers(3, 64, size=(2, 16)).astype(np.int64)
-        if kind == "encoder":
+        # Decoders named NAME_mask also take an attention mask with padding.
+        if kind == "encoder" or name.endswith("_mask"):
             mask = np.ones((2, 16), dtype=np.int64); mask[1, -5:] = 0
             ids[1, -5:] = getattr(cfg, "pad_token_id", 0) or 0
             inputs = {"input_ids": ids, "attention_mask": mask}
             class W(torch.nn.Module):
                 def __init__(s, m): super().__init__(); s.m = m
-                def forward(s, input_ids, attention_mask): return s.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                def forward(s, input_ids, attention_mask):
+                    o = s.m(input_ids=input_ids, attention_mask=attention_mask)
+                    return o.logits if hasattr(o, "logits") else o.last_hidden_state
         else:
             inputs = {"input_ids": ids}
             class W(torch.nn.Module):

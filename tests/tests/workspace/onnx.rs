@@ -78,8 +78,8 @@ fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() 
 }
 
 #[test]
-fn thirty_exported_transformers_match_onnx_runtime() {
-    models_match_their_expected_outputs(&repo_path("tests/data/onnx"), 30);
+fn thirty_two_exported_transformers_match_onnx_runtime() {
+    models_match_their_expected_outputs(&repo_path("tests/data/onnx"), 32);
 }
 
 #[test]
