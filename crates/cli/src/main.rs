@@ -33,7 +33,7 @@ use switchyard_core::report::{
 use switchyard_core::runtime::RunOptions;
 use switchyard_core::{Device, Trace, text};
 
-use crate::model::{ModelArgs, Program, read_feeds, trace_inputs};
+use crate::model::{ModelArgs, Program, read_feeds};
 
 /// Keeps the built-in executors and device layers linked: their `inventory`
 /// entries live in crates this binary would otherwise never reference.
@@ -408,7 +408,10 @@ fn run(args: RunArgs) -> Result<()> {
     let inputs = match (&program.onnx, &feeds) {
         (Some(m), Some(feeds)) => m.bind_inputs(feeds)?,
         (Some(m), None) => m.random_inputs(args.seed),
-        (None, Some(feeds)) => trace_inputs(trace, feeds, &args.inputs)?,
+        (None, Some(feeds)) => {
+            let files: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();
+            switchyard_core::io::take_inputs(trace, feeds, &files.join(", "))?
+        }
         (None, None) => random_inputs(trace, args.seed),
     };
     let opts = RunOptions {

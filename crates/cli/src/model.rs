@@ -120,56 +120,6 @@ pub fn read_feeds(paths: &[PathBuf]) -> Result<HashMap<String, Tensor>> {
     Ok(all)
 }
 
-/// The trace's inputs taken from `feeds` by name, checked against their
-/// dtypes and shapes.
-pub fn trace_inputs(
-    trace: &Trace,
-    feeds: &HashMap<String, Tensor>,
-    files: &[PathBuf],
-) -> Result<Vec<Tensor>> {
-    trace
-        .inputs
-        .iter()
-        .map(|&id| {
-            let v = trace.value(id);
-            let t = feeds.get(&v.name).ok_or_else(|| {
-                let mut names: Vec<&str> = feeds.keys().map(String::as_str).collect();
-                names.sort_unstable();
-                let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-                switchyard_core::Error::Tensor {
-                    name: v.name.clone(),
-                    message: format!(
-                        "not found in {} (it holds: {})",
-                        files.join(", "),
-                        names.join(", ")
-                    ),
-                }
-            })?;
-            t.check_meta(&v.name, &v.meta).map_err(|e| match e {
-                switchyard_core::Error::Tensor { name, message } => {
-                    let file = files
-                        .iter()
-                        .find(|p| read_names(p).contains(&name))
-                        .map_or_else(String::new, |p| format!("in {}: ", p.display()));
-                    switchyard_core::Error::Tensor {
-                        name,
-                        message: format!("{file}{message}"),
-                    }
-                }
-                e => e,
-            })?;
-            Ok(t.clone())
-        })
-        .collect()
-}
-
-/// The tensor names in a safetensors file (none if it cannot be read).
-fn read_names(path: &Path) -> Vec<String> {
-    read_safetensors(path)
-        .map(|m| m.into_keys().collect())
-        .unwrap_or_default()
-}
-
 /// A name per file for reports: its stem (`mlp.onnx` is `mlp`), or, where
 /// stems repeat (`gpt2/model.onnx` and `bert/model.onnx`), its folder and
 /// stem, or its whole path.

@@ -132,36 +132,35 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
 
 /// Takes the trace's inputs from a safetensors file, checking dtype and shape.
 pub fn load_inputs(path: &Path, trace: &Trace) -> Result<Vec<Tensor>> {
-    let mut all = read_safetensors(path)?;
+    take_inputs(trace, &read_safetensors(path)?, &path.display().to_string())
+}
+
+/// Takes the trace's inputs by name from `tensors` (read from `source`, for
+/// messages), checking dtype and shape.
+pub fn take_inputs(trace: &Trace, tensors: &HashMap<String, Tensor>, source: &str) -> Result<Vec<Tensor>> {
     trace
         .inputs
         .iter()
         .map(|&id| {
             let v = trace.value(id);
-            let t = all.remove(&v.name).ok_or_else(|| Error::Tensor {
+            let t = tensors.get(&v.name).ok_or_else(|| Error::Tensor {
                 name: v.name.clone(),
-                message: format!("not found in {} (it holds: {})", path.display(), {
-                    let mut names: Vec<String> = read_names(path).unwrap_or_default();
-                    names.sort();
+                message: format!("not found in {source} (it holds: {})", {
+                    let mut names: Vec<&str> = tensors.keys().map(String::as_str).collect();
+                    names.sort_unstable();
                     names.join(", ")
                 }),
             })?;
             t.check_meta(&v.name, &v.meta).map_err(|e| match e {
                 Error::Tensor { name, message } => Error::Tensor {
                     name,
-                    message: format!("in {}: {message}", path.display()),
+                    message: format!("in {source}: {message}"),
                 },
                 e => e,
             })?;
-            Ok(t)
+            Ok(t.clone())
         })
         .collect()
-}
-
-fn read_names(path: &Path) -> Option<Vec<String>> {
-    let bytes = std::fs::read(path).ok()?;
-    let st = SafeTensors::deserialize(&bytes).ok()?;
-    Some(st.names().into_iter().map(|s| s.to_string()).collect())
 }
 
 /// A deterministic random tensor for an input: floats uniform in [-1, 1),

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaStream;
-use switchyard_core::Device;
 use switchyard_core::executor::{Availability, Region};
 use switchyard_core::ir::OpId;
+use switchyard_core::{Device, Tensor};
 
 use crate::Needs;
 
@@ -51,6 +51,22 @@ pub fn operand_inputs(
         .collect()
 }
 
+/// The operands of an operator kernel's op, picked from the region's
+/// `inputs` at the `positions` [`operand_inputs`] gave, without allocating
+/// on the run path: an array and how many of it are operands. `None` when
+/// a position is past the inputs or there are more than three operands.
+pub fn pick_operands<'a>(positions: &[usize], inputs: &[&'a Tensor]) -> Option<([&'a Tensor; 3], usize)> {
+    let first = *inputs.first()?;
+    let mut picked = [first; 3];
+    if positions.len() > picked.len() {
+        return None;
+    }
+    for (slot, &k) in picked.iter_mut().zip(positions) {
+        *slot = *inputs.get(k)?;
+    }
+    Some((picked, positions.len()))
+}
+
 /// Something made once per device, on first use, from the device's stream
 /// (a library handle).
 pub struct PerDevice<T> {
@@ -88,5 +104,27 @@ impl<T: Clone> PerDevice<T> {
 impl<T: Clone> Default for PerDevice<T> {
     fn default() -> Self {
         PerDevice::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operands_read_twice_are_picked_from_one_input() {
+        let x = Tensor::from_vec(vec![1f32, 2.0], &[2]).unwrap();
+        let y = Tensor::from_vec(vec![3f32], &[1]).unwrap();
+        let inputs = [&x, &y];
+        let (picked, n) = pick_operands(&[0, 0, 1], &inputs).unwrap();
+        assert_eq!(n, 3);
+        let shapes: Vec<&[usize]> = picked.iter().map(|t| t.shape()).collect();
+        assert_eq!(shapes, vec![&[2][..], &[2], &[1]]);
+        assert!(
+            pick_operands(&[0, 2], &inputs).is_none(),
+            "a position past the inputs"
+        );
+        assert!(pick_operands(&[0, 0, 0, 0], &inputs).is_none(), "four operands");
+        assert!(pick_operands(&[0], &[]).is_none(), "no inputs");
     }
 }

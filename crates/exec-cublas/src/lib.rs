@@ -190,19 +190,14 @@ impl GemmKernel {
 
 impl Kernel for GemmKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let inputs = self
-            .operands
-            .iter()
-            .map(|&k| inputs.get(k).copied())
-            .collect::<Option<Vec<&Tensor>>>()
-            .ok_or_else(|| {
-                self.error(format!(
-                    "expected {} input(s), got {}",
-                    self.operands.len(),
-                    inputs.len()
-                ))
-            })?;
-        let inputs = inputs.as_slice();
+        let (picked, n) = executor::pick_operands(&self.operands, inputs).ok_or_else(|| {
+            self.error(format!(
+                "expected {} operand(s), got {} input(s)",
+                self.operands.len(),
+                inputs.len()
+            ))
+        })?;
+        let inputs = &picked[..n];
         let device = Device::Cuda(self.device);
         for t in inputs {
             if t.device() != device || t.dtype() != self.dtype {

@@ -386,16 +386,11 @@ impl Kernel for AttentionKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         let device = Device::Cuda(self.device);
         let a0 = &self.attention;
-        let inputs = match self
-            .operands
-            .iter()
-            .map(|&k| inputs.get(k).copied())
-            .collect::<Option<Vec<&Tensor>>>()
-        {
-            Some(v) if v.len() == 3 => v,
+        let picked = match executor::pick_operands(&self.operands, inputs) {
+            Some((picked, 3)) => picked,
             _ => return Err(self.error(format!("expected q, k and v, got {} inputs", inputs.len()))),
         };
-        let inputs = inputs.as_slice();
+        let inputs = picked.as_slice();
         for t in inputs {
             if t.device() != device || t.dtype() != a0.dtype {
                 return Err(self.error(format!(

@@ -61,16 +61,7 @@ fn declared_shape(t: &TensorProto, dtype: DType) -> Result<Vec<usize>, String> {
     for &d in &t.dims {
         shape.push(usize::try_from(d).map_err(|_| format!("has a negative dim {d}"))?);
     }
-    let bytes = shape
-        .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-        .filter(|&b| b <= isize::MAX as usize);
-    if bytes.is_none() {
-        return Err(format!(
-            "declares {dtype}{}, too large to address",
-            ShapeDisplay(&shape)
-        ));
-    }
+    switchyard_core::ir::check_size(&shape, dtype).map_err(|e| format!("declares {e}"))?;
     Ok(shape)
 }
 

@@ -6,11 +6,11 @@ use prost::Message;
 use switchyard_core::ir::OpKind;
 use switchyard_core::{DType, Tensor};
 
+use crate::Error;
 use crate::builder::{Dim, ModelBuilder, attr_int, attr_ints, attr_string};
 use crate::import::{ImportOptions, Imported, import, import_for, run_fallback};
 use crate::model::Model;
 use crate::proto::{ModelProto, OperatorSetIdProto};
-use crate::{Error, builder};
 
 fn model(p: ModelProto) -> Model {
     Model::from_bytes(p.encode_to_vec(), "test.onnx", None).unwrap()
@@ -311,7 +311,6 @@ fn composites_are_kept_for_executors_to_claim() {
     let m = import(&model(p), &ImportOptions::default()).unwrap();
     let names: Vec<&str> = m.trace.ops.iter().map(|o| o.kind.name()).collect();
     assert_eq!(names, vec!["layer_norm", "softmax", "gelu"]);
-    let _ = builder::attr_float("unused", 0.0);
 }
 
 #[test]

@@ -116,7 +116,7 @@ fn out(dtype: DType, shape: Vec<usize>, device: Device) -> Vec<TensorMeta> {
 
 /// Checks that a tensor of this shape and dtype has a byte size that fits in memory
 /// arithmetic (so later products of dims cannot overflow).
-pub(crate) fn check_size(shape: &[usize], dtype: DType) -> Result<(), String> {
+pub fn check_size(shape: &[usize], dtype: DType) -> Result<(), String> {
     let bytes = shape
         .iter()
         .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))

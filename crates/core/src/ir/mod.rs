@@ -21,7 +21,7 @@ pub use builder::TraceBuilder;
 pub use decompose::decompose_composites;
 pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;
-pub use infer::{OperandMeta, infer, reduce_dims, reduced_shape, slice_params};
+pub use infer::{OperandMeta, check_size, infer, reduce_dims, reduced_shape, slice_params};
 pub use ops::{BinaryOp, CompositeOp, OpKind, ReduceOp, UnaryOp};
 
 pub(crate) use attr::is_reserved_word;

@@ -236,15 +236,8 @@ pub(super) fn input_meta(vi: &ValueInfoProto, options: &ImportOptions) -> Result
         };
         dims.push(dim);
     }
-    switchyard_core::meta::numel(&dims);
+    switchyard_core::ir::check_size(&dims, dtype).map_err(&bad)?;
     let meta = TensorMeta::new(dtype, dims);
-    let bytes = meta.shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
-    if bytes.is_none_or(|b| b > isize::MAX as usize) {
-        return Err(bad(format!(
-            "{dtype}{} is too large to address",
-            ShapeDisplay(&meta.shape)
-        )));
-    }
     Ok(meta)
 }
 

@@ -92,18 +92,13 @@ impl Imported {
                     k.join(", ")
                 }),
             })?;
-            if t.dtype() != meta.dtype || t.shape() != meta.shape.as_slice() {
-                return Err(Error::Input {
-                    input: name.to_string(),
-                    message: format!(
-                        "the model takes {}{} but {}{} was given",
-                        meta.dtype,
-                        ShapeDisplay(&meta.shape),
-                        t.dtype(),
-                        ShapeDisplay(t.shape())
-                    ),
-                });
-            }
+            t.check_meta(name, meta).map_err(|e| Error::Input {
+                input: name.to_string(),
+                message: match e {
+                    switchyard_core::Error::Tensor { message, .. } => format!("the model {message}"),
+                    e => e.to_string(),
+                },
+            })?;
             Ok(t.clone())
         })
     }
