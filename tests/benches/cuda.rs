@@ -3,8 +3,9 @@
 //!   device-to-device copy of the same bytes (both read and write 256 MiB
 //!   once), so `copy / chain` is the fraction of copy bandwidth the fused
 //!   kernel reaches;
-//! - `cuda_gemm`: a 4096² f32 and f16 matmul through the cuBLAS executor's
-//!   compiled plan against the same cuBLASLt call made directly;
+//! - `cuda_gemm`: a 4096² matmul in f32 (IEEE), f32 with TF32 allowed and
+//!   f16 through the cuBLAS executor's compiled plan against the same
+//!   cuBLASLt call made directly into a buffer allocated once;
 //! - `cuda_block`: a transformer block (seq 512, width 1024) with the fuser
 //!   against without it (its elementwise ops then run on the host);
 //! - `cuda_compile`: planning and compiling 1 and 32 layers, cold (an empty
@@ -16,7 +17,6 @@
 use std::sync::Arc;
 
 use criterion::Criterion;
-use cudarc::cublaslt::{CudaBlasLT, Matmul};
 use switchyard_core::cache::KernelCache;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::device::move_to;
@@ -26,7 +26,9 @@ use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::text::parse;
 use switchyard_core::{Device, Tensor, Trace};
-use switchyard_cuda::{Needs, Raw, gemm, probe};
+use switchyard_cuda::gemm::{self, Math};
+use switchyard_cuda::lt::{Element, Gemms};
+use switchyard_cuda::{Needs, Raw, probe};
 use switchyard_exec_cublas::CublasExecutor;
 use switchyard_exec_cudnn::CudnnExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
@@ -45,15 +47,13 @@ fn set(fuser: bool) -> ExecutorSet {
 }
 
 fn compiled(trace: &Trace, fuser: bool, cache: &KernelCache) -> CompiledPlan {
+    compiled_with(trace, &set(fuser), cache)
+}
+
+fn compiled_with(trace: &Trace, set: &ExecutorSet, cache: &KernelCache) -> CompiledPlan {
     let mut t = trace.clone();
     t.retarget(GPU);
-    let plan = partition(
-        &t,
-        &set(fuser),
-        &DeviceModel::h200(),
-        &PartitionOptions::default(),
-    )
-    .unwrap();
+    let plan = partition(&t, set, &DeviceModel::h200(), &PartitionOptions::default()).unwrap();
     CompiledPlan::compile_with(plan, cache).unwrap()
 }
 
@@ -88,47 +88,50 @@ fn bandwidth(c: &mut Criterion) {
 }
 
 /// The cuBLASLt call the executor makes, made directly.
-fn direct<T>(handle: &CudaBlasLT, desc: &gemm::Gemm, inputs: &[Tensor], out: &Tensor)
-where
-    CudaBlasLT: Matmul<T>,
-{
+fn direct<T: Element>(gemms: &Gemms, desc: &gemm::Gemm, inputs: &[Tensor], out: &Tensor) {
     let raw = |t: &Tensor| Raw::<T>::of(t).unwrap();
-    gemm::run(
-        handle,
-        desc,
-        (1.0, 0.0),
-        &raw(&inputs[0]),
-        &raw(&inputs[1]),
-        None,
-        &mut raw(out),
-    )
-    .unwrap();
+    gemms
+        .run(
+            desc,
+            (1.0, 0.0),
+            &raw(&inputs[0]),
+            &raw(&inputs[1]),
+            None,
+            &mut raw(out),
+        )
+        .unwrap();
     switchyard_cuda::synchronize(0).unwrap();
 }
 
 fn gemms(c: &mut Criterion) {
     let mut g = c.benchmark_group("cuda_gemm");
     g.sample_size(20);
-    for dtype in ["f32", "f16"] {
+    for (name, dtype, math) in [
+        ("f32", "f32", Math::Ieee),
+        ("f32_tf32", "f32", Math::Tf32),
+        ("f16", "f16", Math::Ieee),
+    ] {
         let t = parse(&format!(
             "input a: {dtype}[4096, 4096]\ninput b: {dtype}[4096, 4096]\nc = matmul(a, b)\noutput c\n"
         ))
         .unwrap();
-        let plan = compiled(&t, true, &KernelCache::new(64));
+        let mut executors = set(true);
+        executors.numerics.allow_tf32 = math == Math::Tf32;
+        let plan = compiled_with(&t, &executors, &KernelCache::new(64));
         let inputs = device_inputs(&t);
-        g.bench_function(format!("executor_{dtype}"), |b| {
+        g.bench_function(format!("executor_{name}"), |b| {
             b.iter(|| timed_run(&plan, &inputs))
         });
         let dense = switchyard_core::meta::contiguous_strides(&[4096, 4096]);
         let shape = [4096usize, 4096];
         let desc = gemm::gemm_of((&shape, &dense), (&shape, &dense), None, false).unwrap();
-        let handle = gemm::handle(0).unwrap();
+        let handle = Gemms::new(0, math).unwrap();
         let (out, _) = switchyard_cuda::alloc_zeros(0, inputs[0].dtype(), &shape).unwrap();
         let direct = |b: &mut criterion::Bencher| match dtype {
             "f32" => b.iter(|| direct::<f32>(&handle, &desc, &inputs, &out)),
             _ => b.iter(|| direct::<half::f16>(&handle, &desc, &inputs, &out)),
         };
-        g.bench_function(format!("direct_{dtype}"), direct);
+        g.bench_function(format!("direct_{name}"), direct);
     }
     g.finish();
 }

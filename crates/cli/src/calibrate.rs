@@ -88,6 +88,7 @@ pub fn measure(quick: bool) -> Result<DeviceModel> {
         host_overhead_ns,
         // A host has no link to itself to measure; the figure is for devices.
         host_link_gb_s: DeviceModel::cpu_default().host_link_gb_s,
+        tf32_gflops: None,
     };
     model
         .validate()

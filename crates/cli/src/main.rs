@@ -125,6 +125,11 @@ struct Planning {
     /// may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    /// Let float32 matrix products run on TF32 tensor cores (the config's
+    /// `allow_tf32`; an executor's `tf32` option still overrides it).
+    /// Without it, f32 is computed as IEEE f32.
+    #[arg(long)]
+    allow_tf32: bool,
     #[command(flatten)]
     targeting: Targeting,
     #[command(flatten)]
@@ -206,10 +211,12 @@ impl Planning {
     }
 
     fn config(&self) -> Result<Config> {
-        Ok(match &self.config {
+        let mut config = match &self.config {
             Some(p) => Config::from_file(p)?,
             None => Config::default(),
-        })
+        };
+        config.allow_tf32 |= self.allow_tf32;
+        Ok(config)
     }
 
     /// Loads the plugins (warning about those that cannot be), and returns
@@ -362,6 +369,11 @@ struct BenchArgs {
     /// Load this executor plugin; may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    /// Let float32 matrix products run on TF32 tensor cores (the config's
+    /// `allow_tf32`; an executor's `tf32` option still overrides it).
+    /// Without it, f32 is computed as IEEE f32.
+    #[arg(long)]
+    allow_tf32: bool,
     #[command(flatten)]
     targeting: Targeting,
     #[command(flatten)]

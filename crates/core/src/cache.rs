@@ -2,11 +2,11 @@
 //! so structurally identical regions (the 32 layers of a transformer) compile
 //! once.
 //!
-//! The key holds the executor's name, version and options, and the region's ops
-//! in order with every value renamed by position: region inputs by first use,
-//! op results by (op, output). Each op brings its kind, attributes, scalar
-//! operands and output metadata; each input its dtype, shape, strides and device.
-//! Names never enter the key. Lookup hashes the key to find candidates and
+//! The key holds the executor's name, version and options, the plan's
+//! numerics, and the region's ops in order with every value renamed by
+//! position: region inputs by first use, op results by (op, output). Each op
+//! brings its kind, attributes, scalar operands and output metadata; each
+//! input its dtype, shape, strides and device. Names never enter the key. Lookup hashes the key to find candidates and
 //! compares it whole to confirm, so a hash collision can never return the wrong
 //! kernel. Eviction is least-recently-used at the configured capacity.
 
@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::dtype::Scalar;
 use crate::error::Result;
-use crate::executor::{Kernel, Region};
+use crate::executor::{Kernel, Numerics, Region};
 use crate::ir::{Attrs, OpKind, Operand, Trace, ValueId};
 use crate::meta::TensorMeta;
 
@@ -48,6 +48,7 @@ pub struct RegionKey {
     executor: String,
     version: String,
     options: String,
+    numerics: Numerics,
     inputs: Vec<TensorMeta>,
     ops: Vec<CanonOp>,
     outputs: Vec<Source>,
@@ -56,13 +57,14 @@ pub struct RegionKey {
 
 impl RegionKey {
     /// The key of `region` of `trace`, compiled by an executor with this name,
-    /// version and options.
+    /// version and options under these numerics.
     pub fn new(
         trace: &Trace,
         region: &Region,
         executor: &str,
         version: &str,
         options: &toml::Table,
+        numerics: Numerics,
     ) -> RegionKey {
         let mut source: HashMap<ValueId, Source> =
             HashMap::with_capacity(region.inputs.len() + region.ops.len());
@@ -98,6 +100,7 @@ impl RegionKey {
             version: version.to_string(),
             // TOML tables print their keys in order, so equal options print equally.
             options: options.to_string(),
+            numerics,
             inputs: region.inputs.iter().map(|&v| trace.meta(v).clone()).collect(),
             outputs: region
                 .outputs

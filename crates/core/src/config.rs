@@ -8,10 +8,11 @@
 //! # Or replace the list outright:
 //! # executors = ["myexec", "fallback"]
 //!
+//! hint_policy = "strict"  # or "prefer": hints that cannot be honoured warn
+//! allow_tf32 = false      # f32 matrix products on TF32 tensor cores (off: IEEE f32)
+//!
 //! [options.myexec]
 //! tile = 64
-//!
-//! hint_policy = "strict"  # or "prefer": hints that cannot be honoured warn
 //!
 //! [partitioner]
 //! horizontal = false       # merge independent ops into one fusion (off by default)
@@ -123,6 +124,11 @@ pub struct Config {
     /// error; `prefer`, a warning in the plan.
     #[serde(default)]
     pub hint_policy: HintPolicy,
+    /// Whether float32 matrix products may run on TF32 tensor cores, for
+    /// every executor that offers it (an executor's own `tf32` option
+    /// overrides it). Off by default: f32 is computed as IEEE f32.
+    #[serde(default)]
+    pub allow_tf32: bool,
     /// `[[plugin]]`: executor plugins to load (shared libraries).
     #[serde(default)]
     pub plugin: Vec<PluginConfig>,
@@ -328,6 +334,7 @@ impl Config {
             }
         }
         let mut set = ExecutorSet::default();
+        set.numerics.allow_tf32 = self.allow_tf32;
         for n in names {
             let e = match plugins.iter().find(|p| p.executor.info().name == n) {
                 Some(p) => p.executor.clone(),
@@ -375,6 +382,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.enable, vec!["a"]);
         assert_eq!(c.hint_policy, HintPolicy::Prefer);
+        assert!(!c.allow_tf32, "IEEE f32 unless asked");
+        assert!(Config::parse("allow_tf32 = true\n", "t.toml").unwrap().allow_tf32);
         assert_eq!(Config::default().hint_policy, HintPolicy::Strict);
         assert!(!c.partitioner.horizontal);
         assert!(!Config::default().partitioner.horizontal);
@@ -406,6 +415,11 @@ mod tests {
         assert!(
             e.contains("hint_policy")
                 && e.contains("unknown variant `lenient`, expected `strict` or `prefer`"),
+            "{e}"
+        );
+        let e = err("allow_tf32 = \"yes\"\n");
+        assert!(
+            e.contains("t.toml:1: allow_tf32") && e.contains("expected a boolean"),
             "{e}"
         );
         let e = err("[cache]\ncapacity = 0\n");

@@ -35,6 +35,11 @@ pub struct DeviceModel {
     /// the device. Profiles saved before it existed get the default, 25.
     #[serde(default = "default_host_link")]
     pub host_link_gb_s: f64,
+    /// Peak of float32 matrix products on TF32 tensor cores, GFLOP/s, for
+    /// devices that have them: what an f32 GEMM costs where TF32 is allowed
+    /// (`allow_tf32`). Absent: such products run at the f32 peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tf32_gflops: Option<f64>,
 }
 
 fn default_host_link() -> f64 {
@@ -65,12 +70,13 @@ impl DeviceModel {
             launch_overhead_ns: 1_000.0,
             host_overhead_ns: 500.0,
             host_link_gb_s: default_host_link(),
+            tf32_gflops: None,
         }
     }
 
     /// NVIDIA H100 SXM (published: 3.35 TB/s HBM3; dense tensor-core 989 TFLOP/s
-    /// bf16/f16, 67 TFLOP/s f32 and f64; PCIe 5 x16, 64 GB/s a direction, of
-    /// which about 50 are reached).
+    /// bf16/f16, 495 TFLOP/s TF32, 67 TFLOP/s f32 and f64; PCIe 5 x16, 64 GB/s
+    /// a direction, of which about 50 are reached).
     pub fn h100() -> DeviceModel {
         DeviceModel {
             name: "h100".into(),
@@ -87,6 +93,7 @@ impl DeviceModel {
             launch_overhead_ns: 4_000.0,
             host_overhead_ns: 5_000.0,
             host_link_gb_s: 50.0,
+            tf32_gflops: Some(494_700.0),
         }
     }
 
@@ -99,9 +106,9 @@ impl DeviceModel {
         }
     }
 
-    /// NVIDIA A100 SXM 80GB (published: 2.04 TB/s; 312 TFLOP/s bf16/f16, 19.5
-    /// TFLOP/s f32, 19.5 TFLOP/s f64 on tensor cores; PCIe 4 x16, 32 GB/s a
-    /// direction, of which about 25 are reached).
+    /// NVIDIA A100 SXM 80GB (published: 2.04 TB/s; 312 TFLOP/s bf16/f16, 156
+    /// TFLOP/s TF32, 19.5 TFLOP/s f32, 19.5 TFLOP/s f64 on tensor cores; PCIe 4
+    /// x16, 32 GB/s a direction, of which about 25 are reached).
     pub fn a100() -> DeviceModel {
         DeviceModel {
             name: "a100".into(),
@@ -118,6 +125,7 @@ impl DeviceModel {
             launch_overhead_ns: 4_000.0,
             host_overhead_ns: 5_000.0,
             host_link_gb_s: 25.0,
+            tf32_gflops: Some(156_000.0),
         }
     }
 
@@ -180,6 +188,11 @@ impl DeviceModel {
                 self.host_link_gb_s
             ));
         }
+        if let Some(v) = self.tf32_gflops
+            && !ok(v)
+        {
+            return Err(format!("tf32_gflops must be positive, got {v}"));
+        }
         for d in DType::ALL {
             match self.gflops.get(d.name()) {
                 Some(&v) if ok(v) => {}
@@ -204,9 +217,24 @@ impl DeviceModel {
 
     /// Time of one kernel that moves `bytes` and does `flops` in `dtype`.
     pub fn kernel_ns(&self, bytes: f64, flops: f64, dtype: DType) -> f64 {
+        self.kernel_at_peak_ns(bytes, flops, self.peak(dtype))
+    }
+
+    /// Time of one kernel that moves `bytes` and does `flops` at `gflops`.
+    fn kernel_at_peak_ns(&self, bytes: f64, flops: f64, gflops: f64) -> f64 {
         let memory = bytes / self.bandwidth_gb_s; // bytes / (GB/s) = ns
-        let compute = flops / self.peak(dtype);
+        let compute = flops / gflops;
         self.host_overhead_ns + self.launch_overhead_ns + memory.max(compute)
+    }
+
+    /// Time of one matrix-product kernel that moves `bytes` and does `flops`
+    /// in `dtype`; with `tf32`, an f32 product on TF32 tensor cores (at
+    /// [`DeviceModel::tf32_gflops`] where the device has them).
+    pub fn matmul_ns(&self, bytes: f64, flops: f64, dtype: DType, tf32: bool) -> f64 {
+        match self.tf32_gflops {
+            Some(peak) if tf32 && dtype == DType::F32 => self.kernel_at_peak_ns(bytes, flops, peak),
+            _ => self.kernel_ns(bytes, flops, dtype),
+        }
     }
 
     /// Time of copying one tensor of `bytes` between the host and this
@@ -387,6 +415,30 @@ mod tests {
             let back: DeviceModel = toml::from_str(&m.to_toml()).unwrap();
             assert_eq!(back, m);
         }
+    }
+
+    #[test]
+    fn tf32_prices_f32_products_only_where_the_device_has_it() {
+        let (h100, cpu) = (DeviceModel::h100(), DeviceModel::cpu_default());
+        let (bytes, flops) = (3.0 * 4096.0 * 4096.0 * 4.0, 2.0 * 4096f64.powi(3));
+        let ieee = h100.matmul_ns(bytes, flops, DType::F32, false);
+        let tf32 = h100.matmul_ns(bytes, flops, DType::F32, true);
+        assert_eq!(ieee, h100.kernel_ns(bytes, flops, DType::F32));
+        // 67 against 494.7 TFLOP/s, both compute-bound here.
+        let ratio = (ieee - 9_000.0) / (tf32 - 9_000.0);
+        assert!((ratio - 494.7 / 67.0).abs() < 1e-6, "{ratio}");
+        // Other dtypes and devices without TF32 are unchanged by the flag.
+        assert_eq!(
+            h100.matmul_ns(bytes, flops, DType::F16, true),
+            h100.kernel_ns(bytes, flops, DType::F16)
+        );
+        assert_eq!(
+            cpu.matmul_ns(bytes, flops, DType::F32, true),
+            cpu.matmul_ns(bytes, flops, DType::F32, false)
+        );
+        let mut bad = h100;
+        bad.tf32_gflops = Some(0.0);
+        assert_eq!(bad.validate().unwrap_err(), "tf32_gflops must be positive, got 0");
     }
 
     #[test]

@@ -79,6 +79,16 @@ pub struct Refinement {
     pub handed_back: Vec<(OpId, String)>,
 }
 
+/// The numerics a plan allows its executors beyond what each dtype promises:
+/// config-wide settings an executor's own options may override.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+pub struct Numerics {
+    /// Whether float32 matrix products may run on TF32 tensor cores (10-bit
+    /// mantissa products, f32 accumulation): config `allow_tf32`. Off by
+    /// default, so f32 is computed as IEEE f32 unless asked.
+    pub allow_tf32: bool,
+}
+
 /// What every hook is given: the trace, the cost model, and the executor's
 /// options from config.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +101,8 @@ pub struct Context<'a> {
     pub options: &'a toml::Table,
     /// How each value is used ([`Trace::uses`]).
     pub uses: &'a Uses,
+    /// The numerics the plan allows.
+    pub numerics: Numerics,
 }
 
 /// A set of ops that one executor runs.
@@ -250,6 +262,14 @@ pub trait Executor: Send + Sync {
             .unwrap_or(Device::Cpu)
     }
 
+    /// One line on how `region`'s kernel computes, where that is not plain
+    /// from its ops (a matrix product's math mode, an algorithm), shown under
+    /// the region by `plan` and in reports. By default: nothing.
+    fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
+        let _ = (region, cx);
+        None
+    }
+
     /// Compiles a region into a kernel.
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>>;
 }
@@ -298,6 +318,8 @@ pub struct ExecutorSet {
     pub executors: Vec<Arc<dyn Executor>>,
     /// `[options.NAME]` of each, by name.
     pub options: BTreeMap<String, toml::Table>,
+    /// The numerics config allows them.
+    pub numerics: Numerics,
 }
 
 impl std::fmt::Debug for ExecutorSet {
@@ -306,6 +328,7 @@ impl std::fmt::Debug for ExecutorSet {
         f.debug_struct("ExecutorSet")
             .field("executors", &names)
             .field("options", &self.options)
+            .field("numerics", &self.numerics)
             .finish()
     }
 }
@@ -316,6 +339,7 @@ impl ExecutorSet {
         ExecutorSet {
             executors,
             options: BTreeMap::new(),
+            numerics: Numerics::default(),
         }
     }
 

@@ -208,6 +208,7 @@ pub fn partition_owned(
         device,
         options: set.options_of(&execs[k].name),
         uses: &uses,
+        numerics: set.numerics,
     };
     let n = lowered.ops.len();
     let claims: Vec<Vec<Claim>> = lowered
@@ -436,6 +437,7 @@ pub fn partition_owned(
         trace: lowered,
         executors: set.executors.clone(),
         options: set.options.clone(),
+        numerics: set.numerics,
         device: device.clone(),
         regions: plan_regions,
         estimates,
@@ -468,6 +470,7 @@ fn lower(
                     device,
                     options: set.options_of(&e.name),
                     uses: &uses,
+                    numerics: set.numerics,
                 };
                 e.claim(&*set.executors[e.index], id, &cx).cost().is_some()
             });

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::cost::DeviceModel;
-use crate::executor::{Context, Executor, Region};
+use crate::executor::{Context, Executor, Numerics, Region};
 use crate::ir::{OpId, Trace, Uses, ValueId};
 use crate::memory::{Buffer, MemoryGraph, Timeline};
 use crate::meta::Device;
@@ -23,6 +23,8 @@ pub struct Plan {
     pub options: BTreeMap<String, toml::Table>,
     /// The device model the plan was costed with.
     pub device: DeviceModel,
+    /// The numerics config allowed the executors.
+    pub numerics: Numerics,
     /// Regions in execution order.
     pub regions: Vec<Region>,
     /// Estimated time of each region, ns.
@@ -97,8 +99,17 @@ impl Plan {
             device: &self.device,
             options: self.options_of(&name),
             uses,
+            numerics: self.numerics,
         };
         f(&cx)
+    }
+
+    /// How a region's kernel computes, in its executor's words, if it says
+    /// ([`Executor::detail`]).
+    pub fn detail(&self, region: &Region, uses: &Uses) -> Option<String> {
+        self.with_context(region, uses, |cx| {
+            self.executor_of(region).detail(&region.ops, cx)
+        })
     }
 
     /// Sum of the regions' estimates, ns.

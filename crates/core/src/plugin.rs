@@ -21,7 +21,7 @@ use crate::cost::DeviceModel;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::executor::{
-    Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Refinement, Region,
+    Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Numerics, Refinement, Region,
 };
 use crate::ir::{OpId, Trace};
 use crate::plan::region_boundary;
@@ -41,6 +41,10 @@ pub struct Request {
     pub device: DeviceModel,
     /// The executor's `[options.NAME]` table.
     pub options: toml::Table,
+    /// The numerics the plan allows (absent in requests of older hosts:
+    /// the defaults).
+    #[serde(default)]
+    pub numerics: Numerics,
 }
 
 impl Request {
@@ -54,6 +58,7 @@ impl Request {
             trace,
             device: cx.device.clone(),
             options: cx.options.clone(),
+            numerics: cx.numerics,
         }
     }
 

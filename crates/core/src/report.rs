@@ -17,6 +17,10 @@ pub struct RegionReport {
     pub device: String,
     /// The ops it holds, as statements.
     pub ops: Vec<String>,
+    /// How its kernel computes, in its executor's words (a matrix
+    /// product's math mode), where it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// The cost model's estimate; `None` until a cost model is configured.
     pub estimated_ns: Option<u64>,
     /// Measured median time, for runs.
@@ -344,6 +348,7 @@ pub fn explanation_report(plan: &Plan) -> ExplanationReport {
 
 /// The regions of a plan as report entries (without times).
 pub fn region_reports(plan: &Plan) -> Vec<RegionReport> {
+    let uses = plan.trace.uses();
     plan.regions
         .iter()
         .zip(&plan.estimates)
@@ -352,6 +357,7 @@ pub fn region_reports(plan: &Plan) -> Vec<RegionReport> {
             executor: plan.executor_name(r),
             device: r.device.to_string(),
             ops: r.ops.iter().map(|&o| plan.trace.describe_op(o)).collect(),
+            detail: plan.detail(r, &uses),
             estimated_ns: Some(est.round() as u64),
             time_ns: None,
             hints: r
@@ -429,6 +435,7 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
         human_ns(plan.estimated_ns()),
         peak
     );
+    let uses = plan.trace.uses();
     for (r, est) in plan.regions.iter().zip(&plan.estimates) {
         let place = if r.device == crate::meta::Device::Cpu {
             String::new()
@@ -442,6 +449,9 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
             plan.executor_name(r),
             human_ns(*est)
         );
+        if let Some(detail) = plan.detail(r, &uses) {
+            let _ = writeln!(s, "  # {detail}");
+        }
         for &o in &r.ops {
             let hinted = plan
                 .explanation

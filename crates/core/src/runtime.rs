@@ -153,6 +153,7 @@ impl CompiledPlan {
                 &info.name,
                 &info.version,
                 plan.options_of(&info.name),
+                plan.numerics,
             );
             let kernel = cache.get_or_compile(key, || {
                 plan.with_context(region, &uses, |cx| exec.compile(region, cx))

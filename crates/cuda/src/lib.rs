@@ -8,12 +8,14 @@
 //! reason an executor can report, never a panic or an abort.
 //!
 //! Probing runs once per process ([`probe`]). The `cuda:N` device layer
-//! ([`layer`]) builds on it, and [`gemm`] holds the cuBLASLt GEMMs that
-//! more than one executor needs.
+//! ([`layer`]) builds on it; [`gemm`] says which GEMM an op is and how its
+//! products are computed, and [`lt`] queues GEMMs through cuBLASLt, for
+//! every executor that multiplies matrices.
 
 pub mod executor;
 pub mod gemm;
 pub mod layer;
+pub mod lt;
 
 pub use layer::{Raw, alloc_zeros, buffer_len, copy_device, device_ptr, stream, synchronize};
 

@@ -3,7 +3,7 @@
 //! switchyard's cuBLAS executor: `matmul` (batched or not) and the `linear`
 //! composite, claimed whole so that its bias is added in the GEMM's
 //! epilogue, on `cuda:N` in f32, f16 and bf16. It calls cuBLASLt through
-//! cudarc, loaded at run time.
+//! `switchyard_cuda::lt`, loaded at run time.
 //!
 //! cuBLAS reads matrices stored by rows or by columns, and says which with
 //! an operation flag. So an operand that is a transposed view (the weight
@@ -13,6 +13,12 @@
 //! with the reason, only what no flag can express (a matrix strided in both
 //! dims, batch dims that are neither dense nor broadcast).
 //!
+//! f32 is computed as IEEE f32 unless TF32 is allowed: by the executor's
+//! option `tf32 = true` (`[options.cublas]`) or the config-wide
+//! `allow_tf32`; f16 and bf16 accumulate in f32. The claim prices the mode
+//! (an H100 multiplies f32 at 67 TFLOP/s, TF32 at 495) and the plan shows
+//! it under the region.
+//!
 //! Without a driver, a device, cuBLAS or cuBLASLt the executor is
 //! unavailable, with the reason; plans made for a GPU target
 //! (`plan --target cuda:0`) still use it, as the planner assumes it.
@@ -20,13 +26,13 @@
 
 use std::sync::Arc;
 
-use cudarc::cublaslt::{CudaBlasLT, Matmul};
 use switchyard_core::executor::{
     Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
-use switchyard_cuda::gemm::{self, Gemm, gemm_of};
+use switchyard_cuda::gemm::{Gemm, Math, gemm_of};
+use switchyard_cuda::lt::{Element, Gemms};
 use switchyard_cuda::{Needs, Raw, executor};
 
 /// The executor's registered name.
@@ -114,16 +120,30 @@ impl Executor for CublasExecutor {
         executor::availability(&[Needs::Cublas])
     }
 
-    /// Accepts at the device model's time for the GEMM's bytes and FLOPs:
-    /// operands read where they lie, a bias added in the epilogue.
+    /// Takes `tf32 = true | false`, over the config-wide `allow_tf32`.
+    fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
+        Math::check_options(options)
+    }
+
+    /// Accepts at the device model's time for the GEMM's bytes and FLOPs in
+    /// its math mode: operands read where they lie, a bias added in the
+    /// epilogue.
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
         match gemm_in_trace(cx, op) {
             Ok((_, g)) => {
                 let dtype = cx.trace.meta(cx.trace.op(op).outputs[0]).dtype;
-                Claim::Accept(cx.device.kernel_ns(g.bytes(dtype) as f64, g.flops(), dtype))
+                let tf32 = Math::of(cx.options, cx.numerics).tf32_for(dtype);
+                Claim::Accept(cx.device.matmul_ns(g.bytes(dtype) as f64, g.flops(), dtype, tf32))
             }
             Err(why) => Claim::Reject(why),
         }
+    }
+
+    /// The math mode of the region's GEMM.
+    fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
+        let &[op] = region else { return None };
+        let dtype = cx.trace.meta(*cx.trace.op(op).outputs.first()?).dtype;
+        Some(Math::of(cx.options, cx.numerics).describe(dtype, cx.options))
     }
 
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
@@ -135,13 +155,13 @@ impl Executor for CublasExecutor {
         let (op, device) = executor::one_op_on_device(region, &[Needs::Cublas]).map_err(&fail)?;
         let (what, _) = gemm_in_trace(cx, op).map_err(&fail)?;
         let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
-        let handle = gemm::handle(device).map_err(&fail)?;
+        let gemms = Gemms::new(device, Math::of(cx.options, cx.numerics)).map_err(&fail)?;
         Ok(Box::new(GemmKernel {
             what,
             operands,
             dtype: cx.trace.meta(cx.trace.op(op).outputs[0]).dtype,
             device,
-            handle,
+            gemms,
             region: region.id,
         }))
     }
@@ -154,7 +174,8 @@ struct GemmKernel {
     operands: Vec<usize>,
     dtype: DType,
     device: u32,
-    handle: Arc<CudaBlasLT>,
+    /// The handle, the math mode and the prepared call.
+    gemms: Gemms,
     region: usize,
 }
 
@@ -167,17 +188,18 @@ impl GemmKernel {
         }
     }
 
-    fn launch<T>(&self, g: &Gemm, inputs: &[&Tensor], out: &Tensor) -> std::result::Result<(), String>
-    where
-        CudaBlasLT: Matmul<T>,
-    {
+    fn launch<T: Element>(
+        &self,
+        g: &Gemm,
+        inputs: &[&Tensor],
+        out: &Tensor,
+    ) -> std::result::Result<(), String> {
         let raw = |t: &Tensor| Raw::<T>::of(t).map_err(|e| e.to_string());
         let bias = match self.what {
             What::Linear { bias: true } => Some(raw(inputs[2])?),
             _ => None,
         };
-        gemm::run(
-            &self.handle,
+        self.gemms.run(
             g,
             (1.0, 0.0),
             &raw(inputs[0])?,

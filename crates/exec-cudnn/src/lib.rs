@@ -20,7 +20,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublaslt::{CudaBlasLT, Matmul};
 use cudarc::cudnn::{Cudnn, CudnnDataType, SoftmaxForward, sys};
 use switchyard_core::executor::{
     Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
@@ -28,7 +27,8 @@ use switchyard_core::executor::{
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, Result, Stored, Tensor};
 use switchyard_cuda::executor::{self, PerDevice};
-use switchyard_cuda::gemm::{self, Gemm, gemm_of};
+use switchyard_cuda::gemm::{Gemm, Math, gemm_of};
+use switchyard_cuda::lt::{Element, Gemms};
 use switchyard_cuda::{Needs, Raw};
 
 /// The executor's registered name.
@@ -63,21 +63,15 @@ impl Attention {
         self.scores.batch * self.scores.m * self.scores.n
     }
 
-    /// Estimated time: one call queueing two GEMMs, the softmax reading and
-    /// writing the scores, and for a causal mask the copy of the mask into
-    /// them.
+    /// Estimated time: one call queueing two GEMMs in the math mode, the
+    /// softmax reading and writing the scores, and for a causal mask the
+    /// copy of the mask into them.
     pub fn cost_ns(&self, cx: &Context) -> f64 {
         let d = cx.device;
+        let tf32 = Math::of(cx.options, cx.numerics).tf32_for(self.dtype);
         let scores_bytes = (self.score_elems() * self.dtype.size()) as f64;
-        let gemms = d.kernel_ns(
-            self.scores.bytes(self.dtype) as f64,
-            self.scores.flops(),
-            self.dtype,
-        ) + d.kernel_ns(
-            self.values.bytes(self.dtype) as f64,
-            self.values.flops(),
-            self.dtype,
-        );
+        let gemm = |g: &Gemm| d.matmul_ns(g.bytes(self.dtype) as f64, g.flops(), self.dtype, tf32);
+        let gemms = gemm(&self.scores) + gemm(&self.values);
         let softmax = d.kernel_ns(2.0 * scores_bytes, 5.0 * self.score_elems() as f64, self.dtype);
         let (mask, launches) = if self.causal {
             (d.kernel_ns(2.0 * scores_bytes, 0.0, self.dtype), 4.0)
@@ -194,6 +188,19 @@ impl Executor for CudnnExecutor {
         executor::availability(&[Needs::Cublas, Needs::Cudnn])
     }
 
+    /// Takes `tf32 = true | false` for its GEMMs, over the config-wide
+    /// `allow_tf32`.
+    fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
+        Math::check_options(options)
+    }
+
+    /// The math mode of the attention's two GEMMs.
+    fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
+        let &[op] = region else { return None };
+        let dtype = cx.trace.meta(*cx.trace.op(op).outputs.first()?).dtype;
+        Some(Math::of(cx.options, cx.numerics).describe(dtype, cx.options))
+    }
+
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
         match attention_in_trace(cx, op) {
             Ok(a) => Claim::Accept(a.cost_ns(cx)),
@@ -211,7 +218,7 @@ impl Executor for CudnnExecutor {
             executor::one_op_on_device(region, &[Needs::Cublas, Needs::Cudnn]).map_err(&fail)?;
         let attention = attention_in_trace(cx, op).map_err(&fail)?;
         let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
-        let blas = gemm::handle(device).map_err(&fail)?;
+        let blas = Gemms::new(device, Math::of(cx.options, cx.numerics)).map_err(&fail)?;
         let dnn = cudnn_handle(device).map_err(&fail)?;
         let mask = if attention.causal {
             Some(causal_mask(&attention, device).map_err(&fail)?)
@@ -278,7 +285,8 @@ struct AttentionKernel {
     /// The region input each of q, k and v is (`sdpa(q, q, q)` reads input 0 thrice).
     operands: Vec<usize>,
     device: u32,
-    blas: Arc<CudaBlasLT>,
+    /// The GEMMs' handle, math mode and prepared calls.
+    blas: Gemms,
     dnn: Arc<Mutex<Handle>>,
     mask: Option<Tensor>,
     region: usize,
@@ -301,8 +309,7 @@ impl AttentionKernel {
         zero: T,
     ) -> std::result::Result<Tensor, String>
     where
-        CudaBlasLT: Matmul<T>,
-        T: CudnnDataType,
+        T: CudnnDataType + Element,
     {
         let dev = |e: Error| e.to_string();
         let raw = |t: &Tensor| Raw::<T>::of(t).map_err(dev);
@@ -320,8 +327,7 @@ impl AttentionKernel {
             None => 0.0,
         };
         let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-        gemm::run(
-            &self.blas,
+        self.blas.run(
             &a.scores,
             (a.scale as f32, beta),
             &raw(q)?,
@@ -369,8 +375,7 @@ impl AttentionKernel {
         }
         let (out, _) =
             switchyard_cuda::alloc_zeros(self.device, a.dtype, &a.values.out_shape).map_err(dev)?;
-        gemm::run(
-            &self.blas,
+        self.blas.run(
             &a.values,
             (1.0, 0.0),
             &raw(&probs)?,

@@ -146,6 +146,7 @@ fn with_context<R>(r: &Request, f: impl FnOnce(&Context, Vec<OpId>) -> R) -> R {
         device: &r.device,
         options: &r.options,
         uses: &uses,
+        numerics: r.numerics,
     };
     f(&cx, r.ops.iter().map(|&o| OpId(o)).collect())
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use switchyard_core::cache::{KernelCache, RegionKey};
-use switchyard_core::executor::{Kernel, Region};
+use switchyard_core::executor::{Kernel, Numerics, Region};
 use switchyard_core::runtime::CompiledPlan;
 use switchyard_core::text::parse;
 use switchyard_core::{Result, Tensor, Trace};
@@ -22,7 +22,7 @@ fn key(src: &str, options: &toml::Table) -> RegionKey {
 }
 
 fn key_of(trace: &Trace, region: &Region, options: &toml::Table) -> RegionKey {
-    RegionKey::new(trace, region, "fallback", "1", options)
+    RegionKey::new(trace, region, "fallback", "1", options, Numerics::default())
 }
 
 struct Nop;
@@ -74,10 +74,16 @@ fn names_do_not_matter_metadata_attributes_and_options_do() {
     );
     let t = parse("input x: f32[4, 8]\ny = sum(x, dims=[1])\noutput y\n").unwrap();
     let plan = plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap();
-    let other_exec = RegionKey::new(&plan.trace, &plan.regions[0], "fuser", "1", &none);
-    let other_version = RegionKey::new(&plan.trace, &plan.regions[0], "fallback", "2", &none);
+    let key_with = |exec, version, numerics| {
+        RegionKey::new(&plan.trace, &plan.regions[0], exec, version, &none, numerics)
+    };
+    let other_exec = key_with("fuser", "1", Numerics::default());
+    let other_version = key_with("fallback", "2", Numerics::default());
     assert_ne!(base, other_exec);
     assert_ne!(base, other_version);
+    // A kernel compiled for IEEE f32 is not one allowed TF32.
+    assert_eq!(base, key_with("fallback", "1", Numerics::default()));
+    assert_ne!(base, key_with("fallback", "1", Numerics { allow_tf32: true }));
     // Scalars are part of the op.
     let a = key("input x: f32[4]\ny = mul(x, 2.0)\noutput y\n", &none);
     assert_ne!(a, key("input x: f32[4]\ny = mul(x, 3.0)\noutput y\n", &none));

@@ -9,8 +9,9 @@
 
 use std::sync::Arc;
 
+use switchyard_core::config::Config;
 use switchyard_core::cost::DeviceModel;
-use switchyard_core::executor::{Availability, Claim, Context, Executor, ExecutorSet};
+use switchyard_core::executor::{Availability, Claim, Context, Executor, ExecutorSet, Numerics};
 use switchyard_core::io::random_inputs;
 use switchyard_core::ir::{OpId, OpKind};
 use switchyard_core::partition::{PartitionOptions, partition};
@@ -23,7 +24,7 @@ use switchyard_exec_cublas::CublasExecutor;
 use switchyard_exec_cudnn::CudnnExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
-use switchyard_tests::{assert_close, repo_path, run};
+use switchyard_tests::{assert_close, run};
 
 const GPU: Device = Device::Cuda(0);
 
@@ -43,9 +44,13 @@ fn on_gpu(text: &str) -> Trace {
 }
 
 fn plan_for(trace: &Trace, model: &DeviceModel, plan_only: bool) -> Plan {
+    plan_with(trace, &executors(), model, plan_only)
+}
+
+fn plan_with(trace: &Trace, set: &ExecutorSet, model: &DeviceModel, plan_only: bool) -> Plan {
     partition(
         trace,
-        &executors(),
+        set,
         model,
         &PartitionOptions {
             plan_only,
@@ -55,12 +60,12 @@ fn plan_for(trace: &Trace, model: &DeviceModel, plan_only: bool) -> Plan {
     .unwrap()
 }
 
+/// The example transformer block, built into the test binary so that it
+/// runs wherever the binary is taken.
+const BLOCK: &str = include_str!("../../../examples/traces/transformer_block.trace");
+
 fn block() -> Trace {
-    let mut t =
-        parse(&std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap())
-            .unwrap();
-    t.retarget(GPU);
-    t
+    on_gpu(BLOCK)
 }
 
 /// Why GPU tests cannot run here, if they cannot.
@@ -69,13 +74,24 @@ fn no_gpu() -> Option<String> {
 }
 
 fn claim(e: &dyn Executor, trace: &Trace, op: usize, model: &DeviceModel) -> Claim {
+    claim_under(e, trace, op, model, &toml::Table::new(), Numerics::default())
+}
+
+fn claim_under(
+    e: &dyn Executor,
+    trace: &Trace,
+    op: usize,
+    model: &DeviceModel,
+    options: &toml::Table,
+    numerics: Numerics,
+) -> Claim {
     let uses = trace.uses();
-    let options = toml::Table::new();
     let cx = Context {
         trace,
         device: model,
-        options: &options,
+        options,
         uses: &uses,
+        numerics,
     };
     e.claim(OpId(op as u32), &cx)
 }
@@ -143,8 +159,7 @@ fn without_a_gpu_a_cuda_trace_runs_elsewhere_and_says_why() {
     });
     assert!(fuser_said);
     // Running it needs the device for the inputs and outputs, and says why not.
-    let cpu = parse(&std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap())
-        .unwrap();
+    let cpu = parse(BLOCK).unwrap();
     let e = CompiledPlan::compile(plan)
         .and_then(|c| c.run(&random_inputs(&cpu, 1), RunOptions::default()))
         .map(|r| r.outputs.len())
@@ -292,13 +307,131 @@ fn cudnn_claims_attention_whole_and_rejects_what_it_cannot_run() {
     assert_eq!(sdpas.count(), 2, "{:?}", plan.explanation.decomposed);
 }
 
+#[test]
+fn f32_products_are_ieee_unless_tf32_is_allowed_and_priced_and_shown_so() {
+    let t = on_gpu(
+        "input a: f32[4096, 4096]\ninput h: f16[4096, 4096]\n\
+         input q: f32[8, 16, 512, 64]\n\
+         c = matmul(a, a)\nf = matmul(h, h)\nz = sdpa(q, q, q)\noutput c, f, z\n",
+    );
+    let m = DeviceModel::h100();
+    let mut tf32 = toml::Table::new();
+    tf32.insert("tf32".into(), true.into());
+    let mut ieee = toml::Table::new();
+    ieee.insert("tf32".into(), false.into());
+    let none = toml::Table::new();
+    let allowed = Numerics { allow_tf32: true };
+    let cost = |e: &dyn Executor, op, options, numerics| {
+        claim_under(e, &t, op, &m, options, numerics).cost().unwrap()
+    };
+    // IEEE by default: 2·4096³ FLOPs at 67 TFLOP/s; TF32 at 494.7, asked
+    // for by the option or allowed by config; the option overrides config.
+    let overhead = m.host_overhead_ns + m.launch_overhead_ns;
+    let flops = 2.0 * 4096f64.powi(3);
+    let at = |gflops: f64| flops / gflops + overhead;
+    let default = cost(&CublasExecutor, 0, &none, Numerics::default());
+    assert!((default - at(67_000.0)).abs() < 1.0, "{default}");
+    for (options, numerics) in [(&tf32, Numerics::default()), (&none, allowed), (&tf32, allowed)] {
+        let c = cost(&CublasExecutor, 0, options, numerics);
+        assert!((c - at(494_700.0)).abs() < 1.0, "{options:?} {numerics:?}: {c}");
+    }
+    assert_eq!(cost(&CublasExecutor, 0, &ieee, allowed), default);
+    // f16 is the same whatever the mode.
+    assert_eq!(
+        cost(&CublasExecutor, 1, &tf32, allowed),
+        cost(&CublasExecutor, 1, &none, Numerics::default())
+    );
+    // The attention's GEMMs follow the mode too.
+    assert!(cost(&CudnnExecutor, 2, &none, allowed) < cost(&CudnnExecutor, 2, &none, Numerics::default()));
+    assert_eq!(
+        cost(&CudnnExecutor, 2, &ieee, allowed),
+        cost(&CudnnExecutor, 2, &none, Numerics::default())
+    );
+    // Options are checked.
+    for e in [&CublasExecutor as &dyn Executor, &CudnnExecutor] {
+        let mut bad = toml::Table::new();
+        bad.insert("tf32".into(), 1.into());
+        assert_eq!(
+            e.check_options(&bad).unwrap_err(),
+            "`tf32` must be true or false, got 1"
+        );
+        let mut bad = toml::Table::new();
+        bad.insert("fast".into(), true.into());
+        assert_eq!(
+            e.check_options(&bad).unwrap_err(),
+            "unknown option `fast` (known: `tf32`)"
+        );
+        assert!(e.check_options(&tf32).is_ok());
+    }
+    // Config to plan: the math mode is shown under each region.
+    let shown = |config: &str| {
+        let c = Config::parse(
+            &format!("executors = [\"cudnn\", \"cublas\", \"fuser\", \"fallback\"]\n{config}"),
+            "t.toml",
+        )
+        .unwrap();
+        let plan = plan_with(&t, &c.executor_set(None).unwrap(), &m, true);
+        let text = switchyard_core::report::render_plan(&plan, true);
+        let details: Vec<String> = switchyard_core::report::region_reports(&plan)
+            .into_iter()
+            .filter_map(|r| r.detail.map(|d| format!("{}: {d}", r.executor)))
+            .collect();
+        for d in &details {
+            let (_, line) = d.split_once(": ").unwrap();
+            assert!(text.contains(&format!("  # {line}\n")), "{text}");
+        }
+        details
+    };
+    assert_eq!(
+        shown(""),
+        [
+            "cublas: math: IEEE f32 (config allow_tf32 = false)",
+            "cublas: math: f16 products, f32 accumulation",
+            "cudnn: math: IEEE f32 (config allow_tf32 = false)",
+        ]
+    );
+    assert_eq!(
+        shown("allow_tf32 = true\n[options.cudnn]\ntf32 = false\n"),
+        [
+            "cublas: math: f32 on TF32 tensor cores, f32 accumulation (config allow_tf32 = true)",
+            "cublas: math: f16 products, f32 accumulation",
+            "cudnn: math: IEEE f32 (option tf32 = false)",
+        ]
+    );
+    let e = Config::parse("[options.cublas]\ntf32 = \"yes\"\n", "t.toml")
+        .and_then(|c| c.executor_set(None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("options.cublas") && e.contains("`tf32` must be true or false"),
+        "{e}"
+    );
+}
+
+/// Tolerances of the GPU tests against the fallback, relative to
+/// max(|expected|, 1), by dtype and math mode (docs/cuda.md).
+const F32: f64 = 1e-5;
+/// f32 products on TF32 tensor cores: 10-bit mantissas.
+const F32_TF32: f64 = 1e-2;
+/// f16 results (11-bit mantissas) and f16 inputs to exp.
+const F16: f64 = 1e-2;
+/// bf16 results (8-bit mantissas).
+const BF16: f64 = 5e-2;
+/// The f32 transformer block end to end, in IEEE f32: errors of many ops add up.
+const BLOCK_F32: f64 = 1e-4;
+
 /// Runs `text` on the GPU (planned without `plan_only`) and on the fallback
-/// on the host, and compares every output.
-fn gpu_matches_fallback(text: &str, tol: f64) {
+/// on the host, and compares every output; the largest error relative to
+/// max(|expected|, 1).
+fn gpu_matches_fallback(text: &str, tol: f64) -> f64 {
+    gpu_matches_fallback_with(text, &executors(), tol)
+}
+
+fn gpu_matches_fallback_with(text: &str, set: &ExecutorSet, tol: f64) -> f64 {
     let cpu = parse(text).unwrap();
     let mut gpu = cpu.clone();
     gpu.retarget(GPU);
-    let plan = plan_for(&gpu, &DeviceModel::h200(), false);
+    let plan = plan_with(&gpu, set, &DeviceModel::h200(), false);
     let names: Vec<String> = plan.regions.iter().map(|r| plan.executor_name(r)).collect();
     let inputs = random_inputs(&cpu, 3);
     let got = CompiledPlan::compile(plan)
@@ -306,12 +439,39 @@ fn gpu_matches_fallback(text: &str, tol: f64) {
         .run(&inputs, RunOptions::default())
         .unwrap_or_else(|e| panic!("{names:?}: {e}"));
     let want = run(&cpu, &inputs).unwrap();
+    let mut worst = 0f64;
     for (g, w) in got.outputs.iter().zip(&want.outputs) {
         assert_eq!(g.device(), GPU);
         let host = switchyard_core::device::move_to(g, Device::Cpu).unwrap();
-        assert_close(&host, &w.to_f64_vec().unwrap(), tol);
+        let want = w.to_f64_vec().unwrap();
+        assert_close(&host, &want, tol);
+        for (a, b) in host.to_f64_vec().unwrap().iter().zip(&want) {
+            if b.is_finite() {
+                worst = worst.max((a - b).abs() / b.abs().max(1.0));
+            }
+        }
     }
-    println!("{names:?}: equal to the fallback within {tol}");
+    println!("{names:?}: equal to the fallback within {tol} (worst {worst:.2e})");
+    worst
+}
+
+#[test]
+fn gpu_f32_products_are_ieee_unless_tf32_is_allowed() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let text = "input a: f32[256, 512]\ninput b: f32[512, 256]\nc = matmul(a, b)\noutput c\n";
+    let ieee = gpu_matches_fallback(text, F32);
+    let mut set = executors();
+    set.numerics.allow_tf32 = true;
+    let tf32 = gpu_matches_fallback_with(text, &set, F32_TF32);
+    // 10-bit products over 512 terms are far less exact than f32 ones: the
+    // mode really changed.
+    assert!(
+        tf32 > 10.0 * ieee.max(1e-9),
+        "TF32 {tf32:.2e} against IEEE {ieee:.2e}"
+    );
 }
 
 #[test]
@@ -325,17 +485,17 @@ fn gpu_every_claimed_op_matches_the_fallback() {
         (
             "input x: f16[64, 96]\ninput b: f32[96]\nbb = broadcast(b, shape=[64, 96])\nxf = cast(x, dtype=f32)\n\
              s = add(xf, bb)\ne = exp(s)\nm = gt(s, 0.5)\nw = where(m, e, -1.0)\ny = cast(w, dtype=bf16)\noutput y, w\n",
-            1e-2,
+            F16,
         ),
         // Fused row reductions.
-        ("input x: f32[37, 1000]\ny = softmax(x, dim=-1)\noutput y\n", 1e-5),
+        ("input x: f32[37, 1000]\ny = softmax(x, dim=-1)\noutput y\n", F32),
         (
             "input x: f32[16, 64]\ninput w: f32[64]\ny = rms_norm(x, w)\noutput y\n",
-            1e-5,
+            F32,
         ),
         (
             "input x: f32[8, 300]\ns = sum(x, dims=[1])\nm = amax(x, dims=[1])\noutput s, m\n",
-            1e-4,
+            F32,
         ),
         // Slices and a cat, through masked loads.
         (
@@ -346,29 +506,33 @@ fn gpu_every_claimed_op_matches_the_fallback() {
         // cuBLAS: plain, transposed, batched with a broadcast operand, f16, linear with its bias.
         (
             "input a: f32[33, 65]\ninput b: f32[65, 17]\nc = matmul(a, b)\noutput c\n",
-            1e-4,
+            F32,
         ),
         (
             "input a: f32[33, 65]\ninput w: f32[17, 65]\nwt = transpose(w, perm=[1, 0])\nc = matmul(a, wt)\noutput c\n",
-            1e-4,
+            F32,
         ),
         (
             "input a: f32[3, 4, 16, 32]\ninput b: f32[32, 8]\nc = matmul(a, b)\noutput c\n",
-            1e-4,
+            F32,
         ),
         (
             "input a: f16[64, 64]\ninput b: f16[64, 64]\nc = matmul(a, b)\noutput c\n",
-            2e-2,
+            F16,
+        ),
+        (
+            "input a: bf16[64, 64]\ninput b: bf16[64, 64]\nc = matmul(a, b)\noutput c\n",
+            BF16,
         ),
         (
             "input x: f32[2, 16, 64]\ninput w: f32[48, 64]\ninput b: f32[48]\ny = linear(x, w, b)\noutput y\n",
-            1e-4,
+            F32,
         ),
         // cuDNN: attention, causal and not.
         (
             "input q: f32[2, 4, 32, 16]\ninput k: f32[2, 4, 40, 16]\ninput v: f32[2, 4, 40, 8]\n\
              a = sdpa(q, k, v, causal=true)\nb = sdpa(q, k, v, scale=0.5)\noutput a, b\n",
-            1e-4,
+            F32,
         ),
     ];
     for (text, tol) in cases {
@@ -385,15 +549,15 @@ fn gpu_ops_that_read_one_value_twice_match_the_fallback() {
     // A region is given each distinct value once: matmul(x, x) on cuBLAS,
     // sdpa(q, q, q) on cuDNN, add and cat of a value with itself fused.
     let cases: &[(&str, f64)] = &[
-        ("input x: f32[64, 64]\ny = matmul(x, x)\noutput y\n", 1e-3),
-        ("input x: f32[32, 32]\ny = linear(x, x)\noutput y\n", 1e-3),
+        ("input x: f32[64, 64]\ny = matmul(x, x)\noutput y\n", F32),
+        ("input x: f32[32, 32]\ny = linear(x, x)\noutput y\n", F32),
         (
             "input q: f32[2, 4, 32, 16]\na = sdpa(q, q, q, causal=true)\noutput a\n",
-            1e-3,
+            F32,
         ),
         (
             "input x: f32[8, 96]\na = add(x, x)\nc = cat(a, a, dim=1)\noutput c\n",
-            1e-6,
+            F32,
         ),
     ];
     for (text, tol) in cases {
@@ -407,8 +571,5 @@ fn gpu_the_transformer_block_matches_the_fallback() {
         println!("skipped: no GPU here ({why})");
         return;
     }
-    gpu_matches_fallback(
-        &std::fs::read_to_string(repo_path("examples/traces/transformer_block.trace")).unwrap(),
-        1e-4,
-    );
+    gpu_matches_fallback(BLOCK, BLOCK_F32);
 }

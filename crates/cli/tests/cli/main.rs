@@ -719,6 +719,23 @@ fn plan_targets_a_gpu_this_machine_need_not_have() {
         .find(|r| r["executor"] == "cudnn")
         .expect("a cudnn region");
     assert_eq!(sdpa["device"], "cuda:0");
+    assert_eq!(sdpa["detail"], "math: IEEE f32 (config allow_tf32 = false)");
+    // f32 products are IEEE unless TF32 is allowed, and the plan says which.
+    assert!(
+        s.contains("  # math: IEEE f32 (config allow_tf32 = false)\n"),
+        "{s}"
+    );
+    let tf32 = ok(bin()
+        .arg("plan")
+        .arg(example("transformer_block.trace"))
+        .args(["--target", "cuda:0", "--device-model", "h100", "--allow-tf32"])
+        .output()
+        .unwrap());
+    assert!(
+        tf32.contains("  # math: f32 on TF32 tensor cores, f32 accumulation (config allow_tf32 = true)\n"),
+        "{tf32}"
+    );
+    assert!(!tf32.contains("IEEE"), "{tf32}");
     if missing {
         let e = fails(
             bin()
