@@ -217,8 +217,10 @@ struct PlacedKernel {
     keep: Option<Arc<Mutex<Vec<Tensor>>>>,
 }
 
-impl Kernel for PlacedKernel {
-    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+impl PlacedKernel {
+    /// Checks that the runtime delivered every input on the kernel's
+    /// device, and runs the host kernel on host copies of them.
+    fn run_on_host(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         use switchyard_core::device::move_to;
         if let Some(keep) = &self.keep {
             keep.lock().unwrap().extend(inputs.iter().map(|&t| t.clone()));
@@ -234,23 +236,34 @@ impl Kernel for PlacedKernel {
             .map(|t| move_to(t, Device::Cpu))
             .collect::<Result<_>>()?;
         let refs: Vec<&Tensor> = host.iter().collect();
-        self.inner
-            .run(&refs)?
-            .iter()
-            .map(|t| move_to(t, self.device))
-            .collect()
+        self.inner.run(&refs)
+    }
+}
+
+impl Kernel for PlacedKernel {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.run_into(inputs, Vec::new())
     }
 
-    /// Copies into the buffers given, so that tests with scripted executors
-    /// run their intermediates from the arena.
+    /// Writes into the buffers given (in the host arena, or in the device's
+    /// arena on the simulated device), so that tests with scripted
+    /// executors run their intermediates from the arenas; outputs without
+    /// one are allocated on the device.
     fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
-        let mut outs = self.run(inputs)?;
-        for (t, buf) in outs.iter_mut().zip(outputs) {
-            if let Some(mut buf) = buf {
-                buf.copy_from(t)?;
-                *t = buf.into_tensor();
-            }
-        }
-        Ok(outs)
+        let mut given = outputs.into_iter();
+        self.run_on_host(inputs)?
+            .into_iter()
+            .map(|t| match given.next().flatten() {
+                Some(mut buf) if buf.device() == Device::Cpu => {
+                    buf.copy_from(&t)?;
+                    Ok(buf.into_tensor())
+                }
+                Some(buf) => {
+                    crate::simdevice::write(&buf, &t)?;
+                    Ok(buf.into_tensor())
+                }
+                _ => switchyard_core::device::move_to(&t, self.device),
+            })
+            .collect()
     }
 }

@@ -1,18 +1,35 @@
-//! A simulated device layer for tests: "device memory" on `cuda:63` that is
-//! host memory underneath, with every copy counted. It exercises the runtime's
-//! device-aware moves on machines without a GPU.
+//! A simulated device layer for tests: "device memory" on `cuda:56` to
+//! `cuda:63` that is host memory underneath, with every copy counted and an
+//! allocator per device that counts its calls as a GPU layer's does (a
+//! caching pool of blocks, cut into parts for the runtime's device arena).
+//! It exercises the runtime's device-aware moves, arenas and pool on
+//! machines without a GPU. Tests that count allocations take a device of
+//! their own ([`sim`]), since tests run at once.
+//!
+//! An executor that runs regions there reads its inputs with [`read`] and
+//! writes its outputs with [`write`].
 
 use std::any::Any;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use switchyard_core::device::{DeviceBuffer, Transfer, TransferFactory};
+use switchyard_core::device::{DeviceBuffer, MemoryStats, Pool, Transfer, TransferFactory};
 use switchyard_core::error::{Error, Result};
-use switchyard_core::{DType, Device, Storage, Tensor};
+use switchyard_core::io::{le_bytes, storage_from_le_bytes};
+use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 
-/// The device the simulated layer serves: an ordinal no real machine has, so
-/// the CUDA layer (linked into the same tests) never reaches it first.
+/// The simulated device most tests share: an ordinal no real machine has,
+/// so the CUDA layer (linked into the same tests) never reaches it first.
 pub const SIM: Device = Device::Cuda(63);
+
+/// The first ordinal simulated.
+const FIRST: u32 = 56;
+
+/// Simulated device `k` (0 to 7; 7 is [`SIM`]).
+pub fn sim(k: u32) -> Device {
+    assert!(k < 8, "8 devices are simulated");
+    Device::Cuda(FIRST + k)
+}
 
 /// Copies made by the simulated layer so far (both directions).
 pub static COPIES: AtomicUsize = AtomicUsize::new(0);
@@ -22,74 +39,204 @@ thread_local! {
     pub static SYNCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Simulated device memory.
-#[derive(Debug)]
+/// Each simulated device's memory.
+static POOLS: [Pool<Vec<u8>>; 8] = [const { Pool::new() }; 8];
+
+/// The pool of a simulated device.
+fn pool(device: Device) -> Result<&'static Pool<Vec<u8>>> {
+    match device {
+        Device::Cuda(n) if (FIRST..FIRST + 8).contains(&n) => Ok(&POOLS[(n - FIRST) as usize]),
+        other => Err(Error::Unavailable {
+            name: other.to_string(),
+            reason: "the simulated layer serves cuda:56 to cuda:63".into(),
+        }),
+    }
+}
+
+fn error(device: Device, reason: impl Into<String>) -> Error {
+    Error::Device {
+        device: device.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// One block from the pool, given back when the last buffer over it is
+/// dropped.
+struct Block {
+    bytes: Mutex<Vec<u8>>,
+    size: usize,
+    pool: &'static Pool<Vec<u8>>,
+    device: Device,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(self.bytes.get_mut().unwrap_or_else(|e| e.into_inner()));
+        self.pool.give(self.size, bytes);
+    }
+}
+
+/// `len` elements of `dtype` at byte `offset` of a block.
 pub struct SimBuffer {
-    data: Storage,
+    block: Arc<Block>,
+    offset: usize,
+    dtype: DType,
+    len: usize,
+}
+
+impl std::fmt::Debug for SimBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SimBuffer({} {} at byte {})",
+            self.len, self.dtype, self.offset
+        )
+    }
+}
+
+impl SimBuffer {
+    fn bytes(&self) -> usize {
+        self.len * self.dtype.size()
+    }
 }
 
 impl DeviceBuffer for SimBuffer {
     fn device(&self) -> Device {
-        SIM
+        self.block.device
     }
     fn dtype(&self) -> DType {
-        self.data.dtype()
+        self.dtype
     }
     fn len(&self) -> usize {
-        self.data.len()
+        self.len
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
 }
 
-/// The simulated layer's copies.
+fn buffer_of(buf: &Arc<dyn DeviceBuffer>) -> Result<&SimBuffer> {
+    buf.as_any()
+        .downcast_ref::<SimBuffer>()
+        .ok_or_else(|| error(buf.device(), "not a simulated-device buffer"))
+}
+
+/// A dense buffer of `len` elements of `dtype` from `device`'s pool.
+pub fn alloc(device: Device, dtype: DType, len: usize) -> Result<Arc<dyn DeviceBuffer>> {
+    let pool = pool(device)?;
+    let (block, size) = pool.take(len * dtype.size(), |size| Ok(vec![0u8; size]))?;
+    Ok(Arc::new(SimBuffer {
+        block: Arc::new(Block {
+            bytes: Mutex::new(block),
+            size,
+            pool,
+            device,
+        }),
+        offset: 0,
+        dtype,
+        len,
+    }))
+}
+
+/// A host copy of a simulated-device tensor (its view kept).
+pub fn read(t: &Tensor) -> Result<Tensor> {
+    let buf = t
+        .device_buffer()
+        .ok_or_else(|| error(Device::Cpu, "the tensor is on the host"))?;
+    let b = buffer_of(buf)?;
+    let bytes = b.block.bytes.lock().unwrap_or_else(|e| e.into_inner());
+    let mine = &bytes[b.offset..b.offset + b.bytes()];
+    let whole = Tensor::from_storage(storage_from_le_bytes(b.dtype, mine), &[b.len])?;
+    whole.view(t.shape().to_vec(), t.strides().to_vec(), t.offset())
+}
+
+/// Writes `host`'s elements, in logical order, into `out`, a simulated-device
+/// buffer of `host`'s dtype and shape.
+pub fn write(out: &OutputBuffer, host: &Tensor) -> Result<()> {
+    let buf = out
+        .device_buffer()
+        .ok_or_else(|| error(Device::Cpu, "the output buffer is on the host"))?;
+    if host.dtype() != out.dtype() || host.shape() != out.shape() {
+        return Err(error(
+            out.device(),
+            format!(
+                "a {} {:?} written into a buffer of {} {:?}",
+                host.dtype(),
+                host.shape(),
+                out.dtype(),
+                out.shape()
+            ),
+        ));
+    }
+    let b = buffer_of(buf)?;
+    let data = le_bytes(host)?;
+    let mut bytes = b.block.bytes.lock().unwrap_or_else(|e| e.into_inner());
+    bytes[b.offset..b.offset + data.len()].copy_from_slice(&data);
+    Ok(())
+}
+
+/// The simulated layer.
 pub struct SimTransfer;
 
 impl Transfer for SimTransfer {
     fn serves(&self, device: Device) -> bool {
-        device == SIM
+        pool(device).is_ok()
     }
 
     fn to_device(&self, tensor: &Tensor, device: Device) -> Result<Tensor> {
-        if device != SIM {
-            return Err(Error::Unavailable {
-                name: device.to_string(),
-                reason: "the simulated layer serves cuda:63 only".into(),
-            });
-        }
+        pool(device)?;
         COPIES.fetch_add(1, Ordering::Relaxed);
-        let dense = tensor.contiguous()?;
-        Tensor::from_device(
-            Arc::new(SimBuffer {
-                data: dense.host()?.to_storage(),
-            }),
-            tensor.shape(),
-        )
+        let out = OutputBuffer::on_device(alloc(device, tensor.dtype(), tensor.numel())?, tensor.shape())?;
+        write(&out, tensor)?;
+        Ok(out.into_tensor())
     }
 
     fn synchronize(&self, device: Device) -> Result<()> {
-        assert_eq!(device, SIM);
+        pool(device)?;
         SYNCS.with(|s| s.set(s.get() + 1));
         Ok(())
     }
 
     fn to_host(&self, tensor: &Tensor) -> Result<Tensor> {
         COPIES.fetch_add(1, Ordering::Relaxed);
-        let buf = tensor
-            .device_buffer()
-            .and_then(|b| b.as_any().downcast_ref::<SimBuffer>())
-            .ok_or_else(|| Error::Tensor {
-                name: "<sim>".into(),
-                message: "not a simulated-device tensor".into(),
-            })?;
-        // Keep the view: same shape, strides and offset over a host copy of the buffer.
-        let whole = Tensor::from_storage(buf.data.clone(), &[buf.data.len()])?;
-        whole.view(
-            tensor.shape().to_vec(),
-            tensor.strides().to_vec(),
-            tensor.offset(),
-        )
+        read(tensor)
+    }
+
+    fn alloc(&self, device: Device, dtype: DType, len: usize) -> Result<Arc<dyn DeviceBuffer>> {
+        alloc(device, dtype, len)
+    }
+
+    fn sub_buffer(
+        &self,
+        block: &Arc<dyn DeviceBuffer>,
+        offset: usize,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        let b = buffer_of(block)?;
+        let fits = len
+            .checked_mul(dtype.size())
+            .and_then(|n| n.checked_add(offset))
+            .is_some_and(|end| end <= b.bytes());
+        if !fits {
+            return Err(error(
+                block.device(),
+                format!(
+                    "{len} {dtype} at byte {offset} do not fit a buffer of {} bytes",
+                    b.bytes()
+                ),
+            ));
+        }
+        Ok(Arc::new(SimBuffer {
+            block: b.block.clone(),
+            offset: b.offset + offset,
+            dtype,
+            len,
+        }))
+    }
+
+    fn memory(&self, device: Device) -> MemoryStats {
+        pool(device).map(|p| p.stats()).unwrap_or_default()
     }
 }
 

@@ -163,6 +163,10 @@ pub struct Measurement {
     pub runs_per_sample: u64,
     /// Measured peak of live intermediate and output bytes.
     pub peak_bytes: usize,
+    /// Each device's arena and allocations in the last run (a steady state
+    /// allocates nothing from a device).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<switchyard_core::runtime::DeviceMemory>,
     /// Kernels compiled.
     pub kernels_compiled: u64,
     /// Partitioning and scheduling time, ns.
@@ -247,6 +251,7 @@ pub fn measure(
         samples_ns,
         runs_per_sample,
         peak_bytes: last.peak_bytes,
+        devices: last.devices,
         kernels_compiled: compiled.cache_stats().compiled,
         plan_ns,
         compile_ns: compiled.compile_ns(),
@@ -426,6 +431,7 @@ mod tests {
                     samples_ns: v.clone(),
                     runs_per_sample: 1,
                     peak_bytes: 0,
+                    devices: Vec::new(),
                     kernels_compiled: 0,
                     plan_ns: 0,
                     compile_ns: 0,

@@ -502,6 +502,7 @@ fn run(args: RunArgs) -> Result<()> {
             planned_peak_bytes: plan.planned_peak_bytes().0,
             timeline: memory_report(plan),
             arena_bytes: result.arena_bytes,
+            devices: result.devices.clone(),
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -549,6 +550,20 @@ fn run(args: RunArgs) -> Result<()> {
         println!(
             "             {} arena for the intermediates, kept between runs",
             human_bytes(result.arena_bytes)
+        );
+    }
+    for d in &result.devices {
+        println!(
+            "             {}: {} arena{}, {} allocation(s) from the device in the last run, {} in use at most",
+            d.device,
+            human_bytes(d.arena_bytes),
+            if d.arena_reused {
+                " (kept from the run before)"
+            } else {
+                ""
+            },
+            d.device_allocations,
+            human_bytes(d.after.peak_in_use_bytes)
         );
     }
     if let Some(path) = &args.outputs {

@@ -15,9 +15,10 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Weak};
 
+use crate::device::{DeviceBuffer, Transfer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::meta::{ShapeDisplay, numel};
+use crate::meta::{Device, ShapeDisplay, numel};
 use crate::tensor::{HostData, HostDataMut, Stored, Tensor};
 use crate::with_storage;
 
@@ -125,33 +126,78 @@ impl ArenaBuf {
 }
 
 /// A buffer a kernel writes one output into: dense, row-major, exactly the
-/// output's dtype and shape. The runtime gives one per output that the
-/// memory plan places in its arena; [`OutputBuffer::new`] makes a
-/// standalone one.
+/// output's dtype and shape, in host memory or on the region's device. The
+/// runtime gives one per output that the memory plan places in an arena;
+/// [`OutputBuffer::new`] makes a standalone one on the host.
 #[derive(Debug)]
 pub struct OutputBuffer {
-    buf: Arc<ArenaBuf>,
+    mem: Mem,
     shape: Vec<usize>,
 }
 
+#[derive(Debug)]
+enum Mem {
+    Host(Arc<ArenaBuf>),
+    Device(Arc<dyn DeviceBuffer>),
+}
+
 impl OutputBuffer {
-    /// A zeroed buffer in memory of its own.
+    /// A zeroed buffer in host memory of its own.
     pub fn new(dtype: DType, shape: &[usize]) -> OutputBuffer {
         let len = numel(shape);
         OutputBuffer {
-            buf: Arc::new(ArenaBuf {
+            mem: Mem::Host(Arc::new(ArenaBuf {
                 block: Arc::new(Block::new(len * dtype.size())),
                 offset: 0,
                 dtype,
                 len,
-            }),
+            })),
             shape: shape.to_vec(),
         }
     }
 
+    /// A buffer over device memory that nothing else refers to, holding
+    /// exactly the elements of `shape`.
+    pub fn on_device(buf: Arc<dyn DeviceBuffer>, shape: &[usize]) -> Result<OutputBuffer> {
+        if buf.len() != numel(shape) {
+            return Err(Error::Tensor {
+                name: "<output>".into(),
+                message: format!(
+                    "a device buffer of {} elements cannot hold {}",
+                    buf.len(),
+                    ShapeDisplay(shape)
+                ),
+            });
+        }
+        Ok(OutputBuffer {
+            mem: Mem::Device(buf),
+            shape: shape.to_vec(),
+        })
+    }
+
     /// The output's element type.
     pub fn dtype(&self) -> DType {
-        self.buf.dtype
+        match &self.mem {
+            Mem::Host(b) => b.dtype,
+            Mem::Device(b) => b.dtype(),
+        }
+    }
+
+    /// Where the buffer is.
+    pub fn device(&self) -> Device {
+        match &self.mem {
+            Mem::Host(_) => Device::Cpu,
+            Mem::Device(b) => b.device(),
+        }
+    }
+
+    /// The device layer's buffer, for a buffer off the host: the kernel of
+    /// that device writes the output there.
+    pub fn device_buffer(&self) -> Option<&Arc<dyn DeviceBuffer>> {
+        match &self.mem {
+            Mem::Host(_) => None,
+            Mem::Device(b) => Some(b),
+        }
     }
 
     /// The output's shape.
@@ -161,30 +207,33 @@ impl OutputBuffer {
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.buf.len
+        numel(&self.shape)
     }
 
     /// Whether the output has no elements.
     pub fn is_empty(&self) -> bool {
-        self.buf.len == 0
+        self.len() == 0
     }
 
-    /// The elements, to write.
-    pub fn data_mut(&mut self) -> HostDataMut<'_> {
-        let p = self.buf.ptr();
+    /// The elements, to write; `None` for a buffer off the host.
+    pub fn data_mut(&mut self) -> Option<HostDataMut<'_>> {
+        let Mem::Host(buf) = &self.mem else {
+            return None;
+        };
+        let p = buf.ptr();
         // SAFETY: as `ArenaBuf::data` for the range; exclusive because this
         // value holds the only strong reference to its buffer (it is never
         // cloned before `into_tensor` consumes it) and `&mut self` is unique.
-        unsafe { typed!(self.buf.dtype, HostDataMut, from_raw_parts_mut, p, self.buf.len) }
+        Some(unsafe { typed!(buf.dtype, HostDataMut, from_raw_parts_mut, p, buf.len) })
     }
 
-    /// The elements as `T`, if `T` is the dtype.
+    /// The elements as `T`, if `T` is the dtype and the buffer is on the host.
     pub fn slice_mut<T: Stored>(&mut self) -> Option<&mut [T]> {
-        T::slice_mut(self.data_mut())
+        T::slice_mut(self.data_mut()?)
     }
 
     /// Copies `t`'s elements in, in logical order. `t` must have this
-    /// buffer's dtype and shape and be in host memory.
+    /// buffer's dtype and shape, and both be in host memory.
     pub fn copy_from(&mut self, t: &Tensor) -> Result<()> {
         if t.dtype() != self.dtype() || t.shape() != self.shape {
             return Err(Error::Tensor {
@@ -198,8 +247,12 @@ impl OutputBuffer {
                 ),
             });
         }
+        let device = self.device();
         with_storage!(t.host()?, src, T => {
-            let dst = T::slice_mut(self.data_mut()).expect("dtypes are equal");
+            let dst = self.slice_mut::<T>().ok_or_else(|| Error::Tensor {
+                name: "<output>".into(),
+                message: format!("a buffer on {device} is not written from the host"),
+            })?;
             match t.contiguous_data::<T>() {
                 Some(d) => dst.copy_from_slice(d),
                 None => dst.iter_mut().zip(t.offsets()).for_each(|(d, o)| *d = src[o]),
@@ -210,7 +263,10 @@ impl OutputBuffer {
 
     /// The written output as a tensor.
     pub fn into_tensor(self) -> Tensor {
-        Tensor::from_arena(self.buf, &self.shape)
+        match self.mem {
+            Mem::Host(buf) => Tensor::from_arena(buf, &self.shape),
+            Mem::Device(buf) => Tensor::from_device(buf, &self.shape).expect("checked when made"),
+        }
     }
 }
 
@@ -267,7 +323,7 @@ impl Arena {
         });
         self.live.push((offset, end, Arc::downgrade(&buf)));
         Some(OutputBuffer {
-            buf,
+            mem: Mem::Host(buf),
             shape: shape.to_vec(),
         })
     }
@@ -280,17 +336,117 @@ impl Arena {
     }
 }
 
+/// A device's arena for one run: one block from the device's layer, cut
+/// into the buffers the memory plan places there. As on the host, a range
+/// is handed out only when no buffer of the arena still referenced overlaps
+/// it; work on a device runs in the order it is queued, so a buffer that is
+/// no longer referenced may be written by the next kernel at once.
+pub(crate) struct DeviceArena {
+    layer: Arc<dyn Transfer>,
+    block: Arc<dyn DeviceBuffer>,
+    bytes: usize,
+    live: Vec<(usize, usize, Weak<dyn DeviceBuffer>)>,
+}
+
+impl DeviceArena {
+    /// An arena of `bytes` on `device`, from its layer's pool.
+    pub(crate) fn new(layer: Arc<dyn Transfer>, device: Device, bytes: usize) -> Result<DeviceArena> {
+        // The block's dtype is only its unit: parts of it are cut out as
+        // whatever dtype each buffer has.
+        let block = layer.alloc(device, DType::F64, bytes.div_ceil(8))?;
+        Ok(DeviceArena {
+            layer,
+            block,
+            bytes,
+            live: Vec::new(),
+        })
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// A buffer for an output of `dtype` and `shape` at byte `offset`, or
+    /// `None` when the range is misaligned, outside the arena, overlaps a
+    /// buffer still referenced, or the layer cannot cut it (the kernel then
+    /// allocates the output).
+    pub(crate) fn take(&mut self, offset: usize, dtype: DType, shape: &[usize]) -> Option<OutputBuffer> {
+        let len = numel(shape);
+        let end = offset.checked_add(len.checked_mul(dtype.size())?)?;
+        if !offset.is_multiple_of(ARENA_ALIGN) || end > self.bytes {
+            return None;
+        }
+        self.live.retain(|(_, _, w)| w.strong_count() > 0);
+        if self
+            .live
+            .iter()
+            .any(|&(s, e, _)| s < end && offset < e && s < e && offset < end)
+        {
+            return None;
+        }
+        let buf = match self.layer.sub_buffer(&self.block, offset, dtype, len) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!("a device arena buffer at {offset}: {e}");
+                return None;
+            }
+        };
+        self.live.push((offset, end, Arc::downgrade(&buf)));
+        OutputBuffer::on_device(buf, shape).ok()
+    }
+
+    /// Whether `t`'s memory is one of the arena's buffers.
+    pub(crate) fn holds(&self, t: &Tensor) -> bool {
+        let id = t.storage_id();
+        self.live
+            .iter()
+            .any(|(_, _, w)| w.strong_count() > 0 && w.as_ptr() as *const u8 as usize == id)
+    }
+
+    /// Whether no buffer of the arena is referenced any more.
+    pub(crate) fn is_idle(&mut self) -> bool {
+        self.live.retain(|(_, _, w)| w.strong_count() > 0);
+        self.live.is_empty()
+    }
+}
+
+/// Whether an arena may be handed to the next run.
+pub(crate) trait Idle {
+    /// No buffer of it is referenced any more.
+    fn is_idle(&mut self) -> bool;
+}
+
+impl Idle for Arena {
+    fn is_idle(&mut self) -> bool {
+        Arena::is_idle(self)
+    }
+}
+
+impl Idle for DeviceArena {
+    fn is_idle(&mut self) -> bool {
+        DeviceArena::is_idle(self)
+    }
+}
+
 /// One arena kept between runs, taken and given back without a lock: a run
 /// takes it if it is there, and gives it back if the slot is empty (a run in
 /// flight at the same time as another makes its own, freed after it).
-#[derive(Default)]
-pub(crate) struct ArenaSlot {
-    slot: AtomicPtr<Arena>,
+pub(crate) struct ArenaSlot<A> {
+    slot: AtomicPtr<A>,
 }
 
-impl ArenaSlot {
+impl<A> Default for ArenaSlot<A> {
+    fn default() -> Self {
+        ArenaSlot {
+            slot: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+}
+
+impl<A> ArenaSlot<A> {
     /// The kept arena, if there is one.
-    pub(crate) fn take(&self) -> Option<Arena> {
+    pub(crate) fn take(&self) -> Option<A> {
         let p = self.slot.swap(std::ptr::null_mut(), Ordering::Acquire);
         // SAFETY: a non-null pointer in the slot came from `Box::into_raw`
         // in `put`, and the swap made this call its only owner.
@@ -298,7 +454,7 @@ impl ArenaSlot {
     }
 
     /// Keeps `arena` for the next run, unless one is kept already.
-    pub(crate) fn put(&self, arena: Arena) {
+    pub(crate) fn put(&self, arena: A) {
         let p = Box::into_raw(Box::new(arena));
         let kept = self
             .slot
@@ -308,9 +464,26 @@ impl ArenaSlot {
             drop(unsafe { Box::from_raw(p) });
         }
     }
+
+    /// Gives a run's arena back for the next one, unless a tensor in it is
+    /// still referenced (a kernel or the caller kept one): then it is left
+    /// to be freed with that tensor, and the next run makes a new one.
+    /// Whether it was kept.
+    pub(crate) fn give_back(&self, mut arena: A) -> bool
+    where
+        A: Idle,
+    {
+        if arena.is_idle() {
+            self.put(arena);
+            true
+        } else {
+            tracing::warn!("a tensor in the arena outlived its run; the next run allocates a new arena");
+            false
+        }
+    }
 }
 
-impl Drop for ArenaSlot {
+impl<A> Drop for ArenaSlot<A> {
     fn drop(&mut self) {
         drop(self.take());
     }
@@ -349,7 +522,7 @@ mod tests {
 
     #[test]
     fn the_slot_keeps_one_arena() {
-        let slot = ArenaSlot::default();
+        let slot: ArenaSlot<Arena> = ArenaSlot::default();
         assert!(slot.take().is_none());
         slot.put(Arena::new(64));
         slot.put(Arena::new(128));

@@ -1,13 +1,24 @@
-//! The interface between the runtime and device layers (CUDA, ...): device
-//! memory that tensors can hold, and the copies between it and the host.
+//! The interface between the runtime and device layers (CUDA, the simulated
+//! device, ...): device memory that tensors can hold, the copies between it
+//! and the host, and the allocations the runtime asks for.
 //!
 //! A device layer implements [`DeviceBuffer`] for its memory and registers a
 //! [`Transfer`] with `inventory::submit!(TransferFactory { .. })`. The runtime
 //! then moves tensors wherever a plan runs a region on another device than the
 //! one its inputs are on, and returns outputs on the device the trace declares.
+//!
+//! Device memory comes from a caching [`Pool`] per device: a buffer that is
+//! dropped goes back to the pool, and the next allocation of about its size
+//! takes it again, so a plan run again allocates nothing from the device.
+//! A layer that can allocate ([`Transfer::alloc`]) and cut a buffer into
+//! parts ([`Transfer::sub_buffer`]) gets a device arena from the runtime:
+//! one block per device, laid out by the memory plan and kept between runs,
+//! as on the host.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -49,6 +60,178 @@ pub trait Transfer: Send + Sync {
     fn synchronize(&self, device: Device) -> Result<()> {
         let _ = device;
         Ok(())
+    }
+
+    /// A dense buffer of `len` elements of `dtype` on `device`, from the
+    /// layer's pool; what it holds is unspecified (a kernel writes all of
+    /// it). By default a layer cannot allocate: the runtime then leaves
+    /// device memory to the kernels.
+    fn alloc(&self, device: Device, dtype: DType, len: usize) -> Result<Arc<dyn DeviceBuffer>> {
+        let _ = (dtype, len);
+        Err(Error::Device {
+            device: device.to_string(),
+            reason: "its layer does not allocate for the runtime".into(),
+        })
+    }
+
+    /// `len` elements of `dtype` at byte `offset` of `block` (a buffer this
+    /// layer made, of any dtype), sharing its memory and keeping it alive;
+    /// `offset` is a multiple of 64 and the range lies inside the block.
+    fn sub_buffer(
+        &self,
+        block: &Arc<dyn DeviceBuffer>,
+        offset: usize,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        let _ = (offset, dtype, len);
+        Err(Error::Device {
+            device: block.device().to_string(),
+            reason: "its layer does not cut buffers into parts".into(),
+        })
+    }
+
+    /// A dense copy of `tensor` (on one of this layer's devices) in a new
+    /// buffer on the same device. By default through the host.
+    fn dense_copy(&self, tensor: &Tensor) -> Result<Tensor> {
+        self.to_device(&self.to_host(tensor)?, tensor.device())
+    }
+
+    /// What the layer's allocator has done on `device` so far. By default
+    /// nothing is known.
+    fn memory(&self, device: Device) -> MemoryStats {
+        let _ = device;
+        MemoryStats::default()
+    }
+}
+
+/// What a device's allocator has done, counted from the start of the
+/// process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Allocations made from the device itself (the pool had nothing to
+    /// give): what a steady state makes none of.
+    pub device_allocations: u64,
+    /// Allocations the pool served with a buffer given back before.
+    pub reused: u64,
+    /// Bytes held from the device (in use and kept in the pool).
+    pub held_bytes: usize,
+    /// Bytes in use now.
+    pub in_use_bytes: usize,
+    /// The most bytes in use at once.
+    pub peak_in_use_bytes: usize,
+}
+
+/// A caching pool of one device's memory blocks of type `B`: a block that
+/// is given back is kept, and handed out again for a request it fits
+/// without wasting more than half of it. Blocks are sized in steps of 512
+/// bytes, so that requests of about one size share blocks.
+///
+/// Whether a block given back may be written again at once is the layer's
+/// to know: on a device whose work runs in one stream, in order, a later
+/// kernel that writes it runs after every earlier one that read it.
+pub struct Pool<B> {
+    inner: Mutex<PoolInner<B>>,
+}
+
+struct PoolInner<B> {
+    /// Blocks kept, with their sizes.
+    free: Vec<(usize, B)>,
+    stats: MemoryStats,
+}
+
+/// Pool block sizes are multiples of this.
+pub const POOL_STEP: usize = 512;
+
+impl<B> Default for Pool<B> {
+    fn default() -> Self {
+        Pool::new()
+    }
+}
+
+impl<B> Pool<B> {
+    /// An empty pool.
+    pub const fn new() -> Pool<B> {
+        Pool {
+            inner: Mutex::new(PoolInner {
+                free: Vec::new(),
+                stats: MemoryStats {
+                    device_allocations: 0,
+                    reused: 0,
+                    held_bytes: 0,
+                    in_use_bytes: 0,
+                    peak_in_use_bytes: 0,
+                },
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolInner<B>> {
+        // Counters and a list stay consistent whatever panicked.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The size of the block a request of `bytes` gets.
+    pub fn block_size(bytes: usize) -> usize {
+        bytes.max(1).div_ceil(POOL_STEP) * POOL_STEP
+    }
+
+    /// A block of at least `bytes` and its size: a kept one that fits, or
+    /// a new one of [`Pool::block_size`] made by `make`.
+    pub fn take(&self, bytes: usize, make: impl FnOnce(usize) -> Result<B>) -> Result<(B, usize)> {
+        let want = Pool::<B>::block_size(bytes);
+        let mut inner = self.lock();
+        // The smallest kept block that fits, if it is not more than twice
+        // the request.
+        let best = inner
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, (size, _))| *size >= want && *size <= 2 * want)
+            .min_by_key(|(_, (size, _))| *size)
+            .map(|(i, _)| i);
+        let (block, size) = match best {
+            Some(i) => {
+                let (size, block) = inner.free.swap_remove(i);
+                inner.stats.reused += 1;
+                (block, size)
+            }
+            None => {
+                drop(inner);
+                let block = make(want)?;
+                inner = self.lock();
+                inner.stats.device_allocations += 1;
+                inner.stats.held_bytes += want;
+                (block, want)
+            }
+        };
+        let s = &mut inner.stats;
+        s.in_use_bytes += size;
+        s.peak_in_use_bytes = s.peak_in_use_bytes.max(s.in_use_bytes);
+        Ok((block, size))
+    }
+
+    /// Keeps a block of `size` (as [`Pool::take`] gave it) for a later request.
+    pub fn give(&self, size: usize, block: B) {
+        let mut inner = self.lock();
+        inner.stats.in_use_bytes = inner.stats.in_use_bytes.saturating_sub(size);
+        inner.free.push((size, block));
+    }
+
+    /// Drops every kept block (returning the memory to the device).
+    pub fn trim(&self) -> usize {
+        let mut inner = self.lock();
+        let freed: usize = inner.free.iter().map(|(s, _)| s).sum();
+        inner.stats.held_bytes -= freed;
+        let kept = std::mem::take(&mut inner.free);
+        drop(inner);
+        drop(kept);
+        freed
+    }
+
+    /// What the pool has done so far.
+    pub fn stats(&self) -> MemoryStats {
+        self.lock().stats
     }
 }
 
@@ -118,6 +301,43 @@ pub fn move_to(tensor: &Tensor, device: Device) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_reuses_what_fits_and_counts_what_it_allocates() {
+        let pool: Pool<Vec<u8>> = Pool::new();
+        let make = |n: usize| Ok(vec![0u8; n]);
+        let (a, size) = pool.take(1000, make).unwrap();
+        assert_eq!((a.len(), size), (1024, 1024), "in steps of 512 bytes");
+        let (b, _) = pool.take(100, make).unwrap();
+        pool.give(size, a);
+        pool.give(512, b);
+        let s = pool.stats();
+        assert_eq!(
+            (
+                s.device_allocations,
+                s.held_bytes,
+                s.in_use_bytes,
+                s.peak_in_use_bytes
+            ),
+            (2, 1536, 0, 1536)
+        );
+        // The best fit: 512 for 300 bytes, 1024 for 900.
+        let (c, c_size) = pool.take(300, |_| panic!("kept")).unwrap();
+        let (d, d_size) = pool.take(900, |_| panic!("kept")).unwrap();
+        assert_eq!((c.len(), d.len()), (512, 1024));
+        assert_eq!(pool.stats().reused, 2);
+        // A block more than twice the request is not wasted on it.
+        let (big, big_size) = pool.take(4096, make).unwrap();
+        pool.give(big_size, big);
+        let (e, e_size) = pool.take(1000, make).unwrap();
+        assert_eq!(e.len(), 1024);
+        assert_eq!(pool.stats().device_allocations, 4);
+        for (size, block) in [(c_size, c), (d_size, d), (e_size, e)] {
+            pool.give(size, block);
+        }
+        assert_eq!(pool.trim(), 512 + 1024 + 4096 + 1024);
+        assert_eq!(pool.stats().held_bytes, 0);
+    }
 
     #[test]
     fn a_device_no_linked_layer_serves_is_named() {

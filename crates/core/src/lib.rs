@@ -14,7 +14,8 @@
 //! assigns every op to an executor by cost (a [`cost`] model of the device) and
 //! cuts the lowered trace into regions, explaining each choice; the
 //! [`runtime`] compiles each region once and runs the plan many times, freeing
-//! each value after its last use and measuring peak memory.
+//! each value after its last use and measuring peak memory. Device layers
+//! plug in through [`device`].
 #![deny(missing_docs)]
 
 pub mod arena;

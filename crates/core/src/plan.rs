@@ -146,10 +146,17 @@ impl Plan {
     /// offset of each value the runtime places there (intermediates made on
     /// the CPU), and the arena's size.
     pub fn arena(&self) -> (Vec<Option<usize>>, usize) {
+        self.arena_on(Device::Cpu)
+    }
+
+    /// The memory plan of `device`'s arena over the order the regions run
+    /// in: the offset of each intermediate a region on `device` makes, and
+    /// the arena's size.
+    pub fn arena_on(&self, device: Device) -> (Vec<Option<usize>>, usize) {
         let graph = self.memory_graph();
         let order: Vec<usize> = (0..self.regions.len()).collect();
-        let on_cpu = |b: &Buffer| b.producer.is_some_and(|r| self.regions[r].device == Device::Cpu);
-        let layout = graph.arena_where(&order, on_cpu);
+        let on_device = |b: &Buffer| b.producer.is_some_and(|r| self.regions[r].device == device);
+        let layout = graph.arena_where(&order, on_device);
         let mut at = vec![None; self.trace.values.len()];
         for (b, buffer) in graph.buffers.iter().enumerate() {
             at[buffer.value.index()] = layout.offsets[b];

@@ -24,6 +24,7 @@ use crate::executor::{
     Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Numerics, Refinement, Region,
 };
 use crate::ir::{OpId, Trace};
+use crate::meta::Device;
 use crate::plan::region_boundary;
 use crate::tensor::{HostData, Tensor};
 
@@ -527,7 +528,11 @@ impl Kernel for PluginKernel {
             .outputs
             .iter()
             .map(|(dtype, shape)| match given.next().flatten() {
-                Some(b) if b.dtype() == *dtype && b.shape() == shape.as_slice() => b,
+                Some(b)
+                    if b.dtype() == *dtype && b.shape() == shape.as_slice() && b.device() == Device::Cpu =>
+                {
+                    b
+                }
                 _ => OutputBuffer::new(*dtype, shape),
             })
             .collect();
@@ -541,7 +546,14 @@ impl Kernel for PluginKernel {
             .zip(out_dims.iter_mut())
             .map(|(b, dims)| {
                 let dtype = dl_dtype(b.dtype());
-                let data: *mut c_void = match b.data_mut() {
+                // Every buffer here is on the host: made so, or given so.
+                let Some(host) = b.data_mut() else {
+                    return Err(fail(format!(
+                        "an output buffer on {} is not the host's",
+                        b.device()
+                    )));
+                };
+                let data: *mut c_void = match host {
                     crate::tensor::HostDataMut::F32(v) => v.as_mut_ptr().cast(),
                     crate::tensor::HostDataMut::F64(v) => v.as_mut_ptr().cast(),
                     crate::tensor::HostDataMut::F16(v) => v.as_mut_ptr().cast(),
@@ -550,7 +562,7 @@ impl Kernel for PluginKernel {
                     crate::tensor::HostDataMut::I64(v) => v.as_mut_ptr().cast(),
                     crate::tensor::HostDataMut::Bool(v) => v.as_mut_ptr().cast(),
                 };
-                abi::DLTensor {
+                Ok(abi::DLTensor {
                     data,
                     device: abi::DLDevice {
                         device_type: abi::device_type::CPU,
@@ -561,9 +573,9 @@ impl Kernel for PluginKernel {
                     shape: dims.as_mut_ptr(),
                     strides: std::ptr::null_mut(),
                     byte_offset: 0,
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let t = self.lib.table();
         // SAFETY: the kernel's run with views of live host buffers (inputs
         // borrowed for the call, outputs owned by `bufs`, which nothing else

@@ -90,6 +90,10 @@ pub struct RunReport {
     pub timeline: MemoryReport,
     /// Bytes of the arena the intermediates lived in (0 when allocated per call).
     pub arena_bytes: usize,
+    /// Each device the plan puts tensors on, in the last run: its arena and
+    /// what its allocator did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<crate::runtime::DeviceMemory>,
 }
 
 /// `switchyard plan --json`.

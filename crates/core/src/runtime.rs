@@ -6,18 +6,23 @@
 //! excluded), an op's outputs counted before its inputs are freed. Views add no
 //! bytes: bytes are counted per buffer, and a view keeps its buffer alive.
 //!
-//! Intermediates on the CPU live in an arena laid out by the memory plan
-//! ([`crate::memory::MemoryGraph::arena`]); the arena outlives the call, so a
-//! plan run again reuses the pages it touched the first time. Outputs get
-//! their own buffers, since the caller keeps them.
+//! Intermediates live in arenas laid out by the memory plan
+//! ([`crate::memory::MemoryGraph::arena`]): one in host memory for those
+//! made on the CPU, and one per device for those made there, from the
+//! device layer ([`crate::device::Transfer::alloc`]). Arenas outlive the
+//! call, so a plan run again reuses the pages it touched the first time and
+//! asks no device for memory. Outputs get their own buffers, since the
+//! caller keeps them; on a device they come from its layer's caching pool.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::arena::{Arena, ArenaSlot};
+use serde::{Deserialize, Serialize};
+
+use crate::arena::{Arena, ArenaSlot, DeviceArena};
 
 use crate::cache::{CacheStats, KernelCache, RegionKey};
-use crate::device::{move_to, synchronize, transfer_for};
+use crate::device::{MemoryStats, Transfer, move_to, synchronize, transfer_for};
 use crate::error::{Error, Result};
 use crate::executor::Kernel;
 use crate::ir::ValueId;
@@ -39,16 +44,44 @@ pub struct CompiledPlan {
     steps: Vec<Step>,
     /// Inputs that no region reads; their accounting ends at once.
     unread_inputs: Vec<ValueId>,
-    /// Each value's byte offset in the arena, for the intermediates the
-    /// memory plan places there.
+    /// Each value's byte offset in its arena (the host's or its device's),
+    /// for the intermediates the memory plan places there.
     arena_at: Vec<Option<usize>>,
     arena_bytes: usize,
-    /// The arena kept for the next run.
-    arenas: ArenaSlot,
+    /// The host arena kept for the next run.
+    arenas: ArenaSlot<Arena>,
+    /// Each device's arena: its layer, size and the one kept for the next run.
+    device_arenas: Vec<DeviceArenaPlan>,
     compile_ns: u64,
     cache_stats: CacheStats,
     /// The devices other than the host it puts tensors on.
     devices: Vec<Device>,
+}
+
+/// The arena of one device.
+struct DeviceArenaPlan {
+    device: Device,
+    layer: Arc<dyn Transfer>,
+    bytes: usize,
+    slot: ArenaSlot<DeviceArena>,
+}
+
+/// What one run did with one device's memory.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceMemory {
+    /// The device.
+    pub device: String,
+    /// Bytes of its arena (0 when its layer gives none, or allocated per call).
+    pub arena_bytes: usize,
+    /// Whether the arena was one an earlier run had left.
+    pub arena_reused: bool,
+    /// Allocations the device's layer made from the device during the run
+    /// (none in a steady state: everything came from the arena or the
+    /// pool). Counted for the whole device, so runs at the same time on it
+    /// add up.
+    pub device_allocations: u64,
+    /// The layer's figures after the run.
+    pub after: MemoryStats,
 }
 
 /// Options for one run.
@@ -79,6 +112,8 @@ pub struct RunResult {
     /// Whether the arena was one an earlier run had left, its pages already
     /// touched.
     pub arena_reused: bool,
+    /// Each device the plan puts tensors on: its arena and allocations.
+    pub devices: Vec<DeviceMemory>,
 }
 
 /// Live buffers, by identity. A plan rarely has more than a few dozen live at
@@ -221,7 +256,20 @@ impl CompiledPlan {
             .copied()
             .filter(|v| last_read[v.index()].is_none() && !is_output(*v))
             .collect();
-        let (arena_at, arena_bytes) = plan.arena();
+        let (mut arena_at, arena_bytes) = plan.arena();
+        let mut device_arenas = Vec::new();
+        for &device in &devices {
+            let (at, bytes) = plan.arena_on(device);
+            for (slot, a) in arena_at.iter_mut().zip(at) {
+                *slot = slot.or(a);
+            }
+            device_arenas.push(DeviceArenaPlan {
+                device,
+                layer: transfer_for(device)?,
+                bytes,
+                slot: ArenaSlot::default(),
+            });
+        }
         Ok(CompiledPlan {
             plan,
             kernels,
@@ -230,6 +278,7 @@ impl CompiledPlan {
             arena_at,
             arena_bytes,
             arenas: ArenaSlot::default(),
+            device_arenas,
             compile_ns: start.elapsed().as_nanos() as u64,
             cache_stats,
             devices,
@@ -269,15 +318,28 @@ impl CompiledPlan {
         }
     }
 
-    /// Gives a run's arena back for the next one, unless a tensor in it is
-    /// still referenced (a kernel kept one): then it is left to be freed
-    /// with that tensor, and the next run makes a new one.
-    fn return_arena(&self, mut arena: Arena) {
-        if arena.is_idle() {
-            self.arenas.put(arena);
-        } else {
-            tracing::warn!("a tensor in the arena outlived its run; the next run allocates a new arena");
-        }
+    /// Each device's arena for one run, and whether it was kept from an
+    /// earlier one; `None` where there is nothing to place or the layer
+    /// gives no memory (its kernels then allocate their outputs).
+    fn take_device_arenas(&self) -> Vec<(Option<DeviceArena>, bool)> {
+        self.device_arenas
+            .iter()
+            .map(|d| {
+                if d.bytes == 0 {
+                    return (None, false);
+                }
+                if let Some(a) = d.slot.take() {
+                    return (Some(a), true);
+                }
+                match DeviceArena::new(d.layer.clone(), d.device, d.bytes) {
+                    Ok(a) => (Some(a), false),
+                    Err(e) => {
+                        tracing::debug!("no arena on {}: {e}", d.device);
+                        (None, false)
+                    }
+                }
+            })
+            .collect()
     }
 
     fn kernel_error(&self, region: usize, message: String) -> Error {
@@ -310,6 +372,15 @@ impl CompiledPlan {
                 let (a, reused) = self.take_arena();
                 (Some(a), reused)
             }
+        };
+        let before: Vec<MemoryStats> = self
+            .device_arenas
+            .iter()
+            .map(|d| d.layer.memory(d.device))
+            .collect();
+        let mut device_arenas = match opts.allocate_per_call {
+            true => self.device_arenas.iter().map(|_| (None, false)).collect(),
+            false => self.take_device_arenas(),
         };
         let mut slots: Vec<Option<Tensor>> = vec![None; trace.values.len()];
         let mut live = LiveBuffers::default();
@@ -350,13 +421,17 @@ impl CompiledPlan {
                     })
                 })
                 .collect::<Result<_>>()?;
+            let on_device = self.device_arenas.iter().position(|d| d.device == step.device);
             let buffers = step
                 .outputs
                 .iter()
                 .map(|&v| {
-                    let (arena, off) = (arena.as_mut()?, self.arena_at[v.index()]?);
+                    let off = self.arena_at[v.index()]?;
                     let meta = trace.meta(v);
-                    arena.take(off, meta.dtype, &meta.shape)
+                    match on_device {
+                        None => arena.as_mut()?.take(off, meta.dtype, &meta.shape),
+                        Some(k) => device_arenas[k].0.as_mut()?.take(off, meta.dtype, &meta.shape),
+                    }
                 })
                 .collect();
             let t0 = opts.profile.then(Instant::now);
@@ -404,7 +479,23 @@ impl CompiledPlan {
                     name: value.name.clone(),
                     message: "was never computed".into(),
                 })?;
-                move_to(t, value.meta.device)?.out_of_arena()
+                let t = move_to(t, value.meta.device)?;
+                // An output in a device arena (the memory plan never puts
+                // one there, but a kernel may return a view) is copied out,
+                // so that the arena can serve the next run.
+                let arena = self
+                    .device_arenas
+                    .iter()
+                    .zip(&device_arenas)
+                    .find_map(|(d, (a, _))| {
+                        a.as_ref()
+                            .filter(|a| d.device == t.device() && a.holds(&t))
+                            .map(|_| &d.layer)
+                    });
+                match arena {
+                    Some(layer) => layer.dense_copy(&t),
+                    None => t.out_of_arena(),
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         drop(slots);
@@ -414,8 +505,28 @@ impl CompiledPlan {
         }
         let arena_bytes = arena.as_ref().map_or(0, Arena::bytes);
         if let Some(arena) = arena {
-            self.return_arena(arena);
+            self.arenas.give_back(arena);
         }
+        let devices = self
+            .device_arenas
+            .iter()
+            .zip(device_arenas)
+            .zip(before)
+            .map(|((d, (arena, reused)), before)| {
+                let arena_bytes = arena.as_ref().map_or(0, DeviceArena::bytes);
+                if let Some(arena) = arena {
+                    d.slot.give_back(arena);
+                }
+                let after = d.layer.memory(d.device);
+                DeviceMemory {
+                    device: d.device.to_string(),
+                    arena_bytes,
+                    arena_reused: reused,
+                    device_allocations: after.device_allocations - before.device_allocations,
+                    after,
+                }
+            })
+            .collect();
         Ok(RunResult {
             outputs,
             peak_bytes: live.peak,
@@ -424,6 +535,7 @@ impl CompiledPlan {
             time_ns: start.elapsed().as_nanos() as u64,
             arena_bytes,
             arena_reused,
+            devices,
         })
     }
 }

@@ -1,25 +1,61 @@
-//! The `cuda:N` device layer: device buffers, and copies between the host
-//! and a device, registered for the runtime to move tensors with.
+//! The `cuda:N` device layer: device buffers from a caching pool per
+//! device, and copies between the host and a device, registered for the
+//! runtime to move tensors with and to allocate its device arenas from.
 //!
 //! Nothing here touches CUDA before [`crate::probe`] has found a driver that
 //! sees the device: on a machine without one, a copy to `cuda:N` is an
 //! error giving the probe's reason.
+//!
+//! Memory: a buffer that is dropped goes back to its device's pool and is
+//! handed out again for a request of about its size, so a plan run again
+//! allocates nothing from the driver. That is sound because all work on a
+//! device is queued on its one stream: a kernel that writes a buffer given
+//! back runs after every kernel queued before that read it.
 
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
-use switchyard_core::device::{DeviceBuffer, Transfer, TransferFactory};
+use switchyard_core::device::{DeviceBuffer, MemoryStats, Pool, Transfer, TransferFactory};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
 
+/// Devices with a pool of their own (ordinals beyond are refused).
+const MAX_DEVICES: usize = 64;
+
+static POOLS: [Pool<CudaSlice<u8>>; MAX_DEVICES] = [const { Pool::new() }; MAX_DEVICES];
+
+/// Where a buffer's bytes are.
+enum Mem {
+    /// A block of its device's pool, given back when dropped.
+    Block {
+        slice: Option<CudaSlice<u8>>,
+        size: usize,
+    },
+    /// A part of another buffer (the runtime's device arena), which it
+    /// keeps alive.
+    Part { _block: Arc<dyn DeviceBuffer> },
+}
+
 /// A tensor's bytes on a device, with the stream that made them.
 struct CudaBuffer {
-    bytes: CudaSlice<u8>,
+    mem: Mem,
+    /// The address of element 0.
+    ptr: u64,
     stream: Arc<CudaStream>,
     dtype: DType,
     len: usize,
     device: Device,
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if let (Mem::Block { slice, size }, Device::Cuda(n)) = (&mut self.mem, self.device)
+            && let Some(slice) = slice.take()
+        {
+            POOLS[n as usize].give(*size, slice);
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaBuffer {
@@ -94,8 +130,7 @@ fn buffer_of(tensor: &Tensor) -> Result<&CudaBuffer> {
 /// not applied), for passing to kernels and libraries that run on the
 /// buffer's stream.
 pub fn device_ptr(tensor: &Tensor) -> Result<u64> {
-    let buf = buffer_of(tensor)?;
-    Ok(buf.bytes.device_ptr(&buf.stream).0)
+    Ok(buffer_of(tensor)?.ptr)
 }
 
 /// The number of elements `tensor`'s buffer holds.
@@ -103,23 +138,86 @@ pub fn buffer_len(tensor: &Tensor) -> Result<usize> {
     Ok(buffer_of(tensor)?.len)
 }
 
-/// A zeroed dense tensor on `cuda:n`, and its device address.
-pub fn alloc_zeros(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64)> {
+/// `bytes` from `cuda:n`'s pool, as a buffer of `len` elements of `dtype`.
+fn pooled(n: u32, dtype: DType, len: usize) -> Result<CudaBuffer> {
     let device = Device::Cuda(n);
     let stream = stream(n)?;
-    let len: usize = shape.iter().product();
-    let bytes = stream
-        .alloc_zeros::<u8>((len * dtype.size()).max(1))
-        .map_err(|e| unavailable(device, format!("allocating {} bytes: {e}", len * dtype.size())))?;
-    let buf = Arc::new(CudaBuffer {
-        bytes,
+    let pool = POOLS.get(n as usize).ok_or_else(|| {
+        unavailable(
+            device,
+            format!("switchyard keeps memory for {MAX_DEVICES} devices"),
+        )
+    })?;
+    let bytes = len
+        .checked_mul(dtype.size())
+        .ok_or_else(|| unavailable(device, format!("{len} elements of {dtype} overflow")))?;
+    let (slice, size) = pool.take(bytes, |size| {
+        stream
+            .alloc_zeros::<u8>(size)
+            .map_err(|e| unavailable(device, format!("allocating {size} bytes: {e}")))
+    })?;
+    let ptr = slice.device_ptr(&stream).0;
+    Ok(CudaBuffer {
+        mem: Mem::Block {
+            slice: Some(slice),
+            size,
+        },
+        ptr,
         stream,
         dtype,
         len,
         device,
-    });
-    let ptr = buf.bytes.device_ptr(&buf.stream).0;
-    Ok((Tensor::from_device(buf, shape)?, ptr))
+    })
+}
+
+/// A dense tensor on `cuda:n` from its pool, and its device address; what
+/// it holds is unspecified, so the kernel that makes it writes all of it.
+pub fn alloc(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64)> {
+    let buf = pooled(n, dtype, shape.iter().product())?;
+    let ptr = buf.ptr;
+    Ok((Tensor::from_device(Arc::new(buf), shape)?, ptr))
+}
+
+/// A zeroed dense tensor on `cuda:n`, and its device address.
+pub fn alloc_zeros(n: u32, dtype: DType, shape: &[usize]) -> Result<(Tensor, u64)> {
+    let (t, ptr) = alloc(n, dtype, shape)?;
+    zero(&t)?;
+    Ok((t, ptr))
+}
+
+/// Queues zeroing the whole buffer of `tensor`.
+pub fn zero(tensor: &Tensor) -> Result<()> {
+    let buf = buffer_of(tensor)?;
+    let bytes = buf.len * buf.dtype.size();
+    if bytes == 0 {
+        return Ok(());
+    }
+    bind(buf)?;
+    // SAFETY: the range is the buffer's own, and the memset is ordered on
+    // the device's one stream.
+    unsafe { cudarc::driver::result::memset_d8_async(buf.ptr, 0, bytes, buf.stream.cu_stream()) }
+        .map_err(|e| unavailable(buf.device, format!("zeroing {bytes} bytes: {e}")))
+}
+
+/// The buffer an output buffer holds on `cuda:n`, with its address, if it
+/// is one of this layer's of `dtype` and `len` elements.
+pub fn output_ptr(out: &switchyard_core::OutputBuffer) -> Option<u64> {
+    let buf = out.device_buffer()?.as_any().downcast_ref::<CudaBuffer>()?;
+    Some(buf.ptr)
+}
+
+/// Makes the device's context current on this thread, as raw driver calls
+/// need.
+fn bind(buf: &CudaBuffer) -> Result<()> {
+    buf.stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| unavailable(buf.device, format!("binding the device: {e}")))
+}
+
+/// What `cuda:n`'s pool has done.
+pub fn memory(n: u32) -> MemoryStats {
+    POOLS.get(n as usize).map(Pool::stats).unwrap_or_default()
 }
 
 /// Waits until everything queued on `cuda:n` has run (for timing).
@@ -153,8 +251,9 @@ pub fn copy_device(dst: &Tensor, src: &Tensor) -> Result<()> {
         ));
     }
     let size = d.dtype.size();
-    let to = d.bytes.device_ptr(&d.stream).0 + (dst.offset() * size) as u64;
-    let from = s.bytes.device_ptr(&s.stream).0 + (src.offset() * size) as u64;
+    let to = d.ptr + (dst.offset() * size) as u64;
+    let from = s.ptr + (src.offset() * size) as u64;
+    bind(d)?;
     // SAFETY: both ranges were checked to lie in their buffers, and the
     // copy is ordered on the device's one stream.
     unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, dst.numel() * size, d.stream.cu_stream()) }
@@ -185,9 +284,8 @@ impl<T> Raw<T> {
                 format!("a {} buffer read as {}", buf.dtype, std::any::type_name::<T>()),
             ));
         }
-        let base = buf.bytes.device_ptr(&buf.stream).0;
         Ok(Raw {
-            ptr: base + (tensor.offset() * buf.dtype.size()) as u64,
+            ptr: buf.ptr + (tensor.offset() * buf.dtype.size()) as u64,
             len: buf.len - tensor.offset().min(buf.len),
             stream: buf.stream.clone(),
             _t: std::marker::PhantomData,
@@ -197,6 +295,22 @@ impl<T> Raw<T> {
     /// The address.
     pub fn ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// Queues zeroing the first `elems` elements (at most its length).
+    pub fn zero(&mut self, elems: usize) -> std::result::Result<(), String> {
+        let bytes = elems.min(self.len) * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("binding the device: {e}"))?;
+        // SAFETY: the range lies in the memory this describes, and the
+        // memset is ordered on its stream.
+        unsafe { cudarc::driver::result::memset_d8_async(self.ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| format!("zeroing {bytes} bytes: {e}"))
     }
 }
 
@@ -248,21 +362,17 @@ impl Transfer for CudaTransfer {
         let Device::Cuda(n) = device else {
             return Err(unavailable(device, "not a CUDA device".into()));
         };
-        let stream = stream(n)?;
         let bytes = le_bytes(tensor)?;
-        let slice = stream
-            .clone_htod(&bytes)
-            .map_err(|e| unavailable(device, format!("copying to the device: {e}")))?;
-        Tensor::from_device(
-            Arc::new(CudaBuffer {
-                bytes: slice,
-                stream,
-                dtype: tensor.dtype(),
-                len: tensor.numel(),
-                device,
-            }),
-            tensor.shape(),
-        )
+        let buf = pooled(n, tensor.dtype(), tensor.numel())?;
+        if !bytes.is_empty() {
+            bind(&buf)?;
+            // SAFETY: the buffer holds at least `bytes.len()` bytes; a copy
+            // from pageable memory returns once the source is staged, so
+            // `bytes` may be dropped after it.
+            unsafe { cudarc::driver::result::memcpy_htod_async(buf.ptr, &bytes, buf.stream.cu_stream()) }
+                .map_err(|e| unavailable(device, format!("copying to the device: {e}")))?;
+        }
+        Tensor::from_device(Arc::new(buf), tensor.shape())
     }
 
     fn synchronize(&self, device: Device) -> Result<()> {
@@ -275,10 +385,16 @@ impl Transfer for CudaTransfer {
     fn to_host(&self, tensor: &Tensor) -> Result<Tensor> {
         let device = tensor.device();
         let buf = buffer_of(tensor)?;
-        let bytes = buf
-            .stream
-            .clone_dtoh(&buf.bytes)
-            .map_err(|e| unavailable(device, format!("copying to the host: {e}")))?;
+        let mut bytes = vec![0u8; buf.len * buf.dtype.size()];
+        if !bytes.is_empty() {
+            bind(buf)?;
+            // SAFETY: the buffer holds `bytes.len()` bytes from its address;
+            // the copy is ordered after the work queued on the stream, and
+            // waited for before the bytes are read.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut bytes, buf.ptr, buf.stream.cu_stream()) }
+                .and_then(|()| buf.stream.synchronize())
+                .map_err(|e| unavailable(device, format!("copying to the host: {e}")))?;
+        }
         // The whole buffer, then the tensor's view of it.
         let whole = Tensor::from_storage(storage_from_le_bytes(buf.dtype, &bytes), &[buf.len])?;
         whole.view(
@@ -286,6 +402,69 @@ impl Transfer for CudaTransfer {
             tensor.strides().to_vec(),
             tensor.offset(),
         )
+    }
+
+    fn alloc(&self, device: Device, dtype: DType, len: usize) -> Result<Arc<dyn DeviceBuffer>> {
+        let Device::Cuda(n) = device else {
+            return Err(unavailable(device, "not a CUDA device".into()));
+        };
+        Ok(Arc::new(pooled(n, dtype, len)?))
+    }
+
+    fn sub_buffer(
+        &self,
+        block: &Arc<dyn DeviceBuffer>,
+        offset: usize,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        let b = block
+            .as_any()
+            .downcast_ref::<CudaBuffer>()
+            .ok_or_else(|| unavailable(block.device(), "the block is not a CUDA buffer".into()))?;
+        let fits = len
+            .checked_mul(dtype.size())
+            .and_then(|n| n.checked_add(offset))
+            .is_some_and(|end| end <= b.len * b.dtype.size());
+        if !fits || !offset.is_multiple_of(dtype.size()) {
+            return Err(unavailable(
+                b.device,
+                format!(
+                    "{len} {dtype} at byte {offset} do not fit a buffer of {} bytes",
+                    b.len * b.dtype.size()
+                ),
+            ));
+        }
+        Ok(Arc::new(CudaBuffer {
+            mem: Mem::Part {
+                _block: block.clone(),
+            },
+            ptr: b.ptr + offset as u64,
+            stream: b.stream.clone(),
+            dtype,
+            len,
+            device: b.device,
+        }))
+    }
+
+    fn dense_copy(&self, tensor: &Tensor) -> Result<Tensor> {
+        let Device::Cuda(n) = tensor.device() else {
+            return Err(unavailable(tensor.device(), "not a CUDA device".into()));
+        };
+        if !tensor.is_contiguous() {
+            // A strided view: through the host, which gathers it.
+            return self.to_device(&self.to_host(tensor)?, tensor.device());
+        }
+        let (copy, _) = alloc(n, tensor.dtype(), tensor.shape())?;
+        copy_device(&copy, tensor)?;
+        Ok(copy)
+    }
+
+    fn memory(&self, device: Device) -> MemoryStats {
+        match device {
+            Device::Cuda(n) => memory(n),
+            _ => MemoryStats::default(),
+        }
     }
 }
 

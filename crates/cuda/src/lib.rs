@@ -17,7 +17,10 @@ pub mod gemm;
 pub mod layer;
 pub mod lt;
 
-pub use layer::{Raw, alloc_zeros, buffer_len, copy_device, device_ptr, stream, synchronize};
+pub use layer::{
+    Raw, alloc, alloc_zeros, buffer_len, copy_device, device_ptr, memory, output_ptr, stream, synchronize,
+    zero,
+};
 
 use std::ffi::c_int;
 use std::sync::OnceLock;

@@ -380,6 +380,15 @@ impl Gemms {
         if g.is_empty() {
             return Ok(());
         }
+        if g.k == 0 {
+            // Nothing to contract: C = beta·C (+ bias), which cuBLASLt need
+            // not support; the result buffers hold anything, so 0 is written.
+            return match (beta, g.bias) {
+                (0.0, false) => c.zero(g.batch * g.m * g.n),
+                (1.0, false) => Ok(()),
+                _ => Err("a GEMM with nothing to contract (k = 0) takes beta 0 or 1 and no bias here".into()),
+            };
+        }
         let bias_ptr = bias.map_or(0, Raw::ptr);
         let key = Key {
             gemm: g.clone(),

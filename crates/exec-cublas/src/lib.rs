@@ -30,7 +30,7 @@ use switchyard_core::executor::{
     Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
-use switchyard_core::{DType, Device, Error, Result, Tensor};
+use switchyard_core::{DType, Device, Error, OutputBuffer, Result, Tensor};
 use switchyard_cuda::gemm::{Gemm, Math, gemm_of};
 use switchyard_cuda::lt::{Element, Gemms};
 use switchyard_cuda::{Needs, Raw, executor};
@@ -212,6 +212,12 @@ impl GemmKernel {
 
 impl Kernel for GemmKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.run_into(inputs, Vec::new())
+    }
+
+    /// Writes the product into the buffer the runtime gives (in its device
+    /// arena), else into one from the device's pool.
+    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
         let (picked, n) = executor::pick_operands(&self.operands, inputs).ok_or_else(|| {
             self.error(format!(
                 "expected {} operand(s), got {} input(s)",
@@ -241,8 +247,17 @@ impl Kernel for GemmKernel {
             matches!(self.what, What::Linear { .. }),
         )
         .map_err(|e| self.error(e))?;
-        let (out, _) = switchyard_cuda::alloc_zeros(self.device, self.dtype, &g.out_shape)
-            .map_err(|e| self.error(e.to_string()))?;
+        let given = outputs.into_iter().next().flatten().filter(|b| {
+            b.device() == device && b.dtype() == self.dtype && b.shape() == g.out_shape.as_slice()
+        });
+        let out = match given {
+            Some(b) if switchyard_cuda::output_ptr(&b).is_some() => b.into_tensor(),
+            _ => {
+                switchyard_cuda::alloc(self.device, self.dtype, &g.out_shape)
+                    .map_err(|e| self.error(e.to_string()))?
+                    .0
+            }
+        };
         if g.is_empty() {
             return Ok(vec![out]);
         }

@@ -25,7 +25,7 @@ use switchyard_core::executor::{
     Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
-use switchyard_core::{DType, Device, Error, Result, Stored, Tensor};
+use switchyard_core::{DType, Device, Error, OutputBuffer, Result, Stored, Tensor};
 use switchyard_cuda::executor::{self, PerDevice};
 use switchyard_cuda::gemm::{Gemm, Math, gemm_of};
 use switchyard_cuda::lt::{Element, Gemms};
@@ -301,20 +301,23 @@ impl AttentionKernel {
         }
     }
 
+    /// Queues the attention, writing it into `out`.
     fn launch<T>(
         &self,
         a: &Attention,
         inputs: &[&Tensor],
-        one: T,
-        zero: T,
-    ) -> std::result::Result<Tensor, String>
+        out: &Tensor,
+        (one, zero): (T, T),
+    ) -> std::result::Result<(), String>
     where
         T: CudnnDataType + Element,
     {
         let dev = |e: Error| e.to_string();
         let raw = |t: &Tensor| Raw::<T>::of(t).map_err(dev);
         let scores_shape = a.scores.out_shape.clone();
-        let (scores, _) = switchyard_cuda::alloc_zeros(self.device, a.dtype, &scores_shape).map_err(dev)?;
+        // Temporaries from the device's pool: the mask or the GEMM (beta 0)
+        // writes every score, the softmax every probability.
+        let (scores, _) = switchyard_cuda::alloc(self.device, a.dtype, &scores_shape).map_err(dev)?;
         let beta = match &self.mask {
             Some(mask) => {
                 switchyard_cuda::copy_device(
@@ -335,7 +338,7 @@ impl AttentionKernel {
             None,
             &mut raw(&scores)?,
         )?;
-        let (probs, _) = switchyard_cuda::alloc_zeros(self.device, a.dtype, &scores_shape).map_err(dev)?;
+        let (probs, _) = switchyard_cuda::alloc(self.device, a.dtype, &scores_shape).map_err(dev)?;
         let rows = (a.scores.batch * a.scores.m) as i32;
         let cudnn = |e: cudarc::cudnn::CudnnError| format!("cuDNN softmax: {e:?}");
         let dnn = self.dnn.lock().unwrap_or_else(|e| e.into_inner());
@@ -373,22 +376,25 @@ impl AttentionKernel {
             }
             .map_err(cudnn)?;
         }
-        let (out, _) =
-            switchyard_cuda::alloc_zeros(self.device, a.dtype, &a.values.out_shape).map_err(dev)?;
         self.blas.run(
             &a.values,
             (1.0, 0.0),
             &raw(&probs)?,
             &raw(v)?,
             None,
-            &mut raw(&out)?,
-        )?;
-        Ok(out)
+            &mut raw(out)?,
+        )
     }
 }
 
 impl Kernel for AttentionKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.run_into(inputs, Vec::new())
+    }
+
+    /// Writes the attention into the buffer the runtime gives (in its
+    /// device arena), else into one from the device's pool.
+    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
         let device = Device::Cuda(self.device);
         let a0 = &self.attention;
         let picked = match executor::pick_operands(&self.operands, inputs) {
@@ -424,10 +430,24 @@ impl Kernel for AttentionKernel {
                 a0.scores.out_shape, a.scores.out_shape
             )));
         }
-        let out = match a.dtype {
-            DType::F32 => self.launch::<f32>(&a, inputs, 1.0, 0.0),
-            DType::F16 => self.launch::<half::f16>(&a, inputs, half::f16::ONE, half::f16::ZERO),
-            DType::BF16 => self.launch::<half::bf16>(&a, inputs, half::bf16::ONE, half::bf16::ZERO),
+        let shape = &a.values.out_shape;
+        let given = outputs
+            .into_iter()
+            .next()
+            .flatten()
+            .filter(|b| b.device() == device && b.dtype() == a.dtype && b.shape() == shape.as_slice());
+        let out = match given {
+            Some(b) if switchyard_cuda::output_ptr(&b).is_some() => b.into_tensor(),
+            _ => {
+                switchyard_cuda::alloc(self.device, a.dtype, shape)
+                    .map_err(|e| self.error(e.to_string()))?
+                    .0
+            }
+        };
+        match a.dtype {
+            DType::F32 => self.launch::<f32>(&a, inputs, &out, (1.0, 0.0)),
+            DType::F16 => self.launch::<half::f16>(&a, inputs, &out, (half::f16::ONE, half::f16::ZERO)),
+            DType::BF16 => self.launch::<half::bf16>(&a, inputs, &out, (half::bf16::ONE, half::bf16::ZERO)),
             d => Err(format!("runs f32, f16 and bf16, not {d}")),
         }
         .map_err(|e| self.error(e))?;

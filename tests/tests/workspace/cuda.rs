@@ -566,6 +566,31 @@ fn gpu_ops_that_read_one_value_twice_match_the_fallback() {
 }
 
 #[test]
+fn gpu_a_steady_state_run_allocates_nothing_from_the_device() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let plan = plan_for(&block(), &DeviceModel::h100(), false);
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    // Inputs on the device, as a model's weights would be.
+    let inputs: Vec<_> = random_inputs(&parse(BLOCK).unwrap(), 3)
+        .iter()
+        .map(|t| switchyard_core::device::move_to(t, GPU).unwrap())
+        .collect();
+    let first = compiled.run(&inputs, RunOptions::default()).unwrap();
+    let d = &first.devices[0];
+    assert!(d.arena_bytes > 0 && !d.arena_reused, "{d:?}");
+    drop(first);
+    for _ in 0..3 {
+        let again = compiled.run(&inputs, RunOptions::default()).unwrap();
+        let d = &again.devices[0];
+        assert!(d.arena_reused, "{d:?}");
+        assert_eq!(d.device_allocations, 0, "{d:?}");
+    }
+}
+
+#[test]
 fn gpu_the_transformer_block_matches_the_fallback() {
     if let Some(why) = no_gpu() {
         println!("skipped: no GPU here ({why})");

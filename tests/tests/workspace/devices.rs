@@ -12,7 +12,7 @@ use switchyard_core::text::parse;
 use switchyard_core::{Device, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
-use switchyard_tests::simdevice::{COPIES, SIM, SYNCS};
+use switchyard_tests::simdevice::{COPIES, SIM, SYNCS, sim};
 use switchyard_tests::workloads::ROPE_CORE as ROPE;
 use switchyard_tests::{assert_close, plan_on, run, run_plan};
 
@@ -114,4 +114,123 @@ fn a_device_no_layer_can_reach_is_an_error() {
         .expect("compiling must fail")
         .to_string();
     assert!(e.starts_with("cuda:99 is unavailable: "), "{e}");
+}
+
+/// An operator executor that runs every op at `device`, one region each, so
+/// that every value between two ops is a device intermediate.
+fn placed_operators(device: Device) -> std::sync::Arc<dyn Executor> {
+    let mut e = Scripted::operator("gpu-ops").otherwise(Script::AcceptModel);
+    e.placement = Some(device);
+    e.arc()
+}
+
+const CHAIN: &str = "input x: f32[64, 64]\ninput w: f32[64, 64]\na = matmul(x, w)\nb = relu(a)\n\
+                     c = mul(b, 3.0)\nd = add(c, a)\ne = matmul(d, w)\noutput e\n";
+
+/// Compares outputs left on a device with the fallback's.
+fn compare_on_host(trace: &Trace, got: &[switchyard_core::Tensor]) {
+    let host: Vec<_> = got
+        .iter()
+        .map(|t| switchyard_core::device::move_to(t, Device::Cpu).unwrap())
+        .collect();
+    compare(trace, &host);
+}
+
+fn on(device: Device, text: &str) -> Trace {
+    let mut t = parse(text).unwrap();
+    t.retarget(device);
+    t
+}
+
+#[test]
+fn device_intermediates_live_in_an_arena_kept_between_runs_and_a_steady_state_allocates_nothing() {
+    let device = sim(0);
+    let t = on(device, CHAIN);
+    let plan = plan_on(
+        &t,
+        vec![placed_operators(device), std::sync::Arc::new(FallbackExecutor)],
+    )
+    .unwrap();
+    assert!(plan.regions.iter().all(|r| r.device == device), "{plan:?}");
+    let (_, planned) = plan.arena_on(device);
+    // a, b, c and d are intermediates; the memory plan reuses what it can.
+    assert!((2 * 16384..=4 * 16384).contains(&planned), "{planned}");
+    let host = random_inputs(&parse(CHAIN).unwrap(), 5);
+    let compiled = switchyard_core::runtime::CompiledPlan::compile(plan).unwrap();
+    let first = compiled.run(&host, RunOptions::default()).unwrap();
+    let d = &first.devices[0];
+    assert_eq!(d.device, device.to_string());
+    assert_eq!((d.arena_bytes, d.arena_reused), (planned, false));
+    // The arena block and the two inputs moved there; the output takes the
+    // buffer `x` was moved into, given back after its last read.
+    assert_eq!(d.device_allocations, 3, "{d:?}");
+    compare_on_host(&parse(CHAIN).unwrap(), &first.outputs);
+    drop(first);
+    // Again: the arena is the one the first run left, the inputs and the
+    // output come from the pool; nothing is allocated from the device.
+    for _ in 0..3 {
+        let again = compiled.run(&host, RunOptions::default()).unwrap();
+        let d = &again.devices[0];
+        assert!(d.arena_reused && d.arena_bytes == planned, "{d:?}");
+        assert_eq!(d.device_allocations, 0, "{d:?}");
+        compare_on_host(&parse(CHAIN).unwrap(), &again.outputs);
+    }
+    // Inputs already on the device, outputs kept by the caller: each run
+    // takes one new output buffer and nothing else.
+    let on_device: Vec<_> = host
+        .iter()
+        .map(|t| switchyard_core::device::move_to(t, device).unwrap())
+        .collect();
+    let kept: Vec<_> = (0..2)
+        .map(|_| compiled.run(&on_device, RunOptions::default()).unwrap())
+        .collect();
+    assert_eq!(kept[1].devices[0].device_allocations, 1, "{:?}", kept[1].devices);
+    // Allocated per call, there is no arena, and the pool serves.
+    drop(kept);
+    let per_call = compiled
+        .run(
+            &host,
+            RunOptions {
+                allocate_per_call: true,
+                ..RunOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(per_call.devices[0].arena_bytes, 0);
+    compare_on_host(&parse(CHAIN).unwrap(), &per_call.outputs);
+}
+
+#[test]
+fn a_device_arena_still_referenced_is_not_handed_to_the_next_run() {
+    let device = sim(1);
+    let t = on(device, CHAIN);
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut e = Scripted::operator("gpu-ops")
+        .otherwise(Script::AcceptModel)
+        .keeping(kept.clone());
+    e.placement = Some(device);
+    let plan = plan_on(&t, vec![e.arc(), std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = switchyard_core::runtime::CompiledPlan::compile(plan).unwrap();
+    let host = random_inputs(&parse(CHAIN).unwrap(), 5);
+    let runs: Vec<_> = (0..3)
+        .map(|_| compiled.run(&host, RunOptions::default()).unwrap())
+        .collect();
+    // The kernels kept their inputs, arena buffers among them: no later
+    // region and no later run may write over them, so each run gets a new
+    // arena, and every output is right.
+    assert!(runs.iter().all(|r| !r.devices[0].arena_reused));
+    for r in &runs {
+        compare_on_host(&parse(CHAIN).unwrap(), &r.outputs);
+    }
+    // Each run's kernels were given x, w; a; b; c, a; d, w, and still hold
+    // what those were.
+    let all = parse(&CHAIN.replace("output e", "output x, w, a, b, c, d")).unwrap();
+    let want = run(&all, &host).unwrap().outputs;
+    let order = [0, 1, 2, 3, 4, 2, 5, 1];
+    let kept = kept.lock().unwrap();
+    assert_eq!(kept.len(), 3 * order.len());
+    for (i, t) in kept.iter().enumerate() {
+        let got = switchyard_tests::simdevice::read(t).unwrap();
+        assert_close(&got, &want[order[i % order.len()]].to_f64_vec().unwrap(), 0.0);
+    }
 }

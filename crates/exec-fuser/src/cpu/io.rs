@@ -264,7 +264,7 @@ impl OutBuf {
 
     pub(super) fn ptr(&mut self) -> Result<OutPtr, String> {
         Ok(match self {
-            OutBuf::Given(b) => match b.data_mut() {
+            OutBuf::Given(b) => match b.data_mut().ok_or("an output buffer off the host")? {
                 HostDataMut::F32(v) => OutPtr::F32(v.as_mut_ptr()),
                 HostDataMut::F64(v) => OutPtr::F64(v.as_mut_ptr()),
                 HostDataMut::F16(v) => OutPtr::F16(v.as_mut_ptr()),

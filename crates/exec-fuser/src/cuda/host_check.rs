@@ -105,7 +105,14 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
     }
     for (k, s) in p.outputs.iter().enumerate() {
         let n: usize = s.shape.iter().product();
-        let _ = writeln!(m, "  static {} out{k}[{}];", stored(s.dtype), n.max(1));
+        // Filled with 0xff bytes (NaN for floats), as the device pool's
+        // reused memory holds anything: every element must be written.
+        let _ = writeln!(
+            m,
+            "  static {} out{k}[{}];\n  memset(out{k}, 0xff, sizeof out{k});",
+            stored(s.dtype),
+            n.max(1)
+        );
         args.push(format!("out{k}"));
     }
     args.extend(loads);

@@ -149,10 +149,11 @@ impl CudaKernel {
         })
     }
 
-    /// Runs the kernel on inputs on its device; outputs are new device
-    /// tensors (device memory is not in the host arena, so `given` is unused).
+    /// Runs the kernel on inputs on its device, writing output `k` into
+    /// `given[k]` where the runtime gives one (in its device arena) and
+    /// into a buffer from the device's pool where not. The kernel writes
+    /// every element of its outputs, so neither is cleared first.
     pub fn run(&self, inputs: &[&Tensor], given: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>, String> {
-        drop(given);
         let p = &self.program;
         let device = Device::Cuda(self.device);
         p.check_inputs(inputs, device)?;
@@ -185,9 +186,20 @@ impl CudaKernel {
         }
         let mut outputs = Vec::with_capacity(p.outputs.len());
         let mut out_ptrs = Vec::with_capacity(p.outputs.len());
+        let mut given = given.into_iter();
         for s in &p.outputs {
-            let (t, ptr) =
-                switchyard_cuda::alloc_zeros(self.device, s.dtype, &s.shape).map_err(|e| e.to_string())?;
+            let (t, ptr) = match given.next().flatten() {
+                Some(b)
+                    if b.dtype() == s.dtype && b.shape() == s.shape.as_slice() && b.device() == device =>
+                {
+                    match switchyard_cuda::output_ptr(&b) {
+                        Some(ptr) => (b.into_tensor(), ptr),
+                        None => switchyard_cuda::alloc(self.device, s.dtype, &s.shape)
+                            .map_err(|e| e.to_string())?,
+                    }
+                }
+                _ => switchyard_cuda::alloc(self.device, s.dtype, &s.shape).map_err(|e| e.to_string())?,
+            };
             outputs.push(t);
             out_ptrs.push(ptr);
         }
