@@ -202,41 +202,58 @@ impl Executor for Scripted {
         // be ones a test layer simulates (with host memory underneath).
         let inner = FallbackExecutor.compile(region, &Context { ..*cx })?;
         Ok(Box::new(PlacedKernel {
-            inner,
+            inner: Arc::from(inner),
             device: region.device,
+            outputs: region
+                .outputs
+                .iter()
+                .map(|&v| {
+                    let m = cx.trace.meta(v);
+                    (m.dtype, m.shape.clone())
+                })
+                .collect(),
             keep: self.keep.clone(),
         }))
     }
 }
 
 /// Runs a host kernel for a region placed on a (simulated) device: checks that
-/// the runtime delivered every input there, and leaves the outputs there.
+/// the runtime delivered every input there, and leaves the outputs there. On
+/// a simulated device its work is queued there, so a device graph can
+/// record it.
 struct PlacedKernel {
-    inner: Box<dyn Kernel>,
+    inner: Arc<dyn Kernel>,
     device: Device,
+    /// The dtype and shape of each output.
+    outputs: Vec<(switchyard_core::DType, Vec<usize>)>,
     keep: Option<Arc<Mutex<Vec<Tensor>>>>,
 }
 
 impl PlacedKernel {
     /// Checks that the runtime delivered every input on the kernel's
-    /// device, and runs the host kernel on host copies of them.
-    fn run_on_host(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        use switchyard_core::device::move_to;
+    /// device, keeping them where the executor is told to.
+    fn check_inputs(&self, inputs: &[&Tensor]) -> Result<()> {
         if let Some(keep) = &self.keep {
             keep.lock().unwrap().extend(inputs.iter().map(|&t| t.clone()));
         }
-        if let Some(t) = inputs.iter().find(|t| t.device() != self.device) {
-            return Err(switchyard_core::Error::Tensor {
+        match inputs.iter().find(|t| t.device() != self.device) {
+            Some(t) => Err(switchyard_core::Error::Tensor {
                 name: "<input>".into(),
                 message: format!("reached a kernel on {} while on {}", self.device, t.device()),
-            });
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// Runs the host kernel on host copies of `inputs`.
+    fn run_on_host(inner: &dyn Kernel, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        use switchyard_core::device::move_to;
         let host: Vec<Tensor> = inputs
             .iter()
             .map(|t| move_to(t, Device::Cpu))
             .collect::<Result<_>>()?;
         let refs: Vec<&Tensor> = host.iter().collect();
-        self.inner.run(&refs)
+        inner.run(&refs)
     }
 }
 
@@ -250,20 +267,51 @@ impl Kernel for PlacedKernel {
     /// executors run their intermediates from the arenas; outputs without
     /// one are allocated on the device.
     fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        let inputs: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
         let mut given = outputs.into_iter();
-        self.run_on_host(inputs)?
-            .into_iter()
-            .map(|t| match given.next().flatten() {
-                Some(mut buf) if buf.device() == Device::Cpu => {
-                    buf.copy_from(&t)?;
-                    Ok(buf.into_tensor())
-                }
-                Some(buf) => {
-                    crate::simdevice::write(&buf, &t)?;
-                    Ok(buf.into_tensor())
-                }
-                _ => switchyard_core::device::move_to(&t, self.device),
+        if !crate::simdevice::simulated(self.device) {
+            return Self::run_on_host(&*self.inner, &inputs)?
+                .into_iter()
+                .map(|t| match given.next().flatten() {
+                    Some(mut buf) if buf.device() == Device::Cpu => {
+                        buf.copy_from(&t)?;
+                        Ok(buf.into_tensor())
+                    }
+                    _ => switchyard_core::device::move_to(&t, self.device),
+                })
+                .collect();
+        }
+        // On the simulated device: the outputs' buffers now, the work queued.
+        let bufs: Vec<Arc<dyn switchyard_core::device::DeviceBuffer>> = self
+            .outputs
+            .iter()
+            .map(|(dtype, shape)| match given.next().flatten() {
+                Some(b) if b.device() == self.device => Ok(b.device_buffer().expect("on a device").clone()),
+                _ => crate::simdevice::alloc(self.device, *dtype, shape.iter().product()),
             })
+            .collect::<Result<_>>()?;
+        let (inner, targets) = (self.inner.clone(), bufs.clone());
+        crate::simdevice::enqueue(
+            self.device,
+            Box::new(move || {
+                for (t, b) in Self::run_on_host(&*inner, &inputs)?.iter().zip(&targets) {
+                    crate::simdevice::write_buffer(b, t)?;
+                }
+                Ok(())
+            }),
+        )?;
+        bufs.into_iter()
+            .zip(&self.outputs)
+            .map(|(b, (_, shape))| Tensor::from_device(b, shape))
             .collect()
+    }
+
+    /// Its work on a simulated device is queued there.
+    fn capturable(&self) -> std::result::Result<(), String> {
+        match crate::simdevice::simulated(self.device) {
+            true => Ok(()),
+            false => Err(format!("runs on the host for {}", self.device)),
+        }
     }
 }

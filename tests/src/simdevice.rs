@@ -6,14 +6,16 @@
 //! machines without a GPU. Tests that count allocations take a device of
 //! their own ([`sim`]), since tests run at once.
 //!
-//! An executor that runs regions there reads its inputs with [`read`] and
-//! writes its outputs with [`write`].
+//! An executor that runs regions there queues its work with [`enqueue`],
+//! reading its inputs with [`read`] and writing its outputs with
+//! [`write_buffer`]: as on a GPU, work queued while the device records a
+//! graph is recorded, not run, and runs each time the graph is launched.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use switchyard_core::device::{DeviceBuffer, MemoryStats, Pool, Transfer, TransferFactory};
+use switchyard_core::device::{DeviceBuffer, DeviceGraph, MemoryStats, Pool, Transfer, TransferFactory};
 use switchyard_core::error::{Error, Result};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, OutputBuffer, Tensor};
@@ -42,14 +44,68 @@ thread_local! {
 /// Each simulated device's memory.
 static POOLS: [Pool<Vec<u8>>; 8] = [const { Pool::new() }; 8];
 
-/// The pool of a simulated device.
-fn pool(device: Device) -> Result<&'static Pool<Vec<u8>>> {
+/// Work queued on a simulated device.
+pub type Work = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
+/// Each simulated device's recording, while it records a graph.
+static RECORDING: [Mutex<Option<Vec<Work>>>; 8] = [const { Mutex::new(None) }; 8];
+
+/// Work queued on each simulated device so far (run or recorded): a graph
+/// launch queues none.
+static QUEUED: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+
+/// The index of a simulated device.
+fn index(device: Device) -> Result<usize> {
     match device {
-        Device::Cuda(n) if (FIRST..FIRST + 8).contains(&n) => Ok(&POOLS[(n - FIRST) as usize]),
+        Device::Cuda(n) if (FIRST..FIRST + 8).contains(&n) => Ok((n - FIRST) as usize),
         other => Err(Error::Unavailable {
             name: other.to_string(),
             reason: "the simulated layer serves cuda:56 to cuda:63".into(),
         }),
+    }
+}
+
+/// The pool of a simulated device.
+fn pool(device: Device) -> Result<&'static Pool<Vec<u8>>> {
+    Ok(&POOLS[index(device)?])
+}
+
+/// Whether `device` is one this layer simulates.
+pub fn simulated(device: Device) -> bool {
+    index(device).is_ok()
+}
+
+/// Queues `work` on `device`: runs it now, or records it while the device
+/// records a graph.
+pub fn enqueue(device: Device, work: Work) -> Result<()> {
+    let k = index(device)?;
+    QUEUED[k].fetch_add(1, Ordering::Relaxed);
+    let mut recording = RECORDING[k].lock().unwrap_or_else(|e| e.into_inner());
+    match recording.as_mut() {
+        Some(list) => {
+            list.push(work);
+            Ok(())
+        }
+        None => {
+            drop(recording);
+            work()
+        }
+    }
+}
+
+/// Work queued on `device` so far.
+pub fn queued(device: Device) -> usize {
+    index(device).map_or(0, |k| QUEUED[k].load(Ordering::Relaxed))
+}
+
+/// Recorded work, launched as one.
+struct SimGraph {
+    work: Vec<Work>,
+}
+
+impl DeviceGraph for SimGraph {
+    fn launch(&self) -> Result<()> {
+        self.work.iter().try_for_each(|w| w())
     }
 }
 
@@ -156,15 +212,27 @@ pub fn write(out: &OutputBuffer, host: &Tensor) -> Result<()> {
     let buf = out
         .device_buffer()
         .ok_or_else(|| error(Device::Cpu, "the output buffer is on the host"))?;
-    if host.dtype() != out.dtype() || host.shape() != out.shape() {
+    if host.shape() != out.shape() {
         return Err(error(
             out.device(),
+            format!("a {:?} written into a buffer of {:?}", host.shape(), out.shape()),
+        ));
+    }
+    write_buffer(buf, host)
+}
+
+/// Writes `host`'s elements, in logical order, into `buf`, a simulated-device
+/// buffer of `host`'s dtype and element count.
+pub fn write_buffer(buf: &Arc<dyn DeviceBuffer>, host: &Tensor) -> Result<()> {
+    if host.dtype() != buf.dtype() || host.numel() != buf.len() {
+        return Err(error(
+            buf.device(),
             format!(
-                "a {} {:?} written into a buffer of {} {:?}",
+                "{} {} written into a buffer of {} {}",
+                host.numel(),
                 host.dtype(),
-                host.shape(),
-                out.dtype(),
-                out.shape()
+                buf.len(),
+                buf.dtype()
             ),
         ));
     }
@@ -237,6 +305,43 @@ impl Transfer for SimTransfer {
 
     fn memory(&self, device: Device) -> MemoryStats {
         pool(device).map(|p| p.stats()).unwrap_or_default()
+    }
+
+    fn copy_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let host = match src.device() {
+            Device::Cpu => src.clone(),
+            _ => read(src)?,
+        };
+        let buf = dst
+            .device_buffer()
+            .ok_or_else(|| error(Device::Cpu, "the copy's target is on the host"))?;
+        if !dst.is_contiguous() || dst.offset() != 0 || dst.shape() != src.shape() {
+            return Err(error(
+                dst.device(),
+                "a copy goes into a whole dense buffer of the source's shape",
+            ));
+        }
+        write_buffer(buf, &host)
+    }
+
+    fn begin_capture(&self, device: Device) -> Result<()> {
+        let mut recording = RECORDING[index(device)?]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if recording.is_some() {
+            return Err(error(device, "it is recording a graph already"));
+        }
+        *recording = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self, device: Device) -> Result<Box<dyn DeviceGraph>> {
+        let work = RECORDING[index(device)?]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| error(device, "it is not recording a graph"))?;
+        Ok(Box::new(SimGraph { work }))
     }
 }
 

@@ -167,6 +167,9 @@ pub struct Measurement {
     /// allocates nothing from a device).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<switchyard_core::runtime::DeviceMemory>,
+    /// What the last run did about the device graph, for plans on a device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<switchyard_core::graph::GraphUse>,
     /// Kernels compiled.
     pub kernels_compiled: u64,
     /// Partitioning and scheduling time, ns.
@@ -201,6 +204,7 @@ pub fn measure(
     inputs: Option<&[switchyard_core::Tensor]>,
     planner: &Planner,
     samples: u32,
+    opts: RunOptions,
 ) -> Result<Measurement> {
     let t0 = Instant::now();
     let plan = planner
@@ -219,7 +223,6 @@ pub fn measure(
         .zip(&trace.inputs)
         .map(|(t, &v)| switchyard_core::device::move_to(t, trace.meta(v).device))
         .collect::<switchyard_core::Result<Vec<_>>>()?;
-    let opts = RunOptions::default();
     let run = || {
         compiled
             .run(&inputs, opts)
@@ -251,6 +254,7 @@ pub fn measure(
         samples_ns,
         runs_per_sample,
         peak_bytes: last.peak_bytes,
+        graph: (!last.devices.is_empty()).then_some(last.graph),
         devices: last.devices,
         kernels_compiled: compiled.cache_stats().compiled,
         plan_ns,
@@ -432,6 +436,7 @@ mod tests {
                     runs_per_sample: 1,
                     peak_bytes: 0,
                     devices: Vec::new(),
+                    graph: None,
                     kernels_compiled: 0,
                     plan_ns: 0,
                     compile_ns: 0,

@@ -89,6 +89,7 @@ pub fn measure(quick: bool) -> Result<DeviceModel> {
         // A host has no link to itself to measure; the figure is for devices.
         host_link_gb_s: DeviceModel::cpu_default().host_link_gb_s,
         tf32_gflops: None,
+        graph_launch_ns: None,
     };
     model
         .validate()

@@ -328,6 +328,10 @@ struct RunArgs {
     /// the plan's arena, which is kept from one run to the next.
     #[arg(long)]
     no_arena: bool,
+    /// Never replay the plan as a device graph: every run calls every
+    /// kernel. For comparison.
+    #[arg(long)]
+    no_graphs: bool,
 }
 
 #[derive(clap::Args)]
@@ -374,6 +378,10 @@ struct BenchArgs {
     /// Without it, f32 is computed as IEEE f32.
     #[arg(long)]
     allow_tf32: bool,
+    /// Never replay a plan as a device graph: every run calls every
+    /// kernel. For comparison.
+    #[arg(long)]
+    no_graphs: bool,
     #[command(flatten)]
     targeting: Targeting,
     #[command(flatten)]
@@ -427,8 +435,11 @@ fn run(args: RunArgs) -> Result<()> {
         (None, None) => random_inputs(trace, args.seed),
     };
     let opts = RunOptions {
+        // `--json` reports each region's time, which needs every kernel
+        // called: no graph is replayed then.
         profile: args.json,
         allocate_per_call: args.no_arena,
+        no_graphs: args.no_graphs,
     };
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
@@ -503,6 +514,7 @@ fn run(args: RunArgs) -> Result<()> {
             timeline: memory_report(plan),
             arena_bytes: result.arena_bytes,
             devices: result.devices.clone(),
+            graph: (!result.devices.is_empty()).then(|| result.graph.clone()),
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -551,6 +563,9 @@ fn run(args: RunArgs) -> Result<()> {
             "             {} arena for the intermediates, kept between runs",
             human_bytes(result.arena_bytes)
         );
+    }
+    if !result.devices.is_empty() {
+        println!("device graph: {}", result.graph);
     }
     for d in &result.devices {
         println!(
@@ -656,10 +671,11 @@ struct SetPlanner {
 }
 
 fn bench_command(args: BenchArgs) -> Result<()> {
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
     };
+    config.allow_tf32 |= args.allow_tf32;
     let plugins = load_plugins(&config, &args.plugin);
     // A model's workload runs on its own weights.
     let mut weights = std::collections::HashMap::new();
@@ -749,7 +765,19 @@ fn bench_command(args: BenchArgs) -> Result<()> {
                 budget,
             };
             let inputs = weights.get(w).map(Vec::as_slice);
-            results.push(bench::measure(w, &s.name, trace, inputs, &planner, args.repeat)?);
+            let run = RunOptions {
+                no_graphs: args.no_graphs,
+                ..RunOptions::default()
+            };
+            results.push(bench::measure(
+                w,
+                &s.name,
+                trace,
+                inputs,
+                &planner,
+                args.repeat,
+                run,
+            )?);
             bar.inc(1);
         }
     }

@@ -40,11 +40,21 @@ pub struct DeviceModel {
     /// (`allow_tf32`). Absent: such products run at the f32 peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tf32_gflops: Option<f64>,
+    /// What launching one kernel costs when a plan is replayed as a device
+    /// graph ([`crate::graph`]), ns: in place of the host and launch
+    /// overheads of a kernel called by the runtime. Absent: not replayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_launch_ns: Option<f64>,
 }
 
 fn default_host_link() -> f64 {
     25.0
 }
+
+/// A kernel launched from a replayed CUDA graph: about a microsecond each
+/// on the GPUs modelled here, against the several microseconds of host
+/// work and launch a kernel called by the runtime costs.
+const GPU_GRAPH_LAUNCH_NS: f64 = 1_000.0;
 
 fn gflops(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -71,6 +81,7 @@ impl DeviceModel {
             host_overhead_ns: 500.0,
             host_link_gb_s: default_host_link(),
             tf32_gflops: None,
+            graph_launch_ns: None,
         }
     }
 
@@ -94,6 +105,7 @@ impl DeviceModel {
             host_overhead_ns: 5_000.0,
             host_link_gb_s: 50.0,
             tf32_gflops: Some(494_700.0),
+            graph_launch_ns: Some(GPU_GRAPH_LAUNCH_NS),
         }
     }
 
@@ -126,6 +138,7 @@ impl DeviceModel {
             host_overhead_ns: 5_000.0,
             host_link_gb_s: 25.0,
             tf32_gflops: Some(156_000.0),
+            graph_launch_ns: Some(GPU_GRAPH_LAUNCH_NS),
         }
     }
 
@@ -193,6 +206,11 @@ impl DeviceModel {
         {
             return Err(format!("tf32_gflops must be positive, got {v}"));
         }
+        if let Some(v) = self.graph_launch_ns
+            && !(v.is_finite() && v >= 0.0)
+        {
+            return Err(format!("graph_launch_ns must be non-negative, got {v}"));
+        }
         for d in DType::ALL {
             match self.gflops.get(d.name()) {
                 Some(&v) if ok(v) => {}
@@ -235,6 +253,18 @@ impl DeviceModel {
             Some(peak) if tf32 && dtype == DType::F32 => self.kernel_at_peak_ns(bytes, flops, peak),
             _ => self.kernel_ns(bytes, flops, dtype),
         }
+    }
+
+    /// The time of a region estimated at `ns` when it is replayed from a
+    /// device graph: the host and launch overheads of one kernel replaced by
+    /// [`DeviceModel::graph_launch_ns`]; nothing for a region that launches
+    /// nothing (views). `None` where the device replays no graph.
+    pub fn replayed_ns(&self, ns: f64, launches: bool) -> Option<f64> {
+        let launch = self.graph_launch_ns?;
+        Some(match launches {
+            true => (ns - self.host_overhead_ns - self.launch_overhead_ns).max(0.0) + launch,
+            false => 0.0,
+        })
     }
 
     /// Time of copying one tensor of `bytes` between the host and this

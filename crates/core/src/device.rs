@@ -103,6 +103,45 @@ pub trait Transfer: Send + Sync {
         let _ = device;
         MemoryStats::default()
     }
+
+    /// Queues a copy of `src` (on the host or on `dst`'s device; same dtype
+    /// and shape, any layout) into `dst`, a dense tensor on one of this
+    /// layer's devices. By default a layer cannot.
+    fn copy_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let _ = src;
+        Err(Error::Device {
+            device: dst.device().to_string(),
+            reason: "its layer does not copy into existing buffers".into(),
+        })
+    }
+
+    /// Starts recording the work queued on `device` instead of running it,
+    /// so that [`Transfer::end_capture`] gives it back as a graph to launch
+    /// again and again. While recording, memory the layer hands out stays
+    /// the graph's until the graph is dropped, and an allocation the layer
+    /// would have to make from the device fails. By default a layer cannot.
+    fn begin_capture(&self, device: Device) -> Result<()> {
+        Err(Error::Device {
+            device: device.to_string(),
+            reason: "its layer does not record graphs".into(),
+        })
+    }
+
+    /// Ends the recording [`Transfer::begin_capture`] started: the work
+    /// recorded since, or why it cannot be replayed.
+    fn end_capture(&self, device: Device) -> Result<Box<dyn DeviceGraph>> {
+        Err(Error::Device {
+            device: device.to_string(),
+            reason: "its layer does not record graphs".into(),
+        })
+    }
+}
+
+/// Work recorded on a device, launched as one: every kernel with the
+/// addresses it was recorded with.
+pub trait DeviceGraph: Send + Sync {
+    /// Queues the recorded work again.
+    fn launch(&self) -> Result<()>;
 }
 
 /// What a device's allocator has done, counted from the start of the

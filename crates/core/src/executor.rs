@@ -161,6 +161,17 @@ pub trait Kernel: Send + Sync {
         drop(outputs);
         self.run(inputs)
     }
+
+    /// Whether the kernel's runs may be recorded into a device graph and
+    /// replayed ([`crate::device::Transfer::begin_capture`]): `Ok` when a
+    /// run only queues work on its device's stream, reading its inputs and
+    /// writing its outputs (and memory it keeps, or takes from the device
+    /// layer) where they lie, with no host computation, no wait for the
+    /// device and nothing that differs from one run to the next but through
+    /// those addresses. By default a kernel says it cannot, and why.
+    fn capturable(&self) -> std::result::Result<(), String> {
+        Err("its kernel does not say it can be recorded into a device graph".into())
+    }
 }
 
 /// What a fusion executor allows the partitioner to do with its regions,

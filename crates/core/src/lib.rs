@@ -27,6 +27,7 @@ pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod fit;
+pub mod graph;
 pub mod hints;
 pub mod io;
 pub mod ir;

@@ -117,6 +117,25 @@ impl Plan {
         self.estimates.iter().sum()
     }
 
+    /// The estimate when the plan is replayed as a device graph
+    /// ([`crate::graph`]): where every region runs on one device whose model
+    /// prices graph launches. Whether its kernels can be recorded is only
+    /// known once they are compiled.
+    pub fn estimated_replayed_ns(&self) -> Option<f64> {
+        let device = self.regions.first()?.device;
+        if device == Device::Cpu || self.regions.iter().any(|r| r.device != device) {
+            return None;
+        }
+        self.regions
+            .iter()
+            .zip(&self.estimates)
+            .map(|(r, &est)| {
+                let launches = !r.ops.iter().all(|&op| crate::cost::is_free_view(&self.trace, op));
+                self.device.replayed_ns(est, launches)
+            })
+            .sum()
+    }
+
     /// The memory facts of this plan's regions (see [`crate::memory`]).
     pub fn memory_graph(&self) -> MemoryGraph {
         let kinds: Vec<_> = self

@@ -94,6 +94,9 @@ pub struct RunReport {
     /// what its allocator did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<crate::runtime::DeviceMemory>,
+    /// What the last run did about the device graph, for plans on a device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<crate::graph::GraphUse>,
 }
 
 /// `switchyard plan --json`.
@@ -107,6 +110,9 @@ pub struct PlanReport {
     pub peak_bytes_with_inputs: usize,
     /// Sum of the regions' estimates.
     pub estimated_ns: Option<u64>,
+    /// The estimate when replayed as a device graph, for plans on one device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimated_replayed_ns: Option<u64>,
     /// Kernel-cache statistics (planning compiles nothing).
     pub cache: CacheReport,
     /// The device model costs were estimated with.
@@ -403,6 +409,7 @@ pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
         peak_bytes: peak,
         peak_bytes_with_inputs: peak_with,
         estimated_ns: Some(plan.estimated_ns().round() as u64),
+        estimated_replayed_ns: plan.estimated_replayed_ns().map(|ns| ns.round() as u64),
         cache: CacheReport::default(),
         device: plan.device.name.clone(),
         timeline: memory_report(plan),
@@ -439,6 +446,13 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
         human_ns(plan.estimated_ns()),
         peak
     );
+    if let Some(ns) = plan.estimated_replayed_ns() {
+        let _ = writeln!(
+            s,
+            "replayed as a device graph from its third run: estimated {}",
+            human_ns(ns)
+        );
+    }
     let uses = plan.trace.uses();
     for (r, est) in plan.regions.iter().zip(&plan.estimates) {
         let place = if r.device == crate::meta::Device::Cpu {

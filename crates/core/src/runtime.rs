@@ -14,7 +14,7 @@
 //! asks no device for memory. Outputs get their own buffers, since the
 //! caller keeps them; on a device they come from its layer's caching pool.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +25,7 @@ use crate::cache::{CacheStats, KernelCache, RegionKey};
 use crate::device::{MemoryStats, Transfer, move_to, synchronize, transfer_for};
 use crate::error::{Error, Result};
 use crate::executor::Kernel;
+use crate::graph::{self, Captured, GraphInput, GraphSlot, GraphUse};
 use crate::ir::ValueId;
 use crate::meta::Device;
 use crate::plan::Plan;
@@ -56,6 +57,19 @@ pub struct CompiledPlan {
     cache_stats: CacheStats,
     /// The devices other than the host it puts tensors on.
     devices: Vec<Device>,
+    /// Whether it is replayed as a device graph, and the graph.
+    graph: Mutex<GraphSlot>,
+}
+
+/// One run's values and memory as it goes.
+struct RunState {
+    slots: Vec<Option<Tensor>>,
+    live: LiveBuffers,
+    /// The host arena.
+    arena: Option<Arena>,
+    /// Each device's arena, in the order of `CompiledPlan::device_arenas`.
+    device_arenas: Vec<Option<DeviceArena>>,
+    region_ns: Vec<u64>,
 }
 
 /// The arena of one device.
@@ -64,6 +78,21 @@ struct DeviceArenaPlan {
     layer: Arc<dyn Transfer>,
     bytes: usize,
     slot: ArenaSlot<DeviceArena>,
+}
+
+impl DeviceArenaPlan {
+    /// What a run did with this device's memory, its layer's figures having
+    /// been `before` when it started.
+    fn report(&self, arena_bytes: usize, arena_reused: bool, before: MemoryStats) -> DeviceMemory {
+        let after = self.layer.memory(self.device);
+        DeviceMemory {
+            device: self.device.to_string(),
+            arena_bytes,
+            arena_reused,
+            device_allocations: after.device_allocations - before.device_allocations,
+            after,
+        }
+    }
 }
 
 /// What one run did with one device's memory.
@@ -92,6 +121,9 @@ pub struct RunOptions {
     /// Allocate every intermediate afresh instead of placing it in the
     /// plan's arena: slower on large tensors; for comparison.
     pub allocate_per_call: bool,
+    /// Never replay the plan as a device graph ([`crate::graph`]): every
+    /// run calls every kernel. For comparison.
+    pub no_graphs: bool,
 }
 
 /// What one run produced and measured.
@@ -114,6 +146,8 @@ pub struct RunResult {
     pub arena_reused: bool,
     /// Each device the plan puts tensors on: its arena and allocations.
     pub devices: Vec<DeviceMemory>,
+    /// What the run did about the device graph.
+    pub graph: GraphUse,
 }
 
 /// Live buffers, by identity. A plan rarely has more than a few dozen live at
@@ -270,7 +304,13 @@ impl CompiledPlan {
                 slot: ArenaSlot::default(),
             });
         }
+        let graph = Mutex::new(GraphSlot {
+            eligible: graph::eligibility(&plan, &kernels),
+            last_inputs: None,
+            captured: None,
+        });
         Ok(CompiledPlan {
+            graph,
             plan,
             kernels,
             steps,
@@ -352,7 +392,9 @@ impl CompiledPlan {
         }
     }
 
-    /// Runs the plan on `inputs`, given in the trace's input order.
+    /// Runs the plan on `inputs`, given in the trace's input order: by
+    /// calling its kernels, or by replaying it as a device graph once it
+    /// has been recorded ([`crate::graph`]).
     pub fn run(&self, inputs: &[Tensor], opts: RunOptions) -> Result<RunResult> {
         let start = Instant::now();
         let trace = &self.plan.trace;
@@ -366,49 +408,193 @@ impl CompiledPlan {
                 ),
             });
         }
-        let (mut arena, arena_reused) = match opts.allocate_per_call {
+        for (&id, t) in trace.inputs.iter().zip(inputs) {
+            let v = trace.value(id);
+            t.check_meta(&v.name, &v.meta)?;
+        }
+        if opts.no_graphs {
+            return self.run_kernels(
+                inputs,
+                opts,
+                start,
+                GraphUse::Off("turned off for this run".into()),
+            );
+        }
+        // A run that finds the graph in use by another runs without it.
+        let mut slot = match self.graph.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return self.run_kernels(
+                    inputs,
+                    opts,
+                    start,
+                    GraphUse::Skipped("another run is using the graph".into()),
+                );
+            }
+        };
+        let device = match &slot.eligible {
+            Ok(d) => *d,
+            Err(why) => {
+                let why = why.clone();
+                drop(slot);
+                return self.run_kernels(inputs, opts, start, GraphUse::Off(why));
+            }
+        };
+        let skip = if opts.profile {
+            Some("profiling times each region".to_string())
+        } else if opts.allocate_per_call {
+            Some("intermediates are allocated per call".to_string())
+        } else {
+            slot.captured.as_ref().and_then(Captured::busy)
+        };
+        if let Some(why) = skip {
+            drop(slot);
+            return self.run_kernels(inputs, opts, start, GraphUse::Skipped(why));
+        }
+        let ids: Vec<usize> = inputs.iter().map(Tensor::storage_id).collect();
+        if let Some(captured) = slot.captured.as_mut() {
+            match self.replay(captured, inputs, start)? {
+                Ok(result) => return Ok(result),
+                Err(why) => {
+                    // An input the graph reads where it lay is another
+                    // tensor now: record again on the next run.
+                    slot.captured = None;
+                    slot.last_inputs = Some(ids);
+                    drop(slot);
+                    return self.run_kernels(inputs, opts, start, GraphUse::Skipped(why));
+                }
+            }
+        }
+        let Some(last) = slot.last_inputs.replace(ids) else {
+            drop(slot);
+            return self.run_kernels(inputs, opts, start, GraphUse::NotYet);
+        };
+        match self.capture(device, &last, inputs, start)? {
+            Ok((result, captured)) => {
+                slot.captured = Some(captured);
+                Ok(result)
+            }
+            Err(why) => {
+                tracing::warn!("recording a device graph failed, so the plan runs without one: {why}");
+                let why = format!("recording failed: {why}");
+                slot.eligible = Err(why.clone());
+                drop(slot);
+                self.run_kernels(inputs, opts, start, GraphUse::Off(why))
+            }
+        }
+    }
+
+    /// A fresh run's state: its inputs in their slots (on the devices the
+    /// trace declares), the arenas taken.
+    fn start_run(&self, inputs: &[Tensor], opts: RunOptions) -> Result<(RunState, bool, Vec<bool>)> {
+        let trace = &self.plan.trace;
+        let (arena, arena_reused) = match opts.allocate_per_call {
             true => (None, false),
             false => {
                 let (a, reused) = self.take_arena();
                 (Some(a), reused)
             }
         };
+        let (device_arenas, reused): (Vec<_>, Vec<_>) = match opts.allocate_per_call {
+            true => self.device_arenas.iter().map(|_| (None, false)).unzip(),
+            false => self.take_device_arenas().into_iter().unzip(),
+        };
+        let mut st = RunState {
+            slots: vec![None; trace.values.len()],
+            live: LiveBuffers::default(),
+            arena,
+            device_arenas,
+            region_ns: Vec::new(),
+        };
+        for (&id, t) in trace.inputs.iter().zip(inputs) {
+            let t = move_to(t, trace.meta(id).device)?;
+            st.live.acquire(&t, true);
+            st.slots[id.index()] = Some(t);
+        }
+        st.live.record_peak();
+        for &id in &self.unread_inputs {
+            if let Some(t) = st.slots[id.index()].take() {
+                st.live.release(&t);
+            }
+        }
+        Ok((st, arena_reused, reused))
+    }
+
+    /// Runs the plan by calling its kernels.
+    fn run_kernels(
+        &self,
+        inputs: &[Tensor],
+        opts: RunOptions,
+        start: Instant,
+        graph: GraphUse,
+    ) -> Result<RunResult> {
         let before: Vec<MemoryStats> = self
             .device_arenas
             .iter()
             .map(|d| d.layer.memory(d.device))
             .collect();
-        let mut device_arenas = match opts.allocate_per_call {
-            true => self.device_arenas.iter().map(|_| (None, false)).collect(),
-            false => self.take_device_arenas(),
-        };
-        let mut slots: Vec<Option<Tensor>> = vec![None; trace.values.len()];
-        let mut live = LiveBuffers::default();
-        for (&id, t) in trace.inputs.iter().zip(inputs) {
-            let v = trace.value(id);
-            t.check_meta(&v.name, &v.meta)?;
-            let t = move_to(t, v.meta.device)?;
-            live.acquire(&t, true);
-            slots[id.index()] = Some(t);
+        let (mut st, arena_reused, device_reused) = self.start_run(inputs, opts)?;
+        self.execute(&mut st, opts.profile)?;
+        let outputs = self.take_outputs(&st)?;
+        let RunState {
+            slots,
+            live,
+            arena,
+            device_arenas,
+            region_ns,
+        } = st;
+        drop(slots);
+        // Work queued on devices has run (or failed) before the run ends.
+        for &device in &self.devices {
+            synchronize(device)?;
         }
-        live.record_peak();
-        for &id in &self.unread_inputs {
-            if let Some(t) = slots[id.index()].take() {
-                live.release(&t);
-            }
+        let arena_bytes = arena.as_ref().map_or(0, Arena::bytes);
+        if let Some(arena) = arena {
+            self.arenas.give_back(arena);
         }
-        let mut region_ns = Vec::new();
+        let devices = self
+            .device_arenas
+            .iter()
+            .zip(device_arenas.into_iter().zip(device_reused))
+            .zip(before)
+            .map(|((d, (arena, reused)), before)| {
+                let arena_bytes = arena.as_ref().map_or(0, DeviceArena::bytes);
+                if let Some(arena) = arena {
+                    d.slot.give_back(arena);
+                }
+                d.report(arena_bytes, reused, before)
+            })
+            .collect();
+        Ok(RunResult {
+            outputs,
+            peak_bytes: live.peak,
+            peak_bytes_with_inputs: live.peak_with_inputs,
+            region_ns,
+            time_ns: start.elapsed().as_nanos() as u64,
+            arena_bytes,
+            arena_reused,
+            devices,
+            graph,
+        })
+    }
+
+    /// Runs every step: moves inputs where their region runs, calls its
+    /// kernel with the buffers the memory plan gives its outputs, frees
+    /// what is read for the last time.
+    fn execute(&self, st: &mut RunState, profile: bool) -> Result<()> {
+        let trace = &self.plan.trace;
         for (i, (step, kernel)) in self.steps.iter().zip(&self.kernels).enumerate() {
             // Inputs on another device than the region's are moved there; the
             // copy replaces the value (and is counted: it is an allocation).
             for v in &step.inputs {
-                let slot = &mut slots[v.index()];
+                let slot = &mut st.slots[v.index()];
                 if let Some(t) = slot.as_ref().filter(|t| t.device() != step.device) {
                     let moved = move_to(t, step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;
-                    live.acquire(&moved, false);
-                    live.record_peak();
+                    st.live.acquire(&moved, false);
+                    st.live.record_peak();
                     if let Some(old) = slot.replace(moved) {
-                        live.release(&old);
+                        st.live.release(&old);
                     }
                 }
             }
@@ -416,12 +602,13 @@ impl CompiledPlan {
                 .inputs
                 .iter()
                 .map(|v| {
-                    slots[v.index()].as_ref().ok_or_else(|| {
+                    st.slots[v.index()].as_ref().ok_or_else(|| {
                         self.kernel_error(i, format!("input `{}` is not available", trace.value(*v).name))
                     })
                 })
                 .collect::<Result<_>>()?;
             let on_device = self.device_arenas.iter().position(|d| d.device == step.device);
+            let (arena, device_arenas) = (&mut st.arena, &mut st.device_arenas);
             let buffers = step
                 .outputs
                 .iter()
@@ -430,11 +617,11 @@ impl CompiledPlan {
                     let meta = trace.meta(v);
                     match on_device {
                         None => arena.as_mut()?.take(off, meta.dtype, &meta.shape),
-                        Some(k) => device_arenas[k].0.as_mut()?.take(off, meta.dtype, &meta.shape),
+                        Some(k) => device_arenas[k].as_mut()?.take(off, meta.dtype, &meta.shape),
                     }
                 })
                 .collect();
-            let t0 = opts.profile.then(Instant::now);
+            let t0 = profile.then(Instant::now);
             let outs = kernel.run_into(&args, buffers).map_err(|e| match e {
                 Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
                 other => self.kernel_error(i, other.to_string()),
@@ -442,7 +629,7 @@ impl CompiledPlan {
             if let Some(t0) = t0 {
                 // A device kernel returns once queued: time it to its end.
                 synchronize(step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;
-                region_ns.push(t0.elapsed().as_nanos() as u64);
+                st.region_ns.push(t0.elapsed().as_nanos() as u64);
             }
             if outs.len() != step.outputs.len() {
                 return Err(self.kernel_error(
@@ -458,36 +645,51 @@ impl CompiledPlan {
                 let value = trace.value(v);
                 t.check_meta(&value.name, &value.meta)
                     .map_err(|e| self.kernel_error(i, format!("wrong output: {e}")))?;
-                live.acquire(&t, false);
-                slots[v.index()] = Some(t);
+                st.live.acquire(&t, false);
+                st.slots[v.index()] = Some(t);
             }
-            live.record_peak();
+            st.live.record_peak();
             for v in &step.free_after {
-                if let Some(t) = slots[v.index()].take() {
-                    live.release(&t);
+                if let Some(t) = st.slots[v.index()].take() {
+                    st.live.release(&t);
                 }
             }
         }
-        // Outputs are returned on the device the trace declares them on, and
-        // never in the arena, which the next run reuses.
-        let outputs = trace
+        Ok(())
+    }
+
+    /// The trace's outputs where they were computed.
+    fn computed_outputs(&self, st: &RunState) -> Result<Vec<Tensor>> {
+        let trace = &self.plan.trace;
+        trace
             .outputs
             .iter()
             .map(|v| {
-                let value = trace.value(*v);
-                let t = slots[v.index()].as_ref().ok_or_else(|| Error::Tensor {
-                    name: value.name.clone(),
+                st.slots[v.index()].clone().ok_or_else(|| Error::Tensor {
+                    name: trace.value(*v).name.clone(),
                     message: "was never computed".into(),
-                })?;
-                let t = move_to(t, value.meta.device)?;
+                })
+            })
+            .collect()
+    }
+
+    /// The trace's outputs on the devices it declares them on, and never in
+    /// an arena, which the next run reuses.
+    fn take_outputs(&self, st: &RunState) -> Result<Vec<Tensor>> {
+        let trace = &self.plan.trace;
+        self.computed_outputs(st)?
+            .into_iter()
+            .zip(&trace.outputs)
+            .map(|(t, v)| {
+                let t = move_to(&t, trace.meta(*v).device)?;
                 // An output in a device arena (the memory plan never puts
                 // one there, but a kernel may return a view) is copied out,
                 // so that the arena can serve the next run.
                 let arena = self
                     .device_arenas
                     .iter()
-                    .zip(&device_arenas)
-                    .find_map(|(d, (a, _))| {
+                    .zip(&st.device_arenas)
+                    .find_map(|(d, a)| {
                         a.as_ref()
                             .filter(|a| d.device == t.device() && a.holds(&t))
                             .map(|_| &d.layer)
@@ -497,45 +699,150 @@ impl CompiledPlan {
                     None => t.out_of_arena(),
                 }
             })
-            .collect::<Result<Vec<_>>>()?;
-        drop(slots);
-        // Work queued on devices has run (or failed) before the run ends.
-        for &device in &self.devices {
-            synchronize(device)?;
+            .collect()
+    }
+
+    /// Runs the plan once more while recording its device work into a
+    /// graph, then launches the graph: the run's results and the graph, or
+    /// why it could not be recorded (the run then has not happened).
+    fn capture(
+        &self,
+        device: Device,
+        last: &[usize],
+        inputs: &[Tensor],
+        start: Instant,
+    ) -> Result<std::result::Result<(RunResult, Captured), String>> {
+        let trace = &self.plan.trace;
+        let layer = transfer_for(device)?;
+        let before = layer.memory(device);
+        let k = self.device_arenas.iter().position(|d| d.device == device);
+        let arena_bytes = k.map_or(0, |k| self.device_arenas[k].bytes);
+        // Inputs: the same device tensor as last run is read where it lies;
+        // anything else goes through a buffer of the graph's own.
+        let mut st = RunState {
+            slots: vec![None; trace.values.len()],
+            live: LiveBuffers::default(),
+            arena: None,
+            device_arenas: self.device_arenas.iter().map(|_| None).collect(),
+            region_ns: Vec::new(),
+        };
+        let mut graph_inputs = Vec::with_capacity(inputs.len());
+        for (n, (&id, t)) in trace.inputs.iter().zip(inputs).enumerate() {
+            if self.unread_inputs.contains(&id) {
+                graph_inputs.push(GraphInput::Unread);
+                continue;
+            }
+            let t = if t.device() == device && last.get(n) == Some(&t.storage_id()) {
+                graph_inputs.push(GraphInput::Fixed(t.clone()));
+                t.clone()
+            } else {
+                let buf = layer.alloc(device, t.dtype(), t.numel())?;
+                let staged = Tensor::from_device(buf, t.shape())?;
+                layer.copy_into(&staged, t)?;
+                graph_inputs.push(GraphInput::Staged(staged.clone()));
+                staged
+            };
+            st.live.acquire(&t, true);
+            st.slots[id.index()] = Some(t);
         }
-        let arena_bytes = arena.as_ref().map_or(0, Arena::bytes);
-        if let Some(arena) = arena {
-            self.arenas.give_back(arena);
+        st.live.record_peak();
+        // The graph's own arena, kept with it.
+        if let Some(k) = k
+            && arena_bytes > 0
+        {
+            st.device_arenas[k] = DeviceArena::new(layer.clone(), device, arena_bytes).ok();
         }
+        layer.synchronize(device)?;
+        if let Err(e) = layer.begin_capture(device) {
+            return Ok(Err(e.to_string()));
+        }
+        let executed = self.execute(&mut st, false);
+        let recorded = layer.end_capture(device);
+        let graph = match (executed, recorded) {
+            (Ok(()), Ok(g)) => g,
+            (Err(e), _) | (_, Err(e)) => return Ok(Err(e.to_string())),
+        };
+        let outputs = self.computed_outputs(&st)?;
+        graph.launch()?;
+        let arena = k.and_then(|k| st.device_arenas[k].take());
+        let mut captured = Captured {
+            graph,
+            layer: layer.clone(),
+            device,
+            inputs: graph_inputs,
+            outputs,
+            handed: Vec::new(),
+            _arena: arena,
+            peak_bytes: st.live.peak,
+            peak_bytes_with_inputs: st.live.peak_with_inputs,
+        };
+        let declared: Vec<Device> = trace.outputs.iter().map(|&v| trace.meta(v).device).collect();
+        let result_outputs = match captured.hand_out(&declared) {
+            Ok(o) => o,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        synchronize(device)?;
         let devices = self
             .device_arenas
             .iter()
-            .zip(device_arenas)
-            .zip(before)
-            .map(|((d, (arena, reused)), before)| {
-                let arena_bytes = arena.as_ref().map_or(0, DeviceArena::bytes);
-                if let Some(arena) = arena {
-                    d.slot.give_back(arena);
-                }
-                let after = d.layer.memory(d.device);
-                DeviceMemory {
-                    device: d.device.to_string(),
-                    arena_bytes,
-                    arena_reused: reused,
-                    device_allocations: after.device_allocations - before.device_allocations,
-                    after,
-                }
-            })
+            .map(|d| d.report(if d.device == device { arena_bytes } else { 0 }, false, before))
             .collect();
-        Ok(RunResult {
-            outputs,
-            peak_bytes: live.peak,
-            peak_bytes_with_inputs: live.peak_with_inputs,
-            region_ns,
+        let result = RunResult {
+            outputs: result_outputs,
+            peak_bytes: st.live.peak,
+            peak_bytes_with_inputs: st.live.peak_with_inputs,
+            region_ns: Vec::new(),
             time_ns: start.elapsed().as_nanos() as u64,
-            arena_bytes,
-            arena_reused,
+            arena_bytes: 0,
+            arena_reused: false,
             devices,
-        })
+            graph: GraphUse::Captured,
+        };
+        Ok(Ok((result, captured)))
+    }
+
+    /// Replays the recorded graph on `inputs`: the run's results, or why
+    /// the graph cannot read them (an input it reads where it lay is
+    /// another tensor now).
+    fn replay(
+        &self,
+        c: &mut Captured,
+        inputs: &[Tensor],
+        start: Instant,
+    ) -> Result<std::result::Result<RunResult, String>> {
+        let trace = &self.plan.trace;
+        let before = c.layer.memory(c.device);
+        for ((how, t), &id) in c.inputs.iter().zip(inputs).zip(&trace.inputs) {
+            match how {
+                GraphInput::Fixed(fixed) if !graph::same_tensor(fixed, t) => {
+                    return Ok(Err(format!(
+                        "input `{}` is another tensor than the one recorded; recorded again next run",
+                        trace.value(id).name
+                    )));
+                }
+                GraphInput::Staged(buf) => c.layer.copy_into(buf, t)?,
+                _ => {}
+            }
+        }
+        c.graph.launch()?;
+        let declared: Vec<Device> = trace.outputs.iter().map(|&v| trace.meta(v).device).collect();
+        let outputs = c.hand_out(&declared)?;
+        synchronize(c.device)?;
+        let devices = self
+            .device_arenas
+            .iter()
+            .map(|d| d.report(0, false, before))
+            .collect();
+        Ok(Ok(RunResult {
+            outputs,
+            peak_bytes: c.peak_bytes,
+            peak_bytes_with_inputs: c.peak_bytes_with_inputs,
+            region_ns: Vec::new(),
+            time_ns: start.elapsed().as_nanos() as u64,
+            arena_bytes: 0,
+            arena_reused: false,
+            devices,
+            graph: GraphUse::Replayed,
+        }))
     }
 }

@@ -483,6 +483,15 @@ impl Tensor {
         }
     }
 
+    /// How many tensors (this one included) share its buffer.
+    pub fn buffer_refs(&self) -> usize {
+        match &self.buffer {
+            Buffer::Host(s) => Arc::strong_count(s),
+            Buffer::Arena(a) => Arc::strong_count(a),
+            Buffer::Device(d) => Arc::strong_count(d),
+        }
+    }
+
     /// Bytes of the whole buffer this tensor keeps alive.
     pub fn storage_bytes(&self) -> usize {
         self.buffer.len() * self.dtype().size()

@@ -13,24 +13,74 @@
 //! back runs after every kernel queued before that read it.
 
 use std::any::Any;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
-use switchyard_core::device::{DeviceBuffer, MemoryStats, Pool, Transfer, TransferFactory};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream, DevicePtr, SyncOnDrop};
+use switchyard_core::device::{DeviceBuffer, DeviceGraph, MemoryStats, Pool, Transfer, TransferFactory};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
 
 /// Devices with a pool of their own (ordinals beyond are refused).
 const MAX_DEVICES: usize = 64;
 
-static POOLS: [Pool<CudaSlice<u8>>; MAX_DEVICES] = [const { Pool::new() }; MAX_DEVICES];
+static POOLS: [Pool<Block>; MAX_DEVICES] = [const { Pool::new() }; MAX_DEVICES];
+
+/// The buffers a graph being recorded on each device has taken, kept for
+/// the graph.
+static RECORDING: [Mutex<Option<Arc<Keep>>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
+
+/// One allocation from the driver (`cuMemAlloc`: not stream-ordered, so it
+/// is allowed while a graph is recorded and never becomes part of one).
+struct Block {
+    ptr: u64,
+    context: Arc<CudaContext>,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if self.context.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `cuMemAlloc` in `Block::new`, freed once.
+            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+        }
+    }
+}
+
+impl Block {
+    fn new(stream: &CudaStream, bytes: usize) -> std::result::Result<Block, String> {
+        let context = stream.context().clone();
+        context.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: a plain allocation; its contents are unspecified, and
+        // every user writes before it reads.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }.map_err(|e| e.to_string())?;
+        Ok(Block { ptr, context })
+    }
+}
+
+/// Blocks that buffers of a recorded graph held, kept until the graph is
+/// dropped: its kernels write them whenever it is launched.
+struct Keep {
+    ordinal: usize,
+    blocks: Mutex<Vec<(usize, Block)>>,
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        let blocks = std::mem::take(self.blocks.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for (size, block) in blocks {
+            POOLS[self.ordinal].give(size, block);
+        }
+    }
+}
 
 /// Where a buffer's bytes are.
 enum Mem {
-    /// A block of its device's pool, given back when dropped.
+    /// A block of its device's pool, given back when dropped (or kept for
+    /// the graph that was being recorded when it was taken).
     Block {
-        slice: Option<CudaSlice<u8>>,
+        block: Option<Block>,
         size: usize,
+        keep: Option<Weak<Keep>>,
     },
     /// A part of another buffer (the runtime's device arena), which it
     /// keeps alive.
@@ -50,10 +100,17 @@ struct CudaBuffer {
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
-        if let (Mem::Block { slice, size }, Device::Cuda(n)) = (&mut self.mem, self.device)
-            && let Some(slice) = slice.take()
+        if let (Mem::Block { block, size, keep }, Device::Cuda(n)) = (&mut self.mem, self.device)
+            && let Some(block) = block.take()
         {
-            POOLS[n as usize].give(*size, slice);
+            match keep.as_ref().and_then(Weak::upgrade) {
+                Some(keep) => keep
+                    .blocks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((*size, block)),
+                None => POOLS[n as usize].give(*size, block),
+            }
         }
     }
 }
@@ -89,9 +146,10 @@ fn unavailable(device: Device, reason: String) -> Error {
     }
 }
 
-/// The default stream of `cuda:n`, made once per process. Every executor
-/// queues its work on it, so work on one device runs in plan order with no
-/// further synchronisation; copies to the host wait for it.
+/// The stream of `cuda:n`, made once per process. Every executor queues
+/// its work on it, so work on one device runs in plan order with no
+/// further synchronisation; copies to the host wait for it; a device graph
+/// records it.
 pub fn stream(n: u32) -> Result<Arc<CudaStream>> {
     let device = Device::Cuda(n);
     let n = n as usize;
@@ -110,9 +168,13 @@ pub fn stream(n: u32) -> Result<Arc<CudaStream>> {
     let streams = STREAMS.get_or_init(|| {
         (0..driver.devices as usize)
             .map(|i| {
-                CudaContext::new(i)
-                    .map(|ctx| ctx.default_stream())
-                    .map_err(|e| format!("creating a context: {e}"))
+                let ctx = CudaContext::new(i).map_err(|e| format!("creating a context: {e}"))?;
+                // SAFETY: all work on the device goes to the one stream made
+                // here, in order, so cudarc need not order streams with
+                // events (events would also be recorded into graphs).
+                unsafe { ctx.disable_event_tracking() };
+                // Not the legacy default stream, which cannot be recorded.
+                ctx.new_stream().map_err(|e| format!("creating a stream: {e}"))
             })
             .collect()
     });
@@ -138,7 +200,7 @@ pub fn buffer_len(tensor: &Tensor) -> Result<usize> {
     Ok(buffer_of(tensor)?.len)
 }
 
-/// `bytes` from `cuda:n`'s pool, as a buffer of `len` elements of `dtype`.
+/// A buffer of `len` elements of `dtype` from `cuda:n`'s pool.
 fn pooled(n: u32, dtype: DType, len: usize) -> Result<CudaBuffer> {
     let device = Device::Cuda(n);
     let stream = stream(n)?;
@@ -151,18 +213,21 @@ fn pooled(n: u32, dtype: DType, len: usize) -> Result<CudaBuffer> {
     let bytes = len
         .checked_mul(dtype.size())
         .ok_or_else(|| unavailable(device, format!("{len} elements of {dtype} overflow")))?;
-    let (slice, size) = pool.take(bytes, |size| {
-        stream
-            .alloc_zeros::<u8>(size)
-            .map_err(|e| unavailable(device, format!("allocating {size} bytes: {e}")))
+    let (block, size) = pool.take(bytes, |size| {
+        Block::new(&stream, size).map_err(|e| unavailable(device, format!("allocating {size} bytes: {e}")))
     })?;
-    let ptr = slice.device_ptr(&stream).0;
+    let keep = RECORDING[n as usize]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(Arc::downgrade);
     Ok(CudaBuffer {
+        ptr: block.ptr,
         mem: Mem::Block {
-            slice: Some(slice),
+            block: Some(block),
             size,
+            keep,
         },
-        ptr,
         stream,
         dtype,
         len,
@@ -464,6 +529,116 @@ impl Transfer for CudaTransfer {
         match device {
             Device::Cuda(n) => memory(n),
             _ => MemoryStats::default(),
+        }
+    }
+
+    fn copy_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let d = buffer_of(dst)?;
+        if !dst.is_contiguous() || dst.shape() != src.shape() || dst.dtype() != src.dtype() {
+            return Err(unavailable(
+                d.device,
+                format!(
+                    "a copy goes into a dense tensor of the source's dtype and shape, not {} {:?} from {} {:?}",
+                    dst.dtype(),
+                    dst.shape(),
+                    src.dtype(),
+                    src.shape()
+                ),
+            ));
+        }
+        if src.device() == d.device && src.is_contiguous() {
+            return copy_device(dst, src);
+        }
+        let host = match src.device() {
+            Device::Cpu => src.clone(),
+            _ => self.to_host(src)?,
+        };
+        let bytes = le_bytes(&host)?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        bind(d)?;
+        let to = d.ptr + (dst.offset() * d.dtype.size()) as u64;
+        // SAFETY: `dst` is dense, of `bytes.len()` bytes from its offset, in
+        // its buffer; a copy from pageable memory returns once staged.
+        unsafe { cudarc::driver::result::memcpy_htod_async(to, &bytes, d.stream.cu_stream()) }
+            .map_err(|e| unavailable(d.device, format!("copying to the device: {e}")))
+    }
+
+    fn begin_capture(&self, device: Device) -> Result<()> {
+        let Device::Cuda(n) = device else {
+            return Err(unavailable(device, "not a CUDA device".into()));
+        };
+        let stream = stream(n)?;
+        let mut recording = RECORDING
+            .get(n as usize)
+            .ok_or_else(|| {
+                unavailable(
+                    device,
+                    format!("switchyard records graphs on {MAX_DEVICES} devices"),
+                )
+            })?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if recording.is_some() {
+            return Err(unavailable(
+                device,
+                "a graph is being recorded on it already".into(),
+            ));
+        }
+        // Relaxed: a buffer the pool lacks may still be allocated while
+        // recording (with `cuMemAlloc`, outside the graph).
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| unavailable(device, format!("starting to record a graph: {e}")))?;
+        *recording = Some(Arc::new(Keep {
+            ordinal: n as usize,
+            blocks: Mutex::new(Vec::new()),
+        }));
+        Ok(())
+    }
+
+    fn end_capture(&self, device: Device) -> Result<Box<dyn DeviceGraph>> {
+        let Device::Cuda(n) = device else {
+            return Err(unavailable(device, "not a CUDA device".into()));
+        };
+        let stream = stream(n)?;
+        let keep = RECORDING
+            .get(n as usize)
+            .and_then(|r| r.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .ok_or_else(|| unavailable(device, "no graph is being recorded on it".into()))?;
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(|e| unavailable(device, format!("recording a graph: {e}")))?;
+        Ok(Box::new(Graph {
+            graph,
+            _keep: keep,
+            device,
+        }))
+    }
+}
+
+/// A graph recorded on one device's stream, with the buffers it writes.
+struct Graph {
+    /// `None` when nothing was recorded.
+    graph: Option<CudaGraph>,
+    /// Dropped after the graph.
+    _keep: Arc<Keep>,
+    device: Device,
+}
+
+// SAFETY: the graph is only launched, on its stream, from one run at a
+// time (the runtime holds it under a lock).
+unsafe impl Send for Graph {}
+unsafe impl Sync for Graph {}
+
+impl DeviceGraph for Graph {
+    fn launch(&self) -> Result<()> {
+        match &self.graph {
+            Some(g) => g
+                .launch()
+                .map_err(|e| unavailable(self.device, format!("launching a graph: {e}"))),
+            None => Ok(()),
         }
     }
 }

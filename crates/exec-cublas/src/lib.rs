@@ -215,6 +215,12 @@ impl Kernel for GemmKernel {
         self.run_into(inputs, Vec::new())
     }
 
+    /// One cuBLASLt call queued on the device's stream, its descriptors made
+    /// on the first run, its workspace the handle's.
+    fn capturable(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
     /// Writes the product into the buffer the runtime gives (in its device
     /// arena), else into one from the device's pool.
     fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {

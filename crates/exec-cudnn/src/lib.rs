@@ -392,6 +392,13 @@ impl Kernel for AttentionKernel {
         self.run_into(inputs, Vec::new())
     }
 
+    /// Two cuBLASLt calls and a cuDNN softmax queued on the device's
+    /// stream, the scores in buffers from the device's pool and the mask
+    /// kept by the kernel.
+    fn capturable(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
     /// Writes the attention into the buffer the runtime gives (in its
     /// device arena), else into one from the device's pool.
     fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {

@@ -124,6 +124,9 @@ struct RegionKernel {
     ops: Vec<CompiledOp>,
     n_slots: usize,
     outputs: Vec<usize>,
+    /// Whether it only views tensors on a device: nothing moves, so a
+    /// device graph may hold it.
+    device_views: bool,
 }
 
 fn scalar_tensor(s: Scalar, dtype: DType) -> Tensor {
@@ -320,6 +323,15 @@ impl CompiledOp {
 }
 
 impl Kernel for RegionKernel {
+    /// Views of device tensors queue no work: a graph holds them as they
+    /// are. Anything else runs on the host.
+    fn capturable(&self) -> Result<(), String> {
+        match self.device_views {
+            true => Ok(()),
+            false => Err("the fallback computes on the host".into()),
+        }
+    }
+
     fn run(&self, inputs: &[&Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
         let mut slots: Vec<Option<Tensor>> = vec![None; self.n_slots];
         for (s, t) in slots.iter_mut().zip(inputs) {
@@ -420,6 +432,8 @@ impl Executor for FallbackExecutor {
             ops,
             n_slots: slot_values.len(),
             outputs,
+            device_views: region.device != Device::Cpu
+                && region.ops.iter().all(|&op| is_free_view(trace, op)),
         }))
     }
 }

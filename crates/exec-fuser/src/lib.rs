@@ -407,4 +407,13 @@ impl Kernel for FusedKernel {
         }
         .map_err(|m| self.error(m))
     }
+
+    /// A CUDA kernel queues its launch (and any dense copies it makes, into
+    /// buffers from the device's pool) on the device's stream.
+    fn capturable(&self) -> std::result::Result<(), String> {
+        match &self.backend {
+            Backend::Cpu(_) => Err("the fused kernel runs on the host".into()),
+            Backend::Cuda(_) => Ok(()),
+        }
+    }
 }

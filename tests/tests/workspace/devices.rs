@@ -142,6 +142,13 @@ fn on(device: Device, text: &str) -> Trace {
     t
 }
 
+/// Runs that call every kernel, so that each run uses the arenas.
+const ARENAS_ONLY: RunOptions = RunOptions {
+    profile: false,
+    allocate_per_call: false,
+    no_graphs: true,
+};
+
 #[test]
 fn device_intermediates_live_in_an_arena_kept_between_runs_and_a_steady_state_allocates_nothing() {
     let device = sim(0);
@@ -157,7 +164,7 @@ fn device_intermediates_live_in_an_arena_kept_between_runs_and_a_steady_state_al
     assert!((2 * 16384..=4 * 16384).contains(&planned), "{planned}");
     let host = random_inputs(&parse(CHAIN).unwrap(), 5);
     let compiled = switchyard_core::runtime::CompiledPlan::compile(plan).unwrap();
-    let first = compiled.run(&host, RunOptions::default()).unwrap();
+    let first = compiled.run(&host, ARENAS_ONLY).unwrap();
     let d = &first.devices[0];
     assert_eq!(d.device, device.to_string());
     assert_eq!((d.arena_bytes, d.arena_reused), (planned, false));
@@ -169,7 +176,7 @@ fn device_intermediates_live_in_an_arena_kept_between_runs_and_a_steady_state_al
     // Again: the arena is the one the first run left, the inputs and the
     // output come from the pool; nothing is allocated from the device.
     for _ in 0..3 {
-        let again = compiled.run(&host, RunOptions::default()).unwrap();
+        let again = compiled.run(&host, ARENAS_ONLY).unwrap();
         let d = &again.devices[0];
         assert!(d.arena_reused && d.arena_bytes == planned, "{d:?}");
         assert_eq!(d.device_allocations, 0, "{d:?}");
@@ -182,7 +189,7 @@ fn device_intermediates_live_in_an_arena_kept_between_runs_and_a_steady_state_al
         .map(|t| switchyard_core::device::move_to(t, device).unwrap())
         .collect();
     let kept: Vec<_> = (0..2)
-        .map(|_| compiled.run(&on_device, RunOptions::default()).unwrap())
+        .map(|_| compiled.run(&on_device, ARENAS_ONLY).unwrap())
         .collect();
     assert_eq!(kept[1].devices[0].device_allocations, 1, "{:?}", kept[1].devices);
     // Allocated per call, there is no arena, and the pool serves.
@@ -192,7 +199,7 @@ fn device_intermediates_live_in_an_arena_kept_between_runs_and_a_steady_state_al
             &host,
             RunOptions {
                 allocate_per_call: true,
-                ..RunOptions::default()
+                ..ARENAS_ONLY
             },
         )
         .unwrap();
@@ -233,4 +240,126 @@ fn a_device_arena_still_referenced_is_not_handed_to_the_next_run() {
         let got = switchyard_tests::simdevice::read(t).unwrap();
         assert_close(&got, &want[order[i % order.len()]].to_f64_vec().unwrap(), 0.0);
     }
+}
+
+#[test]
+fn a_device_plan_is_recorded_on_its_second_run_and_replayed_after() {
+    use switchyard_core::graph::GraphUse;
+    use switchyard_tests::simdevice::queued;
+    let device = sim(2);
+    let t = on(device, CHAIN);
+    let plan = plan_on(
+        &t,
+        vec![placed_operators(device), std::sync::Arc::new(FallbackExecutor)],
+    )
+    .unwrap();
+    let compiled = switchyard_core::runtime::CompiledPlan::compile(plan).unwrap();
+    let host = parse(CHAIN).unwrap();
+    // The weight stays on the device; the activation comes from the host,
+    // new each call.
+    let w = switchyard_core::device::move_to(&random_inputs(&host, 1)[1], device).unwrap();
+    let inputs = |seed: u64| vec![random_inputs(&host, seed)[0].clone(), w.clone()];
+    let check = |r: &switchyard_core::runtime::RunResult, seed: u64| {
+        let want = run(&host, &inputs(seed)).unwrap();
+        let got = switchyard_core::device::move_to(&r.outputs[0], Device::Cpu).unwrap();
+        assert_close(&got, &want.outputs[0].to_f64_vec().unwrap(), 0.0);
+    };
+    let first = compiled.run(&inputs(10), RunOptions::default()).unwrap();
+    assert_eq!(first.graph, GraphUse::NotYet);
+    check(&first, 10);
+    drop(first);
+    let second = compiled.run(&inputs(11), RunOptions::default()).unwrap();
+    assert_eq!(second.graph, GraphUse::Captured);
+    check(&second, 11);
+    drop(second);
+    // Replays call no kernel: nothing more is queued on the device but the
+    // graph, and nothing is allocated.
+    let kernels = queued(device);
+    for seed in 12..15 {
+        let r = compiled.run(&inputs(seed), RunOptions::default()).unwrap();
+        assert_eq!(r.graph, GraphUse::Replayed);
+        assert_eq!(r.devices[0].device_allocations, 0, "{:?}", r.devices);
+        check(&r, seed);
+    }
+    assert_eq!(queued(device), kernels, "a replay calls no kernel");
+    // Outputs the caller still holds are not written over: that run calls
+    // the kernels instead.
+    let held = compiled.run(&inputs(15), RunOptions::default()).unwrap();
+    let next = compiled.run(&inputs(16), RunOptions::default()).unwrap();
+    let GraphUse::Skipped(why) = &next.graph else {
+        panic!("{:?}", next.graph)
+    };
+    assert!(why.contains("still holds the last run's outputs"), "{why}");
+    check(&held, 15);
+    check(&next, 16);
+    drop((held, next));
+    assert_eq!(
+        compiled.run(&inputs(17), RunOptions::default()).unwrap().graph,
+        GraphUse::Replayed
+    );
+    // A weight that is another tensor now: run with the kernels, recorded
+    // again on the next run.
+    let w2 = switchyard_core::device::move_to(&random_inputs(&host, 1)[1], device).unwrap();
+    let other = vec![random_inputs(&host, 18)[0].clone(), w2.clone()];
+    let r = compiled.run(&other, RunOptions::default()).unwrap();
+    let GraphUse::Skipped(why) = &r.graph else {
+        panic!("{:?}", r.graph)
+    };
+    assert!(why.contains("input `w` is another tensor"), "{why}");
+    check(&r, 18);
+    drop(r);
+    assert_eq!(
+        compiled.run(&other, RunOptions::default()).unwrap().graph,
+        GraphUse::Captured
+    );
+    // Turned off for a run.
+    let off = compiled
+        .run(
+            &inputs(19),
+            RunOptions {
+                no_graphs: true,
+                ..RunOptions::default()
+            },
+        )
+        .unwrap();
+    assert!(matches!(off.graph, GraphUse::Off(_)));
+    check(&off, 19);
+}
+
+#[test]
+fn a_plan_with_host_regions_or_kernels_that_cannot_be_recorded_is_never_replayed() {
+    use switchyard_core::graph::GraphUse;
+    let device = sim(3);
+    let t = on(device, CHAIN);
+    // relu goes to the fallback, which runs it on the host.
+    let mut e = Scripted::operator("gpu-ops")
+        .otherwise(Script::AcceptModel)
+        .with("relu", Script::Reject("not here".into()));
+    e.placement = Some(device);
+    let plan = plan_on(&t, vec![e.arc(), std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = switchyard_core::runtime::CompiledPlan::compile(plan).unwrap();
+    let inputs = random_inputs(&parse(CHAIN).unwrap(), 5);
+    for _ in 0..3 {
+        let r = compiled.run(&inputs, RunOptions::default()).unwrap();
+        let GraphUse::Off(why) = &r.graph else {
+            panic!("{:?}", r.graph)
+        };
+        assert!(
+            why.contains("runs on cpu") && why.contains("a graph runs on one device"),
+            "{why}"
+        );
+        compare_on_host(&parse(CHAIN).unwrap(), &r.outputs);
+    }
+    // A kernel that says it cannot be recorded: the plan on the CPU is off
+    // for that reason too (the host runs it).
+    let cpu = parse(CHAIN).unwrap();
+    let plan = plan_on(&cpu, vec![std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    let r = switchyard_core::runtime::CompiledPlan::compile(plan)
+        .unwrap()
+        .run(&inputs, RunOptions::default())
+        .unwrap();
+    let GraphUse::Off(why) = &r.graph else {
+        panic!("{:?}", r.graph)
+    };
+    assert!(why.contains("runs on the host"), "{why}");
 }
