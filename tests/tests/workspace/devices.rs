@@ -363,3 +363,40 @@ fn a_plan_with_host_regions_or_kernels_that_cannot_be_recorded_is_never_replayed
     };
     assert!(why.contains("runs on the host"), "{why}");
 }
+
+#[test]
+fn ops_that_read_one_value_twice_run_and_replay_on_the_simulated_device() {
+    use switchyard_core::graph::GraphUse;
+    let device = sim(4);
+    for text in [
+        "input x: f32[8, 8]\ny = matmul(x, x)\noutput y\n",
+        "input x: f32[8, 8]\ny = add(x, x)\noutput y\n",
+        "input q: f32[2, 4, 8]\ny = sdpa(q, q, q, causal=true)\noutput y\n",
+        "input x: f32[4, 8]\ny = cat(x, x, dim=0)\noutput y\n",
+        "input x: f32[8, 8]\ninput b: f32[8]\ny = linear(x, x, b)\noutput y\n",
+    ] {
+        let t = on(device, text);
+        let plan = plan_on(
+            &t,
+            vec![placed_operators(device), std::sync::Arc::new(FallbackExecutor)],
+        )
+        .unwrap();
+        let compiled = switchyard_core::runtime::CompiledPlan::compile(plan).unwrap();
+        let host = parse(text).unwrap();
+        let mut used = Vec::new();
+        for seed in 0..3 {
+            let inputs = random_inputs(&host, seed);
+            let r = compiled.run(&inputs, RunOptions::default()).unwrap();
+            let want = run(&host, &inputs).unwrap();
+            let got = switchyard_core::device::move_to(&r.outputs[0], Device::Cpu).unwrap();
+            // The decomposed sdpa may sum in another order.
+            assert_close(&got, &want.outputs[0].to_f64_vec().unwrap(), 1e-6);
+            used.push(r.graph);
+        }
+        assert_eq!(
+            used,
+            [GraphUse::NotYet, GraphUse::Captured, GraphUse::Replayed],
+            "{text}"
+        );
+    }
+}

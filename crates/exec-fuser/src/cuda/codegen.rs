@@ -8,7 +8,12 @@
 //!
 //! Two schedules:
 //! - **pointwise** (nothing reduced): a grid-stride loop, one thread per
-//!   element of the iteration space;
+//!   element of the iteration space; and, for programs without masks or
+//!   cats, a second entry point ([`ENTRY_DENSE`]) that the launch picks when
+//!   every load reads its input densely in iteration order and every
+//!   pointer is aligned: each thread loads [`LANES`] elements of each input
+//!   with one vector load (16 bytes for f32), computes them, and stores
+//!   them with one vector store, so the kernel streams at copy speed;
 //! - **row** (reductions): one block per row of the kept dims, its threads
 //!   striding over the reduced dims, in the [`Passes`] the CPU's streamed
 //!   rows use: each pass re-evaluates what its reductions read, the partials
@@ -26,6 +31,13 @@ use crate::program::{Action, Axis, Instr, Program, Space};
 
 /// The kernel's entry point.
 pub const ENTRY: &str = "sy_fused";
+
+/// The entry point of the dense, vectorised pointwise schedule, in the
+/// source of a program [`has_dense_entry`].
+pub const ENTRY_DENSE: &str = "sy_fused_dense";
+
+/// Elements a thread of the dense schedule loads and stores at once.
+pub const LANES: usize = 4;
 
 /// Threads per block; the block reduction assumes a power of two.
 pub const BLOCK: u32 = 256;
@@ -67,6 +79,9 @@ template <typename T> __device__ __forceinline__ T sy_max(T a, T b) {
 template <typename T> __device__ __forceinline__ T sy_min(T a, T b) {
   return (a != a || b != b) ? a + b : (a < b ? a : b);
 }
+struct alignas(16) SyV16 { unsigned int w[4]; };
+struct alignas(8) SyV8 { unsigned int w[2]; };
+struct alignas(4) SyV4 { unsigned int w[1]; };
 template <typename T> __device__ __forceinline__ T sy_remainder(T a, T b) {
   T r = fmod(a, b);
   return (r != (T)0 && ((r < (T)0) != (b < (T)0))) ? r + b : r;
@@ -205,6 +220,17 @@ fn reduction(op: ReduceOp, c: &str) -> (String, fn(&str, &str) -> String) {
     }
 }
 
+/// Where the loads of the instructions being written read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// Through the load's offset and strides, at `i0, i1, ...`.
+    Strided,
+    /// Densely: element `off + t` (the dense schedule's tail).
+    Dense,
+    /// Lane `j` of the elements loaded into `a{k}` (the dense schedule).
+    Lanes,
+}
+
 /// Writes the instructions of a program as C statements.
 struct Emitter<'a> {
     p: &'a Program,
@@ -212,6 +238,7 @@ struct Emitter<'a> {
     out: String,
     /// The load argument of each load instruction.
     load_of: Vec<Option<usize>>,
+    reads: Reads,
 }
 
 impl Emitter<'_> {
@@ -225,6 +252,14 @@ impl Emitter<'_> {
         let ins = &self.p.instrs[i];
         let dst = ins.dst();
         let e = match ins {
+            Instr::Load { load, .. } if self.reads != Reads::Strided => {
+                let k = self.load_of[i].expect("every load has an argument");
+                let dtype = self.p.inputs[load.input];
+                match self.reads {
+                    Reads::Lanes => widen(&format!("a{k}[j]"), dtype, c),
+                    _ => widen(&format!("in{k}[l{k}.off + t]"), dtype, c),
+                }
+            }
             Instr::Load { load, .. } => {
                 let k = self.load_of[i].expect("every load has an argument");
                 let dtype = self.p.inputs[load.input];
@@ -327,6 +362,7 @@ pub fn generate(p: &Program) -> String {
         c,
         out: String::new(),
         load_of,
+        reads: Reads::Strided,
     };
     e.out.push_str(PRELUDE);
     let mut params: Vec<String> = p
@@ -357,7 +393,137 @@ pub fn generate(p: &Program) -> String {
         rows(&mut e);
     }
     e.out.push_str("}\n");
+    if has_dense_entry(p) {
+        let _ = writeln!(
+            e.out,
+            "\nextern \"C\" __global__ void __launch_bounds__({BLOCK}) {ENTRY_DENSE}({}) {{",
+            params.join(", ")
+        );
+        dense(&mut e);
+        e.out.push_str("}\n");
+    }
     e.out
+}
+
+/// Whether `p`'s source has the dense entry point: a pointwise program
+/// whose loads and instructions never look at the iteration index (no
+/// masks, no cats), so that element `t` of every input makes element `t`
+/// of every output when the inputs are dense.
+pub fn has_dense_entry(p: &Program) -> bool {
+    p.reduced.is_empty()
+        && p.instrs.iter().all(|ins| match ins {
+            Instr::Load { load, .. } => load.map.masks.is_empty(),
+            Instr::Cat { .. } => false,
+            _ => true,
+        })
+}
+
+/// Whether a launch of `p` may take the dense entry point: every load, with
+/// its resolved offset and strides (`off`, `it`), reads its input densely
+/// in iteration order, and every address (`ptrs`: the loads' element 0
+/// then the outputs', with their element sizes) is aligned for the vector
+/// loads and stores.
+pub fn dense_launch(p: &Program, loads: &[(i64, &[i64])], ptrs: &[(u64, usize)]) -> bool {
+    let dense = contiguous_strides(&p.shape);
+    has_dense_entry(p)
+        && loads.iter().all(|(_, it)| {
+            (0..p.shape.len()).all(|d| p.shape[d] <= 1 || it.get(d).copied() == Some(dense[d] as i64))
+        })
+        && ptrs
+            .iter()
+            .all(|&(ptr, size)| ptr.is_multiple_of((LANES * size).min(16) as u64))
+}
+
+/// The C statement copying `LANES` elements of `size` bytes from `src` to
+/// `dst` with the widest aligned vector type.
+fn vector_copy(dst: &str, src: &str, size: usize) -> String {
+    match LANES * size {
+        4 => format!("*(SyV4 *)({dst}) = *(const SyV4 *)({src});"),
+        8 => format!("*(SyV8 *)({dst}) = *(const SyV8 *)({src});"),
+        16 => format!("*(SyV16 *)({dst}) = *(const SyV16 *)({src});"),
+        _ => format!(
+            "((SyV16 *)({dst}))[0] = ((const SyV16 *)({src}))[0]; ((SyV16 *)({dst}))[1] = ((const SyV16 *)({src}))[1];"
+        ),
+    }
+}
+
+/// The dense schedule: each thread takes [`LANES`] consecutive elements
+/// with vector loads and stores; the last `numel % LANES` elements, one per
+/// thread.
+fn dense(e: &mut Emitter) {
+    let p = e.p;
+    let n = p.numel();
+    let vectors = n / LANES;
+    let stride = "(long long)gridDim.x * blockDim.x";
+    e.line(
+        1,
+        &format!(
+            "for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < {vectors}LL; v += {stride}) {{"
+        ),
+    );
+    e.line(2, &format!("const long long base = v * {LANES};"));
+    let loads: Vec<(usize, DType)> = p
+        .instrs
+        .iter()
+        .filter_map(|ins| match ins {
+            Instr::Load { load, .. } => Some(p.inputs[load.input]),
+            _ => None,
+        })
+        .enumerate()
+        .collect();
+    for &(k, dtype) in &loads {
+        e.line(2, &format!("alignas(16) {} a{k}[{LANES}];", stored(dtype)));
+        let copy = vector_copy(
+            &format!("a{k}"),
+            &format!("in{k} + l{k}.off + base"),
+            dtype.size(),
+        );
+        e.line(2, &copy);
+    }
+    for (k, s) in p.outputs.iter().enumerate() {
+        e.line(2, &format!("alignas(16) {} o{k}[{LANES}];", stored(s.dtype)));
+    }
+    e.line(2, "#pragma unroll");
+    e.line(2, &format!("for (int j = 0; j < {LANES}; j++) {{"));
+    e.reads = Reads::Lanes;
+    for a in p.passes().last {
+        if let Action::Exec(i) = a {
+            e.instr(3, i);
+        }
+    }
+    for (k, s) in p.outputs.iter().enumerate() {
+        e.line(
+            3,
+            &format!("o{k}[j] = {};", narrow(&format!("r{}", s.reg), s.dtype)),
+        );
+    }
+    e.line(2, "}");
+    for (k, s) in p.outputs.iter().enumerate() {
+        let copy = vector_copy(&format!("out{k} + base"), &format!("o{k}"), s.dtype.size());
+        e.line(2, &copy);
+    }
+    e.line(1, "}");
+    let tail = vectors * LANES;
+    e.line(
+        1,
+        &format!(
+            "for (long long t = {tail}LL + (long long)blockIdx.x * blockDim.x + threadIdx.x; t < {n}LL; t += {stride}) {{"
+        ),
+    );
+    e.reads = Reads::Dense;
+    for a in p.passes().last {
+        if let Action::Exec(i) = a {
+            e.instr(2, i);
+        }
+    }
+    for (k, s) in p.outputs.iter().enumerate() {
+        e.line(
+            2,
+            &format!("out{k}[t] = {};", narrow(&format!("r{}", s.reg), s.dtype)),
+        );
+    }
+    e.line(1, "}");
+    e.reads = Reads::Strided;
 }
 
 fn pointwise(e: &mut Emitter) {
@@ -582,6 +748,41 @@ mod tests {
             }
             assert_eq!(src.matches('{').count(), src.matches('}').count(), "{src}");
         }
+    }
+
+    #[test]
+    fn the_dense_entry_is_taken_only_by_dense_aligned_launches() {
+        let p = program_of("input x: f32[4, 8]\ninput y: f32[4, 8]\nz = add(x, y)\noutput z\n");
+        assert!(has_dense_entry(&p) && generate(&p).contains(ENTRY_DENSE));
+        let (rows, cols, bcast) = ([8i64, 1], [1i64, 4], [0i64, 1]);
+        let aligned = [(0x1000, 4), (0x2000, 4), (0x3000, 4)];
+        assert!(dense_launch(&p, &[(0, &rows[..]), (0, &rows[..])], &aligned));
+        // A transposed or broadcast input reads out of iteration order.
+        assert!(!dense_launch(&p, &[(0, &rows[..]), (0, &cols[..])], &aligned));
+        assert!(!dense_launch(&p, &[(0, &bcast[..]), (0, &rows[..])], &aligned));
+        // An address off the 16 bytes of a vector of four f32.
+        assert!(!dense_launch(
+            &p,
+            &[(0, &rows[..]), (0, &rows[..])],
+            &[(0x1004, 4), (0x2000, 4), (0x3000, 4)]
+        ));
+        assert!(!dense_launch(
+            &p,
+            &[(0, &rows[..]), (0, &rows[..])],
+            &[(0x1000, 4), (0x2000, 4), (0x3008, 4)]
+        ));
+        // Two-byte elements: vectors of 8 bytes.
+        let h = program_of("input x: f16[4, 8]\ny = neg(x)\noutput y\n");
+        assert!(dense_launch(&h, &[(0, &rows[..])], &[(0x1008, 2), (0x2008, 2)]));
+        assert!(!dense_launch(&h, &[(0, &rows[..])], &[(0x1004, 2), (0x2008, 2)]));
+        // A dim of extent 1 may have any stride.
+        let one = program_of("input x: f32[1, 8]\ny = neg(x)\noutput y\n");
+        assert!(dense_launch(&one, &[(0, &[99i64, 1][..])], &[(0, 4), (0, 4)]));
+        // Masked loads and cats look at the iteration index: no dense entry.
+        let cat = program_of("input a: f32[4, 4]\ninput b: f32[4, 4]\nc = cat(a, b, dim=1)\noutput c\n");
+        assert!(!has_dense_entry(&cat) && !generate(&cat).contains(ENTRY_DENSE));
+        let rows_program = program_of("input x: f32[4, 8]\ny = sum(x, dims=[1])\noutput y\n");
+        assert!(!has_dense_entry(&rows_program));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use switchyard_core::ir::OpId;
 use switchyard_core::plan::region_boundary;
 use switchyard_core::{DType, Tensor};
 
-use super::codegen::{ENTRY, generate, stored};
+use super::codegen::{ENTRY, ENTRY_DENSE, dense_launch, generate, has_dense_entry, stored};
 use crate::layout::resolve;
 use crate::program::{Instr, Program};
 
@@ -85,7 +85,7 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
     for (k, t) in inputs.iter().enumerate() {
         let _ = writeln!(
             m,
-            "  static unsigned long long raw{k}[] = {};\n  static {} data{k}[{}];\n  for (unsigned i = 0; i < {}; i++) memcpy(&data{k}[i], &raw{k}[i], sizeof data{k}[0]);",
+            "  static unsigned long long raw{k}[] = {};\n  alignas(16) static {} data{k}[{}];\n  for (unsigned i = 0; i < {}; i++) memcpy(&data{k}[i], &raw{k}[i], sizeof data{k}[0]);",
             array(t),
             stored(t.dtype()),
             t.numel().max(1),
@@ -109,7 +109,7 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
         // reused memory holds anything: every element must be written.
         let _ = writeln!(
             m,
-            "  static {} out{k}[{}];\n  memset(out{k}, 0xff, sizeof out{k});",
+            "  alignas(16) static {} out{k}[{}];\n  memset(out{k}, 0xff, sizeof out{k});",
             stored(s.dtype),
             n.max(1)
         );
@@ -122,9 +122,15 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
          std::barrier<> bar(blockDim.x);\n  sy_barrier = &bar;\n  \
          for (unsigned b = 0; b < gridDim.x; b++) {{\n    std::vector<std::thread> threads;\n    \
          for (unsigned i = 0; i < blockDim.x; i++)\n      \
-         threads.emplace_back([&, b, i] {{ blockIdx.x = b; threadIdx.x = i; {ENTRY}({}); }});\n    \
+         threads.emplace_back([&, b, i] {{ blockIdx.x = b; threadIdx.x = i; {entry}({}); }});\n    \
          for (auto &t : threads) t.join();\n  }}",
-        args.join(", ")
+        args.join(", "),
+        // The dense entry when asked for (a third argument), where there is one.
+        entry = if has_dense_entry(p) {
+            format!("(argc > 3 ? {ENTRY_DENSE} : {ENTRY})")
+        } else {
+            ENTRY.to_string()
+        }
     );
     for (k, s) in p.outputs.iter().enumerate() {
         let n: usize = s.shape.iter().product();
@@ -143,9 +149,51 @@ fn harness(p: &Program, inputs: &[Tensor]) -> String {
 /// the static standing in for shared memory is each block's in turn).
 const LAUNCHES: [(u32, u32); 2] = [(1, 1), (3, super::codegen::BLOCK)];
 
+/// One launch of the host harness: blocks, threads per block, and whether
+/// of the dense entry.
+type Launch = (u32, u32, bool);
+
+/// The launches of `p` on `inputs`: each of [`LAUNCHES`], of the strided
+/// entry and, where a launch on the GPU would take it, of the dense one.
+fn launches(p: &Program, inputs: &[Tensor]) -> Vec<Launch> {
+    let resolved: Vec<(i64, Vec<i64>)> = p
+        .instrs
+        .iter()
+        .filter_map(|ins| match ins {
+            Instr::Load { load, .. } => {
+                let t = &inputs[load.input];
+                let r = resolve(t, t.numel(), &load.views, &load.map, &p.shape).unwrap();
+                Some((r.offset as i64, r.it.iter().map(|&s| s as i64).collect()))
+            }
+            _ => None,
+        })
+        .collect();
+    let loads: Vec<(i64, &[i64])> = resolved.iter().map(|(o, s)| (*o, &s[..])).collect();
+    // The harness's arrays are 16-byte aligned; offsets are in elements.
+    let ptrs: Vec<(u64, usize)> = loads
+        .iter()
+        .zip(p.instrs.iter().filter_map(|ins| match ins {
+            Instr::Load { load, .. } => Some(p.inputs[load.input].size()),
+            _ => None,
+        }))
+        .map(|(&(off, _), size)| (off.wrapping_mul(size as i64) as u64, size))
+        .collect();
+    let dense = dense_launch(p, &loads, &ptrs);
+    let mut all: Vec<Launch> = LAUNCHES.iter().map(|&(b, t)| (b, t, false)).collect();
+    if dense {
+        all.extend(LAUNCHES.iter().map(|&(b, t)| (b, t, true)));
+    }
+    all
+}
+
 /// The outputs the compiled source prints, as tensors of the outputs'
-/// dtypes: one set per launch of [`LAUNCHES`].
-fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<Vec<Vec<Tensor>>, String> {
+/// dtypes: one set per launch of [`launches`].
+fn run_on_host(
+    cxx: &str,
+    p: &Program,
+    inputs: &[Tensor],
+    name: &str,
+) -> Result<Vec<(Launch, Vec<Tensor>)>, String> {
     let dir = std::env::temp_dir().join(format!("switchyard-host-check-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join("kernel.cpp");
@@ -164,11 +212,15 @@ fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let runs = LAUNCHES
-        .iter()
-        .map(|(blocks, threads)| {
+    let runs = launches(p, inputs)
+        .into_iter()
+        .map(|(blocks, threads, dense)| {
+            let mut args = vec![blocks.to_string(), threads.to_string()];
+            if dense {
+                args.push("dense".into());
+            }
             let run = Command::new(&exe)
-                .args([blocks.to_string(), threads.to_string()])
+                .args(&args)
                 .output()
                 .map_err(|e| e.to_string())?;
             if !run.status.success() {
@@ -178,7 +230,8 @@ fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<
                 ));
             }
             let text = String::from_utf8_lossy(&run.stdout).into_owned();
-            p.outputs
+            let outputs = p
+                .outputs
                 .iter()
                 .zip(text.lines())
                 .map(|(s, line)| {
@@ -194,7 +247,8 @@ fn run_on_host(cxx: &str, p: &Program, inputs: &[Tensor], name: &str) -> Result<
                     )
                     .map_err(|e| e.to_string())
                 })
-                .collect::<Result<Vec<_>, String>>()
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(((blocks, threads, dense), outputs))
         })
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
@@ -262,6 +316,28 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             "long_rows",
             "input x: f32[3, 1000]\ns = sum(x, dims=[1])\nm = amax(x, dims=[1])\noutput s, m\n",
         ),
+        // Dense chains, vectorised: f32 with a tail of 3, f64 (two vectors
+        // a lane group), f16 in and bool out, and 2-D dense inputs.
+        (
+            "dense_chain",
+            "input x: f32[1027]\na = mul(x, 1.5)\nb = tanh(a)\nc = sigmoid(b)\nd = exp(x)\ny = add(c, d)\noutput y\n",
+        ),
+        (
+            "dense_f64",
+            "input x: f64[6, 7]\ninput w: f64[6, 7]\ny = mul(x, w)\nz = sub(y, x)\noutput z\n",
+        ),
+        (
+            "dense_half_to_bool",
+            "input x: f16[33]\ny = abs(x)\nm = gt(y, 0.5)\noutput m, y\n",
+        ),
+    ];
+    // The cases whose launch takes the dense entry.
+    let dense = [
+        "dense_chain",
+        "dense_f64",
+        "dense_half_to_bool",
+        "rounding_and_remainders",
+        "half_chain",
     ];
     let mut cases: Vec<(String, String)> = traces
         .iter()
@@ -292,7 +368,18 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             .run(&refs, Vec::new())
             .unwrap();
         let runs = run_on_host(&cxx, &p, &inputs, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for ((blocks, threads), got) in LAUNCHES.iter().zip(&runs) {
+        let dense_runs = runs.iter().filter(|((_, _, dense), _)| *dense).count();
+        assert_eq!(
+            dense_runs > 0,
+            dense.contains(&name.as_str()),
+            "{name}: the dense entry runs where the GPU's would"
+        );
+        for ((blocks, threads, dense), got) in &runs {
+            let entry = if *dense {
+                "the dense entry"
+            } else {
+                "the strided entry"
+            };
             assert_eq!(got.len(), want.len(), "{name}: outputs");
             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (g, w) = (g.to_f64_vec().unwrap(), w.to_f64_vec().unwrap());
@@ -300,18 +387,21 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
                     let close = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * b.abs().max(1.0);
                     assert!(
                         close,
-                        "{name}, {blocks} × {threads} threads, output {k} element {i}: generated {a}, CPU {b}"
+                        "{name}, {entry} on {blocks} × {threads} threads, output {k} element {i}: generated {a}, CPU {b}"
                     );
                 }
             }
         }
-        println!("{name}: the generated source agrees with the CPU backend on 1 × 1 and 3 × 256 threads");
+        println!(
+            "{name}: the generated source agrees with the CPU backend on 1 × 1 and 3 × 256 threads{}",
+            if dense_runs > 0 { ", by both entries" } else { "" }
+        );
     }
     // The copy a load makes when its reshape needs one: a transposed bf16 input.
     let x = switchyard_core::io::random_tensor(&switchyard_core::TensorMeta::new(DType::BF16, [6, 4]), 5, 0);
     let p = super::copy_program(&x, &[crate::program::View::Transpose(vec![1, 0])]).unwrap();
     let want = x.view(vec![4, 6], vec![1, 4], 0).unwrap().contiguous().unwrap();
-    for got in run_on_host(&cxx, &p, std::slice::from_ref(&x), "copy").unwrap() {
+    for (_, got) in run_on_host(&cxx, &p, std::slice::from_ref(&x), "copy").unwrap() {
         assert_eq!(got[0].to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
     }
 }

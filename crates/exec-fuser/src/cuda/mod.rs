@@ -21,7 +21,7 @@ use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 
 use crate::layout::{apply_views, resolve};
 use crate::program::{Axis, IndexMap, Instr, Load, Program, Space, Store, View};
-use codegen::{BLOCK, ENTRY, LoadArg};
+use codegen::{BLOCK, ENTRY, ENTRY_DENSE, LANES, LoadArg};
 use disk::{DiskCache, Key};
 
 // SAFETY: `LoadArg` is `repr(C)`, plain integers, laid out as `SyLoad` in
@@ -85,6 +85,8 @@ pub struct CudaKernel {
     device: u32,
     stream: Arc<CudaStream>,
     function: CudaFunction,
+    /// The dense, vectorised entry point, where the program has one.
+    dense: Option<CudaFunction>,
     /// Whether the code came from the on-disk cache.
     pub from_disk: bool,
     /// Where its copy kernels are kept.
@@ -138,11 +140,20 @@ impl CudaKernel {
         let function = module
             .load_function(ENTRY)
             .map_err(|e| format!("finding {ENTRY}: {e}"))?;
+        let dense = match codegen::has_dense_entry(&program) {
+            true => Some(
+                module
+                    .load_function(ENTRY_DENSE)
+                    .map_err(|e| format!("finding {ENTRY_DENSE}: {e}"))?,
+            ),
+            false => None,
+        };
         Ok(CudaKernel {
             program,
             device,
             stream,
             function,
+            dense,
             from_disk,
             cache: cache.cloned(),
             copiers: Mutex::new(HashMap::new()),
@@ -203,7 +214,32 @@ impl CudaKernel {
             outputs.push(t);
             out_ptrs.push(ptr);
         }
-        let blocks: usize = if p.reduced.is_empty() {
+        // The dense entry where every load reads densely and every address
+        // is aligned for its vectors.
+        let sizes = p.instrs.iter().filter_map(|ins| match ins {
+            Instr::Load { load, .. } => Some(p.inputs[load.input].size()),
+            _ => None,
+        });
+        let ptrs: Vec<(u64, usize)> = in_ptrs
+            .iter()
+            .zip(&loads)
+            .zip(sizes)
+            .map(|((&ptr, l), size)| (ptr.wrapping_add((l.off as u64).wrapping_mul(size as u64)), size))
+            .chain(
+                out_ptrs
+                    .iter()
+                    .zip(&p.outputs)
+                    .map(|(&ptr, s)| (ptr, s.dtype.size())),
+            )
+            .collect();
+        let resolved: Vec<(i64, &[i64])> = loads.iter().map(|l| (l.off, &l.s[..])).collect();
+        let dense = self
+            .dense
+            .as_ref()
+            .filter(|_| codegen::dense_launch(p, &resolved, &ptrs));
+        let blocks: usize = if dense.is_some() {
+            p.numel().div_ceil(LANES).div_ceil(BLOCK as usize).max(1)
+        } else if p.reduced.is_empty() {
             p.numel().div_ceil(BLOCK as usize)
         } else {
             // One block per row of the kept dims: a row with nothing to
@@ -221,7 +257,7 @@ impl CudaKernel {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(&self.function);
+        let mut launch = self.stream.launch_builder(dense.unwrap_or(&self.function));
         for ptr in in_ptrs.iter().chain(&out_ptrs) {
             launch.arg(ptr);
         }
