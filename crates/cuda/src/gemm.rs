@@ -28,6 +28,11 @@ pub struct Operand {
 }
 
 impl Operand {
+    /// The strides of a row and of a column, in elements.
+    pub fn strides(&self) -> (usize, usize) {
+        self.strides
+    }
+
     /// One past the last element read, from the operand's offset.
     pub fn extent(&self, rows: usize, cols: usize, batch: usize) -> usize {
         if rows == 0 || cols == 0 || batch == 0 {
@@ -290,13 +295,19 @@ impl Math {
     /// Checks the options of an executor whose only option is `tf32`.
     pub fn check_options(options: &toml::Table) -> Result<(), String> {
         for (k, v) in options {
-            match (k.as_str(), v) {
-                (TF32_OPTION, toml::Value::Boolean(_)) => {}
-                (TF32_OPTION, v) => return Err(format!("`{TF32_OPTION}` must be true or false, got {v}")),
-                (k, _) => return Err(format!("unknown option `{k}` (known: `{TF32_OPTION}`)")),
-            }
+            Math::check_option(k, v)
+                .unwrap_or_else(|| Err(format!("unknown option `{k}` (known: `{TF32_OPTION}`)")))?;
         }
         Ok(())
+    }
+
+    /// Checks option `key` if it is the math mode's (`tf32`); `None` for any
+    /// other key.
+    pub fn check_option(key: &str, value: &toml::Value) -> Option<Result<(), String>> {
+        (key == TF32_OPTION).then(|| match value {
+            toml::Value::Boolean(_) => Ok(()),
+            v => Err(format!("`{TF32_OPTION}` must be true or false, got {v}")),
+        })
     }
 
     /// Whether products in `dtype` run on TF32 tensor cores.

@@ -14,6 +14,7 @@
 
 pub mod executor;
 pub mod gemm;
+pub mod host;
 pub mod layer;
 pub mod lt;
 

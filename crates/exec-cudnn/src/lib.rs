@@ -4,19 +4,27 @@
 //! (`sdpa`, causal or not) whole, on `cuda:N` in f32, f16 and bf16, so the
 //! composite is never decomposed into a dozen ops.
 //!
-//! A region runs in three steps on the device's stream: the scores
-//! `scale·Q·Kᵀ` as one batched cuBLASLt GEMM (K read transposed through the
-//! operation flag, and for a causal mask, added to the mask in the GEMM's
-//! accumulator), cuDNN's softmax over the last dim, and `P·V` as a second
-//! GEMM. This is not cuDNN's fused flash attention, which only its graph
-//! API offers and cudarc does not wrap: the scores are materialised, at
-//! `batch·l·s` elements, and the cost model says so.
+//! A region runs one of two ways on the device's stream:
+//! - **unfused**: the scores `scale·Q·Kᵀ` as one batched cuBLASLt GEMM (K
+//!   read transposed through the operation flag, and for a causal mask,
+//!   added to the mask in the GEMM's accumulator), cuDNN's softmax over the
+//!   last dim, and `P·V` as a second GEMM. The GEMMs run on tensor cores;
+//!   the scores are materialised, at `batch·l·s` elements, twice.
+//! - **fused** ([`flash`]): one kernel of its own, compiled with NVRTC, that
+//!   never holds the scores (memory linear in the sequence), with f32
+//!   arithmetic on CUDA cores; head and value dims up to 128.
+//!
+//! Option `attention = "auto" | "fused" | "unfused"` picks; `auto` (the
+//! default) takes the cheaper by cost. cuDNN's own fused flash attention,
+//! which only its graph API offers and cudarc does not wrap, is not used.
 //!
 //! It rejects, with the reason, what this path cannot run: other dtypes,
 //! batch dims that differ between q, k and v (broadcast heads), and layouts
 //! no GEMM flag expresses. Without a driver, a device, cuBLAS or cuDNN it is
 //! unavailable, with the reason.
 #![deny(missing_docs)]
+
+pub mod flash;
 
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +38,8 @@ use switchyard_cuda::executor::{self, PerDevice};
 use switchyard_cuda::gemm::{Gemm, Math, gemm_of};
 use switchyard_cuda::lt::{Element, Gemms};
 use switchyard_cuda::{Needs, Raw};
+
+use flash::FlashKernel;
 
 /// The executor's registered name.
 pub const NAME: &str = "cudnn";
@@ -188,22 +198,51 @@ impl Executor for CudnnExecutor {
         executor::availability(&[Needs::Cublas, Needs::Cudnn])
     }
 
-    /// Takes `tf32 = true | false` for its GEMMs, over the config-wide
-    /// `allow_tf32`.
+    /// Takes `tf32 = true | false` for its GEMMs (over the config-wide
+    /// `allow_tf32`) and `attention = "auto" | "fused" | "unfused"`.
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
-        Math::check_options(options)
+        for (k, v) in options {
+            match Math::check_option(k, v) {
+                Some(checked) => checked?,
+                None if k == ATTENTION_OPTION => {
+                    Choice::parse(v)?;
+                }
+                None => {
+                    return Err(format!(
+                        "unknown option `{k}` (known: `{}`, `{ATTENTION_OPTION}`)",
+                        switchyard_cuda::gemm::TF32_OPTION
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// The math mode of the attention's two GEMMs.
+    /// How the attention runs: fused, or its GEMMs' math mode.
     fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
         let &[op] = region else { return None };
-        let dtype = cx.trace.meta(*cx.trace.op(op).outputs.first()?).dtype;
-        Some(Math::of(cx.options, cx.numerics).describe(dtype, cx.options))
+        let a = attention_in_trace(cx, op).ok()?;
+        Some(match choose(&a, cx).ok()? {
+            Algorithm::Fused => "fused attention (flash: no scores in memory), f32 arithmetic".to_string(),
+            Algorithm::Unfused => format!(
+                "{}; scores in memory ({} bytes, twice)",
+                Math::of(cx.options, cx.numerics).describe(a.dtype, cx.options),
+                a.score_elems() * a.dtype.size()
+            ),
+        })
     }
 
+    /// Accepts at the cost of the algorithm it would run: fused or not,
+    /// as configured, else the cheaper.
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
-        match attention_in_trace(cx, op) {
-            Ok(a) => Claim::Accept(a.cost_ns(cx)),
+        match attention_in_trace(cx, op).and_then(|a| {
+            let cost = match choose(&a, cx)? {
+                Algorithm::Fused => flash::cost_ns(&a, cx.device),
+                Algorithm::Unfused => a.cost_ns(cx),
+            };
+            Ok(cost)
+        }) {
+            Ok(cost) => Claim::Accept(cost),
             Err(why) => Claim::Reject(why),
         }
     }
@@ -217,6 +256,10 @@ impl Executor for CudnnExecutor {
         let (op, device) =
             executor::one_op_on_device(region, &[Needs::Cublas, Needs::Cudnn]).map_err(&fail)?;
         let attention = attention_in_trace(cx, op).map_err(&fail)?;
+        let flash = match choose(&attention, cx).map_err(&fail)? {
+            Algorithm::Fused => Some(FlashKernel::new(&attention, device).map_err(&fail)?),
+            Algorithm::Unfused => None,
+        };
         let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
         let blas = Gemms::new(device, Math::of(cx.options, cx.numerics)).map_err(&fail)?;
         let dnn = cudnn_handle(device).map_err(&fail)?;
@@ -232,9 +275,74 @@ impl Executor for CudnnExecutor {
             blas,
             dnn,
             mask,
+            flash,
             region: region.id,
         }))
     }
+}
+
+/// The option that picks the attention algorithm.
+pub const ATTENTION_OPTION: &str = "attention";
+
+/// How attention may run, as configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    /// The cheaper by cost, of those that can run it.
+    Auto,
+    /// The fused kernel.
+    Fused,
+    /// GEMM, softmax, GEMM.
+    Unfused,
+}
+
+/// How one attention runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Algorithm {
+    Fused,
+    Unfused,
+}
+
+impl Choice {
+    fn parse(v: &toml::Value) -> std::result::Result<Choice, String> {
+        match v.as_str() {
+            Some("auto") => Ok(Choice::Auto),
+            Some("fused") => Ok(Choice::Fused),
+            Some("unfused") => Ok(Choice::Unfused),
+            _ => Err(format!(
+                "`{ATTENTION_OPTION}` must be \"auto\", \"fused\" or \"unfused\", got {v}"
+            )),
+        }
+    }
+}
+
+/// Why the fused kernel cannot run `a` here, if it cannot: its shape, or no
+/// NVRTC on a machine with a driver (a plan made without a GPU assumes the
+/// target has it).
+fn fused_unavailable(a: &Attention) -> Option<String> {
+    if let Some(why) = flash::unsupported(a) {
+        return Some(why);
+    }
+    let probe = switchyard_cuda::probe();
+    match (&probe.driver, &probe.nvrtc) {
+        (Ok(_), Err(why)) => Some(format!("the fused kernel needs NVRTC: {why}")),
+        _ => None,
+    }
+}
+
+/// The algorithm `a` runs with under the executor's options.
+fn choose(a: &Attention, cx: &Context) -> std::result::Result<Algorithm, String> {
+    let choice = match cx.options.get(ATTENTION_OPTION) {
+        Some(v) => Choice::parse(v)?,
+        None => Choice::Auto,
+    };
+    let fused = fused_unavailable(a);
+    Ok(match (choice, fused) {
+        (Choice::Unfused, _) | (Choice::Auto, Some(_)) => Algorithm::Unfused,
+        (Choice::Fused, Some(why)) => return Err(why),
+        (Choice::Fused, None) => Algorithm::Fused,
+        (Choice::Auto, None) if flash::cost_ns(a, cx.device) < a.cost_ns(cx) => Algorithm::Fused,
+        (Choice::Auto, None) => Algorithm::Unfused,
+    })
 }
 
 /// A cuDNN handle, used by one thread at a time.
@@ -289,6 +397,8 @@ struct AttentionKernel {
     blas: Gemms,
     dnn: Arc<Mutex<Handle>>,
     mask: Option<Tensor>,
+    /// The fused kernel, when it runs fused.
+    flash: Option<FlashKernel>,
     region: usize,
 }
 
@@ -451,6 +561,18 @@ impl Kernel for AttentionKernel {
                     .0
             }
         };
+        if let Some(flash) = &self.flash {
+            let at = |t: &Tensor| -> Result<(u64, usize)> {
+                let ptr = switchyard_cuda::device_ptr(t).map_err(|e| self.error(e.to_string()))?;
+                let len = switchyard_cuda::buffer_len(t).map_err(|e| self.error(e.to_string()))?;
+                let size = t.dtype().size() as u64;
+                Ok((ptr + t.offset() as u64 * size, len.saturating_sub(t.offset())))
+            };
+            flash
+                .launch(&a, at(inputs[0])?, at(inputs[1])?, at(inputs[2])?, at(&out)?)
+                .map_err(|e| self.error(e))?;
+            return Ok(vec![out]);
+        }
         match a.dtype {
             DType::F32 => self.launch::<f32>(&a, inputs, &out, (1.0, 0.0)),
             DType::F16 => self.launch::<half::f16>(&a, inputs, &out, (half::f16::ONE, half::f16::ZERO)),

@@ -357,12 +357,10 @@ fn f32_products_are_ieee_unless_tf32_is_allowed_and_priced_and_shown_so() {
         );
         let mut bad = toml::Table::new();
         bad.insert("fast".into(), true.into());
-        assert_eq!(
-            e.check_options(&bad).unwrap_err(),
-            "unknown option `fast` (known: `tf32`)"
-        );
-        assert!(e.check_options(&tf32).is_ok());
+        let e = e.check_options(&bad).unwrap_err();
+        assert!(e.starts_with("unknown option `fast` (known: `tf32`"), "{e}");
     }
+    assert!(CublasExecutor.check_options(&tf32).is_ok() && CudnnExecutor.check_options(&tf32).is_ok());
     // Config to plan: the math mode is shown under each region.
     let shown = |config: &str| {
         let c = Config::parse(
@@ -387,7 +385,7 @@ fn f32_products_are_ieee_unless_tf32_is_allowed_and_priced_and_shown_so() {
         [
             "cublas: math: IEEE f32 (config allow_tf32 = false)",
             "cublas: math: f16 products, f32 accumulation",
-            "cudnn: math: IEEE f32 (config allow_tf32 = false)",
+            "cudnn: math: IEEE f32 (config allow_tf32 = false); scores in memory (134217728 bytes, twice)",
         ]
     );
     assert_eq!(
@@ -395,7 +393,7 @@ fn f32_products_are_ieee_unless_tf32_is_allowed_and_priced_and_shown_so() {
         [
             "cublas: math: f32 on TF32 tensor cores, f32 accumulation (config allow_tf32 = true)",
             "cublas: math: f16 products, f32 accumulation",
-            "cudnn: math: IEEE f32 (option tf32 = false)",
+            "cudnn: math: IEEE f32 (option tf32 = false); scores in memory (134217728 bytes, twice)",
         ]
     );
     let e = Config::parse("[options.cublas]\ntf32 = \"yes\"\n", "t.toml")
@@ -405,6 +403,66 @@ fn f32_products_are_ieee_unless_tf32_is_allowed_and_priced_and_shown_so() {
     assert!(
         e.contains("options.cublas") && e.contains("`tf32` must be true or false"),
         "{e}"
+    );
+}
+
+#[test]
+fn attention_runs_fused_or_not_as_configured_else_the_cheaper() {
+    let t = on_gpu(
+        "input q: f32[8, 16, 512, 64]\ninput w: f32[2, 4, 64, 256]\n\
+         a = sdpa(q, q, q, causal=true)\nb = sdpa(w, w, w)\noutput a, b\n",
+    );
+    let m = DeviceModel::h100();
+    let with = |algorithm: &str| {
+        let mut o = toml::Table::new();
+        o.insert("attention".into(), algorithm.into());
+        o
+    };
+    let cost =
+        |op, options: &toml::Table| claim_under(&CudnnExecutor, &t, op, &m, options, Numerics::default());
+    let (fused, unfused, auto) = (
+        cost(0, &with("fused")).cost().unwrap(),
+        cost(0, &with("unfused")).cost().unwrap(),
+        cost(0, &toml::Table::new()).cost().unwrap(),
+    );
+    // Without tensor cores the fused kernel costs more here; the claim is
+    // the cheaper unless told.
+    assert!(fused > unfused, "{fused} vs {unfused}");
+    assert_eq!(auto, unfused.min(fused));
+    // A head dim past the kernel's is refused when asked for, with the reason.
+    let Claim::Reject(why) = cost(1, &with("fused")) else {
+        panic!("a head dim of 256 is not fused");
+    };
+    assert!(why.contains("head and value dims up to 128"), "{why}");
+    assert!(
+        cost(1, &toml::Table::new()).cost().is_some(),
+        "auto falls back to unfused"
+    );
+    // The option is checked, and shown under the region.
+    let mut bad = toml::Table::new();
+    bad.insert("attention".into(), "flash".into());
+    let e = CudnnExecutor.check_options(&bad).unwrap_err();
+    assert!(
+        e.contains("`attention` must be \"auto\", \"fused\" or \"unfused\""),
+        "{e}"
+    );
+    let mut unknown = toml::Table::new();
+    unknown.insert("fast".into(), true.into());
+    assert_eq!(
+        CudnnExecutor.check_options(&unknown).unwrap_err(),
+        "unknown option `fast` (known: `tf32`, `attention`)"
+    );
+    let c = Config::parse(
+        "executors = [\"cudnn\", \"fallback\"]\n[options.cudnn]\nattention = \"fused\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    let one = on_gpu("input q: f32[8, 16, 512, 64]\na = sdpa(q, q, q, causal=true)\noutput a\n");
+    let plan = plan_with(&one, &c.executor_set(None).unwrap(), &m, true);
+    let text = switchyard_core::report::render_plan(&plan, false);
+    assert!(
+        text.contains("  # fused attention (flash: no scores in memory), f32 arithmetic\n"),
+        "{text}"
     );
 }
 
@@ -562,6 +620,32 @@ fn gpu_ops_that_read_one_value_twice_match_the_fallback() {
     ];
     for (text, tol) in cases {
         gpu_matches_fallback(text, *tol);
+    }
+}
+
+#[test]
+fn gpu_fused_attention_matches_the_fallback() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let mut set = executors();
+    let mut o = toml::Table::new();
+    o.insert("attention".into(), "fused".into());
+    set.options.insert("cudnn".into(), o);
+    for (text, tol) in [
+        (
+            "input q: f32[2, 4, 70, 64]\ninput k: f32[2, 4, 75, 64]\ninput v: f32[2, 4, 75, 32]\n\
+             a = sdpa(q, k, v, causal=true)\nb = sdpa(q, k, v, scale=0.5)\noutput a, b\n",
+            F32,
+        ),
+        (
+            "input q: bf16[1, 16, 300, 64]\na = sdpa(q, q, q, causal=true)\noutput a\n",
+            BF16,
+        ),
+        ("input q: f16[1, 8, 129, 128]\na = sdpa(q, q, q)\noutput a\n", F16),
+    ] {
+        gpu_matches_fallback_with(text, &set, tol);
     }
 }
 

@@ -719,7 +719,18 @@ fn plan_targets_a_gpu_this_machine_need_not_have() {
         .find(|r| r["executor"] == "cudnn")
         .expect("a cudnn region");
     assert_eq!(sdpa["device"], "cuda:0");
-    assert_eq!(sdpa["detail"], "math: IEEE f32 (config allow_tf32 = false)");
+    // The example's attention is small: one fused launch beats three.
+    assert_eq!(
+        sdpa["detail"],
+        "fused attention (flash: no scores in memory), f32 arithmetic"
+    );
+    let linear = v["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["executor"] == "cublas")
+        .expect("a cublas region");
+    assert_eq!(linear["detail"], "math: IEEE f32 (config allow_tf32 = false)");
     // f32 products are IEEE unless TF32 is allowed, and the plan says which.
     assert!(
         s.contains("  # math: IEEE f32 (config allow_tf32 = false)\n"),

@@ -15,6 +15,8 @@
 use std::fmt::Write;
 use std::process::Command;
 
+use switchyard_cuda::host::{build, cxx, for_host};
+
 use switchyard_core::ir::OpId;
 use switchyard_core::plan::region_boundary;
 use switchyard_core::{DType, Tensor};
@@ -22,47 +24,6 @@ use switchyard_core::{DType, Tensor};
 use super::codegen::{ENTRY, ENTRY_DENSE, dense_launch, generate, has_dense_entry, stored};
 use crate::layout::resolve;
 use crate::program::{Instr, Program};
-
-const SHIM: &str = r#"#include <math.h>
-#include <string.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <barrier>
-#include <thread>
-#include <vector>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
-struct SyDim { unsigned int x, y, z; };
-static SyDim blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-static thread_local SyDim threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
-static std::barrier<> *sy_barrier;
-static inline void __syncthreads() { sy_barrier->arrive_and_wait(); }
-static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
-static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
-static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
-static inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
-"#;
-
-/// The source made host C++: the two PTX conversions replaced.
-fn for_host(source: &str) -> String {
-    let source = source
-        .replace(
-            r#"asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));"#,
-            "_Float16 x; memcpy(&x, &h, 2); f = (float)x;",
-        )
-        .replace(
-            r#"asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));"#,
-            "_Float16 x = (_Float16)f; memcpy(&h, &x, 2);",
-        );
-    assert!(
-        !source.contains("asm("),
-        "every PTX instruction has a host stand-in"
-    );
-    format!("{SHIM}{source}")
-}
 
 /// A C array literal of a host tensor's whole buffer, as stored bits.
 fn array(t: &Tensor) -> String {
@@ -195,23 +156,7 @@ fn run_on_host(
     name: &str,
 ) -> Result<Vec<(Launch, Vec<Tensor>)>, String> {
     let dir = std::env::temp_dir().join(format!("switchyard-host-check-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let src = dir.join("kernel.cpp");
-    let exe = dir.join("kernel");
-    std::fs::write(&src, for_host(&generate(p)) + &harness(p, inputs)).map_err(|e| e.to_string())?;
-    let out = Command::new(cxx)
-        .args(["-std=c++20", "-pthread", "-O1", "-w", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cxx} failed on {}:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    let exe = build(cxx, &(for_host(&generate(p))? + &harness(p, inputs)), &dir)?;
     let runs = launches(p, inputs)
         .into_iter()
         .map(|(blocks, threads, dense)| {
@@ -253,32 +198,6 @@ fn run_on_host(
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
     runs
-}
-
-/// A C++ compiler that builds what the check needs (C++20 barriers and
-/// `_Float16`), or why there is none.
-fn cxx() -> Result<String, String> {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let dir = std::env::temp_dir().join(format!("switchyard-host-check-probe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let src = dir.join("probe.cpp");
-    std::fs::write(
-        &src,
-        "#include <barrier>\n#include <thread>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); \
-         _Float16 h = (_Float16)1.5f; return (float)h == 1.5f ? 0 : 1; }\n",
-    )
-    .map_err(|e| e.to_string())?;
-    let built = Command::new(&cxx)
-        .args(["-std=c++20", "-pthread", "-o"])
-        .arg(dir.join("probe"))
-        .arg(&src)
-        .output();
-    let _ = std::fs::remove_dir_all(&dir);
-    match built {
-        Ok(out) if out.status.success() => Ok(cxx),
-        Ok(_) => Err(format!("{cxx} cannot build C++20 barriers and _Float16")),
-        Err(e) => Err(format!("no C++ compiler ({cxx}: {e})")),
-    }
 }
 
 #[test]
