@@ -271,7 +271,7 @@ impl DeviceModel {
     /// device: a copy is queued and waited for like a kernel, then moves
     /// its bytes over the link.
     pub fn transfer_ns(&self, bytes: f64) -> f64 {
-        self.launch_overhead_ns + bytes / self.host_link_gb_s
+        self.host_overhead_ns + self.launch_overhead_ns + bytes / self.host_link_gb_s
     }
 
     /// Time of one op run alone as one kernel (a view that needs no copy: host

@@ -517,8 +517,12 @@ impl Transfer for CudaTransfer {
             return Err(unavailable(tensor.device(), "not a CUDA device".into()));
         };
         if !tensor.is_contiguous() {
-            // A strided view: through the host, which gathers it.
-            return self.to_device(&self.to_host(tensor)?, tensor.device());
+            // A strided view: gathered on the device, or where the gather
+            // cannot be compiled here, through the host.
+            return match crate::copy::available(n) {
+                Ok(()) => crate::copy::dense_on_device(tensor),
+                Err(_) => self.to_device(&self.to_host(tensor)?, tensor.device()),
+            };
         }
         let (copy, _) = alloc(n, tensor.dtype(), tensor.shape())?;
         copy_device(&copy, tensor)?;

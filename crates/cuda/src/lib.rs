@@ -12,6 +12,7 @@
 //! products are computed, and [`lt`] queues GEMMs through cuBLASLt, for
 //! every executor that multiplies matrices.
 
+pub mod copy;
 pub mod executor;
 pub mod gemm;
 pub mod host;

@@ -61,8 +61,9 @@ fn what(kind: OpKind, operands: usize) -> Option<What> {
     }
 }
 
-/// The GEMM an op of the trace is, with the layouts its operands will have.
-fn gemm_in_trace(cx: &Context, op: OpId) -> std::result::Result<(What, Gemm), String> {
+/// The GEMM an op of the trace is, with the layouts its operands will have,
+/// and the operands made dense first.
+fn gemm_in_trace(cx: &Context, op: OpId) -> std::result::Result<(What, Gemm, Vec<usize>), String> {
     let trace = cx.trace;
     let o = trace.op(op);
     let values: Vec<_> = o.input_values().collect();
@@ -84,26 +85,67 @@ fn gemm_in_trace(cx: &Context, op: OpId) -> std::result::Result<(What, Gemm), St
             ));
         }
     }
-    let layout_of = |v| {
-        let m = trace.meta(v);
-        (m.shape.clone(), switchyard_core::cost::layout(trace, v))
-    };
-    let (a, b) = (layout_of(values[0]), layout_of(values[1]));
-    let bias = match w {
-        What::Linear { bias: true } => Some(layout_of(values[2])),
-        _ => None,
-    };
-    let g = match w {
-        What::Matmul => gemm_of((&a.0, &a.1), (&b.0, &b.1), None, false),
-        What::Linear { .. } => gemm_of(
+    let layouts: Vec<(Vec<usize>, Vec<isize>)> = values
+        .iter()
+        .map(|&v| {
+            (
+                trace.meta(v).shape.clone(),
+                switchyard_core::cost::layout(trace, v),
+            )
+        })
+        .collect();
+    let (g, dense) =
+        gemm_densifying(w, &layouts).map_err(|why| format!("{}: {why}", trace.describe_op(op)))?;
+    Ok((w, g, dense))
+}
+
+/// The GEMM of `what` on operands laid out as `layouts` (shape, strides);
+/// where no operation flag reads one of them, the GEMM of the same operands
+/// made dense first, with which ones (a gather on the device makes them).
+fn gemm_densifying(
+    what: What,
+    layouts: &[(Vec<usize>, Vec<isize>)],
+) -> std::result::Result<(Gemm, Vec<usize>), String> {
+    let gemm = |l: &[(Vec<usize>, Vec<isize>)]| {
+        let (a, b) = (&l[0], &l[1]);
+        let bias = l.get(2).map(|(s, st)| (s.as_slice(), st.as_slice()));
+        gemm_of(
             (&a.0, &a.1),
             (&b.0, &b.1),
-            bias.as_ref().map(|(s, st)| (s.as_slice(), st.as_slice())),
-            true,
-        ),
+            bias,
+            matches!(what, What::Linear { .. }),
+        )
+    };
+    let why = match gemm(layouts) {
+        Ok(g) => return Ok((g, Vec::new())),
+        Err(why) => why,
+    };
+    let dense: Vec<usize> = (0..layouts.len())
+        .filter(|&k| !switchyard_core::meta::is_contiguous(&layouts[k].0, &layouts[k].1))
+        .collect();
+    if dense.is_empty() {
+        return Err(why);
     }
-    .map_err(|why| format!("{}: {why}", trace.describe_op(op)))?;
-    Ok((w, g))
+    let probe = switchyard_cuda::probe();
+    if let (Ok(_), Err(missing)) = (&probe.driver, &probe.nvrtc) {
+        return Err(format!(
+            "{why}; a dense copy on the device needs NVRTC: {missing}"
+        ));
+    }
+    let made_dense: Vec<(Vec<usize>, Vec<isize>)> = layouts
+        .iter()
+        .map(|(shape, _)| (shape.clone(), switchyard_core::meta::contiguous_strides(shape)))
+        .collect();
+    let layouts: Vec<_> = (0..layouts.len())
+        .map(|k| {
+            if dense.contains(&k) {
+                made_dense[k].clone()
+            } else {
+                layouts[k].clone()
+            }
+        })
+        .collect();
+    gemm(&layouts).map(|g| (g, dense)).map_err(|_| why)
 }
 
 impl Executor for CublasExecutor {
@@ -130,10 +172,20 @@ impl Executor for CublasExecutor {
     /// epilogue.
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
         match gemm_in_trace(cx, op) {
-            Ok((_, g)) => {
+            Ok((_, g, dense)) => {
                 let dtype = cx.trace.meta(cx.trace.op(op).outputs[0]).dtype;
                 let tf32 = Math::of(cx.options, cx.numerics).tf32_for(dtype);
-                Claim::Accept(cx.device.matmul_ns(g.bytes(dtype) as f64, g.flops(), dtype, tf32))
+                // An operand no flag reads is gathered densely first: one
+                // more kernel reading and writing it.
+                let values: Vec<_> = cx.trace.op(op).input_values().collect();
+                let copies: f64 = dense
+                    .iter()
+                    .map(|&k| {
+                        cx.device
+                            .kernel_ns(2.0 * cx.trace.meta(values[k]).bytes() as f64, 0.0, dtype)
+                    })
+                    .sum();
+                Claim::Accept(cx.device.matmul_ns(g.bytes(dtype) as f64, g.flops(), dtype, tf32) + copies)
             }
             Err(why) => Claim::Reject(why),
         }
@@ -153,7 +205,7 @@ impl Executor for CublasExecutor {
             message,
         };
         let (op, device) = executor::one_op_on_device(region, &[Needs::Cublas]).map_err(&fail)?;
-        let (what, _) = gemm_in_trace(cx, op).map_err(&fail)?;
+        let (what, _, _) = gemm_in_trace(cx, op).map_err(&fail)?;
         let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
         let gemms = Gemms::new(device, Math::of(cx.options, cx.numerics)).map_err(&fail)?;
         Ok(Box::new(GemmKernel {
@@ -243,16 +295,23 @@ impl Kernel for GemmKernel {
                 )));
             }
         }
-        let operand = |t: &Tensor| (t.shape().to_vec(), t.strides().to_vec());
-        let (a, b) = (operand(inputs[0]), operand(inputs[1]));
-        let bias = inputs.get(2).map(|t| operand(t));
-        let g = gemm_of(
-            (&a.0, &a.1),
-            (&b.0, &b.1),
-            bias.as_ref().map(|(s, st)| (s.as_slice(), st.as_slice())),
-            matches!(self.what, What::Linear { .. }),
-        )
-        .map_err(|e| self.error(e))?;
+        // The layouts the tensors really have; an operand no flag reads is
+        // gathered densely on the device first (kept until queued).
+        let layouts: Vec<_> = inputs
+            .iter()
+            .map(|t| (t.shape().to_vec(), t.strides().to_vec()))
+            .collect();
+        let (g, dense) = gemm_densifying(self.what, &layouts).map_err(|e| self.error(e))?;
+        let copies: Vec<Tensor> = dense
+            .iter()
+            .map(|&k| switchyard_cuda::copy::dense_on_device(inputs[k]))
+            .collect::<Result<_>>()
+            .map_err(|e| self.error(e.to_string()))?;
+        let mut operands: [&Tensor; 3] = picked;
+        for (&k, c) in dense.iter().zip(&copies) {
+            operands[k] = c;
+        }
+        let inputs = &operands[..n];
         let given = outputs.into_iter().next().flatten().filter(|b| {
             b.device() == device && b.dtype() == self.dtype && b.shape() == g.out_shape.as_slice()
         });

@@ -407,6 +407,41 @@ fn f32_products_are_ieee_unless_tf32_is_allowed_and_priced_and_shown_so() {
 }
 
 #[test]
+fn an_operand_no_flag_reads_is_gathered_on_the_device_and_the_plan_stays_there() {
+    // y broadcast along the rows: a zero stride no cuBLAS flag reads.
+    let t = on_gpu(
+        "input x: f32[32, 16]\ninput y: f32[16]\nb = broadcast(y, shape=[16, 16])\nc = matmul(x, b)\noutput c\n",
+    );
+    let m = DeviceModel::h100();
+    let with_copy = claim(&CublasExecutor, &t, 1, &m).cost().unwrap();
+    let dense = on_gpu("input x: f32[32, 16]\ninput b: f32[16, 16]\nc = matmul(x, b)\noutput c\n");
+    let without = claim(&CublasExecutor, &dense, 0, &m).cost().unwrap();
+    let copy = m.kernel_ns(2.0 * 16.0 * 16.0 * 4.0, 0.0, switchyard_core::DType::F32);
+    assert!(
+        (with_copy - without - copy).abs() < 1e-6,
+        "{with_copy} vs {without} + {copy}"
+    );
+    // The six small einsums of the examples: every region on the device,
+    // so the plan can be replayed as one graph.
+    let einsums = on_gpu(
+        &std::fs::read_to_string(switchyard_tests::repo_path("examples/traces/small_einsums.trace")).unwrap(),
+    );
+    let plan = plan_for(&einsums, &m, true);
+    let places: Vec<String> = plan
+        .regions
+        .iter()
+        .map(|r| format!("{} at {}", plan.executor_name(r), r.device))
+        .collect();
+    assert!(plan.regions.iter().all(|r| r.device == GPU), "{places:?}");
+    let replayed = plan.estimated_replayed_ns().unwrap();
+    assert!(
+        replayed < plan.estimated_ns() / 3.0,
+        "{replayed} vs {}",
+        plan.estimated_ns()
+    );
+}
+
+#[test]
 fn attention_runs_fused_or_not_as_configured_else_the_cheaper() {
     let t = on_gpu(
         "input q: f32[8, 16, 512, 64]\ninput w: f32[2, 4, 64, 256]\n\
@@ -581,6 +616,11 @@ fn gpu_every_claimed_op_matches_the_fallback() {
         (
             "input a: bf16[64, 64]\ninput b: bf16[64, 64]\nc = matmul(a, b)\noutput c\n",
             BF16,
+        ),
+        // An operand gathered densely first: a broadcast row.
+        (
+            "input x: f32[32, 16]\ninput y: f32[16]\nb = broadcast(y, shape=[16, 16])\nc = matmul(x, b)\noutput c\n",
+            F32,
         ),
         (
             "input x: f32[2, 16, 64]\ninput w: f32[48, 64]\ninput b: f32[48]\ny = linear(x, w, b)\noutput y\n",
