@@ -222,6 +222,53 @@ fn reductions_over_each_dim_and_several_dims() {
 }
 
 #[test]
+fn large_reductions_over_outer_dims_go_to_the_fallback_on_the_cpu() {
+    // Its walk would read a cache line per element: the fallback takes it,
+    // and says why; the elementwise op before it stays fused.
+    let t = parse(
+        "input x: f32[1024, 1024]
+a = exp(x)
+s = sum(a, dims=[0])
+output s
+",
+    )
+    .unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let sum = &plan.explanation.ops[1];
+    assert_eq!(sum.chosen, "fallback");
+    let fuser_said = sum.candidates.iter().any(|c| {
+        c.executor == "fuser" && matches!(&c.claim, switchyard_core::executor::Claim::Reject(r) if r.contains("reduces outer dims"))
+    });
+    assert!(fuser_said, "{:?}", sum.candidates);
+    assert_eq!(plan.explanation.ops[0].chosen, "fuser");
+    check(&t, 23);
+    // Small inputs stay in cache, and dims kept inside that span less than
+    // a cache line are read a line at a time: both stay fused.
+    for src in [
+        "input x: f32[200, 300]
+s = sum(x, dims=[0])
+output s
+",
+        "input x: f64[100000, 2]
+y = log_softmax(x, dim=0)
+output y
+",
+    ] {
+        let t = parse(src).unwrap();
+        assert_eq!(regions(&t), (1, 0), "{src}");
+    }
+    // Reducing innermost dims of a large input is the fuser's.
+    let t = parse(
+        "input x: f32[1024, 1024]
+s = sum(x, dims=[1])
+output s
+",
+    )
+    .unwrap();
+    assert_eq!(regions(&t), (1, 0));
+}
+
+#[test]
 fn views_and_cat_are_index_maps() {
     // Rotate-half RoPE on a transposed view of a matmul result: slices, neg
     // and cat run inside the one kernel.
