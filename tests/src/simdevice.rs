@@ -15,7 +15,9 @@ use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use switchyard_core::device::{DeviceBuffer, DeviceGraph, MemoryStats, Pool, Transfer, TransferFactory};
+use switchyard_core::device::{
+    DeviceBuffer, DeviceGraph, MemoryStats, Pool, Transfer, TransferFactory, check_part,
+};
 use switchyard_core::error::{Error, Result};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, OutputBuffer, Tensor};
@@ -282,19 +284,7 @@ impl Transfer for SimTransfer {
         len: usize,
     ) -> Result<Arc<dyn DeviceBuffer>> {
         let b = buffer_of(block)?;
-        let fits = len
-            .checked_mul(dtype.size())
-            .and_then(|n| n.checked_add(offset))
-            .is_some_and(|end| end <= b.bytes());
-        if !fits {
-            return Err(error(
-                block.device(),
-                format!(
-                    "{len} {dtype} at byte {offset} do not fit a buffer of {} bytes",
-                    b.bytes()
-                ),
-            ));
-        }
+        check_part(b.bytes(), offset, dtype, len).map_err(|why| error(block.device(), why))?;
         Ok(Arc::new(SimBuffer {
             block: b.block.clone(),
             offset: b.offset + offset,

@@ -270,12 +270,59 @@ impl OutputBuffer {
     }
 }
 
+/// The buffers an arena has handed out, by byte range, known weakly so that
+/// a range is reused only once nothing refers to what was there.
+struct Handed<T: ?Sized> {
+    live: Vec<(usize, usize, Weak<T>)>,
+}
+
+impl<T: ?Sized> Handed<T> {
+    fn new() -> Handed<T> {
+        Handed { live: Vec::new() }
+    }
+
+    /// The end of the range of `len` elements of `dtype` at byte `offset`,
+    /// if it is aligned, ends within `size` bytes and overlaps no buffer
+    /// still referenced.
+    fn free_range(&mut self, offset: usize, len: usize, dtype: DType, size: usize) -> Option<usize> {
+        let end = offset.checked_add(len.checked_mul(dtype.size())?)?;
+        if !offset.is_multiple_of(ARENA_ALIGN) || end > size {
+            return None;
+        }
+        self.live.retain(|(_, _, w)| w.strong_count() > 0);
+        // Empty ranges overlap nothing.
+        let overlaps = self
+            .live
+            .iter()
+            .any(|&(s, e, _)| s < end && offset < e && s < e && offset < end);
+        (!overlaps).then_some(end)
+    }
+
+    /// Records `buf`, handed out for bytes `offset..end`.
+    fn push(&mut self, offset: usize, end: usize, buf: &Arc<T>) {
+        self.live.push((offset, end, Arc::downgrade(buf)));
+    }
+
+    /// Whether the buffer at `id` (its address) is one handed out and still
+    /// referenced.
+    fn holds(&self, id: usize) -> bool {
+        self.live
+            .iter()
+            .any(|(_, _, w)| w.strong_count() > 0 && w.as_ptr() as *const u8 as usize == id)
+    }
+
+    /// Whether nothing handed out is referenced any more.
+    fn is_idle(&mut self) -> bool {
+        self.live.retain(|(_, _, w)| w.strong_count() > 0);
+        self.live.is_empty()
+    }
+}
+
 /// An arena owned by one run at a time: the block, and the buffers handed
-/// out of it, known weakly so that a range is reused only once nothing
-/// refers to what was there.
+/// out of it.
 pub(crate) struct Arena {
     block: Arc<Block>,
-    live: Vec<(usize, usize, Weak<ArenaBuf>)>,
+    handed: Handed<ArenaBuf>,
 }
 
 impl Arena {
@@ -283,7 +330,7 @@ impl Arena {
     pub(crate) fn new(bytes: usize) -> Arena {
         Arena {
             block: Arc::new(Block::new(bytes)),
-            live: Vec::new(),
+            handed: Handed::new(),
         }
     }
 
@@ -297,19 +344,7 @@ impl Arena {
     /// buffer still referenced (the kernel then allocates the output).
     pub(crate) fn take(&mut self, offset: usize, dtype: DType, shape: &[usize]) -> Option<OutputBuffer> {
         let len = numel(shape);
-        let end = offset.checked_add(len.checked_mul(dtype.size())?)?;
-        if !offset.is_multiple_of(ARENA_ALIGN) || end > self.block.bytes() {
-            return None;
-        }
-        self.live.retain(|(_, _, w)| w.strong_count() > 0);
-        // Empty ranges overlap nothing.
-        if self
-            .live
-            .iter()
-            .any(|&(s, e, _)| s < end && offset < e && s < e && offset < end)
-        {
-            return None;
-        }
+        let end = self.handed.free_range(offset, len, dtype, self.block.bytes())?;
         if dtype == DType::Bool {
             // SAFETY: the range is inside the block and no referenced buffer
             // overlaps it; zero bytes make it valid bools whatever was there.
@@ -321,7 +356,7 @@ impl Arena {
             dtype,
             len,
         });
-        self.live.push((offset, end, Arc::downgrade(&buf)));
+        self.handed.push(offset, end, &buf);
         Some(OutputBuffer {
             mem: Mem::Host(buf),
             shape: shape.to_vec(),
@@ -331,8 +366,7 @@ impl Arena {
     /// Whether no buffer of the arena is referenced any more, so that the
     /// next run may have it.
     pub(crate) fn is_idle(&mut self) -> bool {
-        self.live.retain(|(_, _, w)| w.strong_count() > 0);
-        self.live.is_empty()
+        self.handed.is_idle()
     }
 }
 
@@ -345,7 +379,7 @@ pub(crate) struct DeviceArena {
     layer: Arc<dyn Transfer>,
     block: Arc<dyn DeviceBuffer>,
     bytes: usize,
-    live: Vec<(usize, usize, Weak<dyn DeviceBuffer>)>,
+    handed: Handed<dyn DeviceBuffer>,
 }
 
 impl DeviceArena {
@@ -358,7 +392,7 @@ impl DeviceArena {
             layer,
             block,
             bytes,
-            live: Vec::new(),
+            handed: Handed::new(),
         })
     }
 
@@ -373,18 +407,7 @@ impl DeviceArena {
     /// allocates the output).
     pub(crate) fn take(&mut self, offset: usize, dtype: DType, shape: &[usize]) -> Option<OutputBuffer> {
         let len = numel(shape);
-        let end = offset.checked_add(len.checked_mul(dtype.size())?)?;
-        if !offset.is_multiple_of(ARENA_ALIGN) || end > self.bytes {
-            return None;
-        }
-        self.live.retain(|(_, _, w)| w.strong_count() > 0);
-        if self
-            .live
-            .iter()
-            .any(|&(s, e, _)| s < end && offset < e && s < e && offset < end)
-        {
-            return None;
-        }
+        let end = self.handed.free_range(offset, len, dtype, self.bytes)?;
         let buf = match self.layer.sub_buffer(&self.block, offset, dtype, len) {
             Ok(b) => b,
             Err(e) => {
@@ -392,22 +415,18 @@ impl DeviceArena {
                 return None;
             }
         };
-        self.live.push((offset, end, Arc::downgrade(&buf)));
+        self.handed.push(offset, end, &buf);
         OutputBuffer::on_device(buf, shape).ok()
     }
 
     /// Whether `t`'s memory is one of the arena's buffers.
     pub(crate) fn holds(&self, t: &Tensor) -> bool {
-        let id = t.storage_id();
-        self.live
-            .iter()
-            .any(|(_, _, w)| w.strong_count() > 0 && w.as_ptr() as *const u8 as usize == id)
+        self.handed.holds(t.storage_id())
     }
 
     /// Whether no buffer of the arena is referenced any more.
     pub(crate) fn is_idle(&mut self) -> bool {
-        self.live.retain(|(_, _, w)| w.strong_count() > 0);
-        self.live.is_empty()
+        self.handed.is_idle()
     }
 }
 

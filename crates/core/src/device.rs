@@ -137,6 +137,28 @@ pub trait Transfer: Send + Sync {
     }
 }
 
+/// Checks that `len` elements of `dtype` at byte `offset` lie in a block of
+/// `block_bytes` bytes, at an offset aligned for `dtype`, as
+/// [`Transfer::sub_buffer`] needs; the reason when not.
+pub fn check_part(
+    block_bytes: usize,
+    offset: usize,
+    dtype: DType,
+    len: usize,
+) -> std::result::Result<(), String> {
+    let fits = len
+        .checked_mul(dtype.size())
+        .and_then(|n| n.checked_add(offset))
+        .is_some_and(|end| end <= block_bytes);
+    if fits && offset.is_multiple_of(dtype.size()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{len} {dtype} at byte {offset} do not fit a buffer of {block_bytes} bytes"
+        ))
+    }
+}
+
 /// Work recorded on a device, launched as one: every kernel with the
 /// addresses it was recorded with.
 pub trait DeviceGraph: Send + Sync {

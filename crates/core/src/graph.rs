@@ -17,6 +17,7 @@
 //! holds one of the last run's outputs runs without the graph, so that
 //! nothing the caller holds is written over.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
@@ -33,8 +34,9 @@ use crate::tensor::Tensor;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "graph", content = "reason", rename_all = "snake_case")]
 pub enum GraphUse {
-    /// The plan is never replayed as a graph, and why.
-    Off(String),
+    /// The plan is never replayed as a graph, and why (most reasons are
+    /// fixed text, so a run on the host allocates nothing to say so).
+    Off(Cow<'static, str>),
     /// The plan can be; its first run tells which inputs stay.
     NotYet,
     /// This run recorded the graph, then launched it.
@@ -59,21 +61,22 @@ impl std::fmt::Display for GraphUse {
 
 /// Whether a plan can be replayed as a graph: the one device it runs on,
 /// or why not.
-pub(crate) fn eligibility(plan: &Plan, kernels: &[Arc<dyn Kernel>]) -> std::result::Result<Device, String> {
+pub(crate) fn eligibility(
+    plan: &Plan,
+    kernels: &[Arc<dyn Kernel>],
+) -> std::result::Result<Device, Cow<'static, str>> {
     let first = plan.regions.first().ok_or("the plan has no region")?;
     let device = first.device;
     if device == Device::Cpu {
-        return Err(format!(
-            "region {} runs on the host: graphs replay device work",
-            first.id
-        ));
+        return Err("the plan runs on the host: graphs replay device work".into());
     }
     for (r, k) in plan.regions.iter().zip(kernels) {
         if r.device != device {
             return Err(format!(
                 "region {} runs on {}, region {} on {device}: a graph runs on one device",
                 r.id, r.device, first.id
-            ));
+            )
+            .into());
         }
         k.capturable()
             .map_err(|why| format!("region {} on {}: {why}", r.id, plan.executor_name(r)))?;
@@ -145,10 +148,10 @@ impl Captured {
     }
 }
 
-/// The graph state of a compiled plan.
+/// The graph state of a compiled plan, once it can be replayed.
 pub(crate) struct GraphSlot {
-    /// The device it would replay on, or why it never will.
-    pub(crate) eligible: std::result::Result<Device, String>,
+    /// Why recording failed, after which it never is again.
+    pub(crate) failed: Option<String>,
     /// The buffer of each input in the last run, to tell which stay.
     pub(crate) last_inputs: Option<Vec<usize>>,
     /// The graph, once recorded.

@@ -57,7 +57,9 @@ pub struct CompiledPlan {
     cache_stats: CacheStats,
     /// The devices other than the host it puts tensors on.
     devices: Vec<Device>,
-    /// Whether it is replayed as a device graph, and the graph.
+    /// The device it can be replayed on as a graph, or why it cannot.
+    graph_device: std::result::Result<Device, std::borrow::Cow<'static, str>>,
+    /// The graph and what it takes to record it.
     graph: Mutex<GraphSlot>,
 }
 
@@ -305,11 +307,12 @@ impl CompiledPlan {
             });
         }
         let graph = Mutex::new(GraphSlot {
-            eligible: graph::eligibility(&plan, &kernels),
+            failed: None,
             last_inputs: None,
             captured: None,
         });
         Ok(CompiledPlan {
+            graph_device: graph::eligibility(&plan, &kernels),
             graph,
             plan,
             kernels,
@@ -420,6 +423,10 @@ impl CompiledPlan {
                 GraphUse::Off("turned off for this run".into()),
             );
         }
+        let device = match &self.graph_device {
+            Ok(d) => *d,
+            Err(why) => return self.run_kernels(inputs, opts, start, GraphUse::Off(why.clone())),
+        };
         // A run that finds the graph in use by another runs without it.
         let mut slot = match self.graph.try_lock() {
             Ok(slot) => slot,
@@ -433,14 +440,11 @@ impl CompiledPlan {
                 );
             }
         };
-        let device = match &slot.eligible {
-            Ok(d) => *d,
-            Err(why) => {
-                let why = why.clone();
-                drop(slot);
-                return self.run_kernels(inputs, opts, start, GraphUse::Off(why));
-            }
-        };
+        if let Some(why) = &slot.failed {
+            let why = why.clone();
+            drop(slot);
+            return self.run_kernels(inputs, opts, start, GraphUse::Off(why.into()));
+        }
         let skip = if opts.profile {
             Some("profiling times each region".to_string())
         } else if opts.allocate_per_call {
@@ -478,9 +482,9 @@ impl CompiledPlan {
             Err(why) => {
                 tracing::warn!("recording a device graph failed, so the plan runs without one: {why}");
                 let why = format!("recording failed: {why}");
-                slot.eligible = Err(why.clone());
+                slot.failed = Some(why.clone());
                 drop(slot);
-                self.run_kernels(inputs, opts, start, GraphUse::Off(why))
+                self.run_kernels(inputs, opts, start, GraphUse::Off(why.into()))
             }
         }
     }

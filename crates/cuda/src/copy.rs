@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use switchyard_core::{Device, Error, Result, Tensor};
 
 use crate::executor::PerDevice;
@@ -61,18 +60,7 @@ fn kernels(device: u32) -> std::result::Result<Arc<Kernels>, String> {
         if let Some(why) = crate::probe().unavailable(&[crate::Needs::Nvrtc]) {
             return Err(why);
         }
-        let ctx = stream.context().clone();
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| format!("reading the compute capability: {e}"))?;
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=sm_{major}{minor}")],
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| format!("NVRTC: {e}"))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading the gather kernels: {e}"))?;
+        let module = crate::source::compile(&stream, SOURCE, "the gather kernels")?;
         let mut by_size: [Option<CudaFunction>; 9] = Default::default();
         for size in [1usize, 2, 4, 8] {
             let f = module

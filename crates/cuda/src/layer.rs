@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaGraph, CudaStream, DevicePtr, SyncOnDrop};
-use switchyard_core::device::{DeviceBuffer, DeviceGraph, MemoryStats, Pool, Transfer, TransferFactory};
+use switchyard_core::device::{
+    DeviceBuffer, DeviceGraph, MemoryStats, Pool, Transfer, TransferFactory, check_part,
+};
 use switchyard_core::io::{le_bytes, storage_from_le_bytes};
 use switchyard_core::{DType, Device, Error, Result, Tensor};
 
@@ -487,19 +489,7 @@ impl Transfer for CudaTransfer {
             .as_any()
             .downcast_ref::<CudaBuffer>()
             .ok_or_else(|| unavailable(block.device(), "the block is not a CUDA buffer".into()))?;
-        let fits = len
-            .checked_mul(dtype.size())
-            .and_then(|n| n.checked_add(offset))
-            .is_some_and(|end| end <= b.len * b.dtype.size());
-        if !fits || !offset.is_multiple_of(dtype.size()) {
-            return Err(unavailable(
-                b.device,
-                format!(
-                    "{len} {dtype} at byte {offset} do not fit a buffer of {} bytes",
-                    b.len * b.dtype.size()
-                ),
-            ));
-        }
+        check_part(b.len * b.dtype.size(), offset, dtype, len).map_err(|why| unavailable(b.device, why))?;
         Ok(Arc::new(CudaBuffer {
             mem: Mem::Part {
                 _block: block.clone(),

@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod host;
 pub mod layer;
 pub mod lt;
+pub mod source;
 
 pub use layer::{
     Raw, alloc, alloc_zeros, buffer_len, copy_device, device_ptr, memory, output_ptr, stream, synchronize,

@@ -19,7 +19,6 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use switchyard_core::DType;
 
 use crate::Attention;
@@ -63,7 +62,7 @@ pub fn source(a: &Attention) -> String {
     let (t, from, to) = element(a.dtype);
     let (e, ev) = (a.scores.k, a.values.n);
     let causal = u8::from(a.causal);
-    let mut s = String::from(PRELUDE);
+    let mut s = String::from(switchyard_cuda::source::HALF_CONVERSIONS);
     let _ = write!(
         s,
         r#"
@@ -137,24 +136,6 @@ extern "C" __global__ void __launch_bounds__({ROWS}) {ENTRY}(
     s
 }
 
-/// The f16 and bf16 conversions (as the fuser's kernels make them).
-const PRELUDE: &str = r#"__device__ __forceinline__ float sy_from_f16(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short sy_to_f16(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-__device__ __forceinline__ float sy_from_bf16(unsigned short h) {
-  return __uint_as_float(((unsigned int)h) << 16);
-}
-__device__ __forceinline__ unsigned short sy_to_bf16(float f) {
-  unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (unsigned short)(u >> 16);
-}
-"#;
-
 /// The operands' strides as the kernel takes them, in elements: per
 /// operand (batch, row, column), for q, k and v.
 pub fn strides(a: &Attention) -> [i64; 9] {
@@ -202,18 +183,7 @@ impl FlashKernel {
     /// Compiles the kernel for `a` on `cuda:device` with NVRTC.
     pub fn new(a: &Attention, device: u32) -> Result<FlashKernel, String> {
         let stream = switchyard_cuda::stream(device).map_err(|e| e.to_string())?;
-        let ctx = stream.context().clone();
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| format!("reading the compute capability: {e}"))?;
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=sm_{major}{minor}")],
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(source(a), opts).map_err(|e| format!("NVRTC: {e}"))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading the attention kernel: {e}"))?;
+        let module = switchyard_cuda::source::compile(&stream, &source(a), "the attention kernel")?;
         let function = module
             .load_function(ENTRY)
             .map_err(|e| format!("finding {ENTRY}: {e}"))?;

@@ -54,26 +54,18 @@ pub struct LoadArg {
 }
 
 /// Definitions every kernel starts with: the load argument, conversions of
-/// the 16-bit float types (through PTX, so no CUDA header is needed), and
-/// NaN-propagating extremes (as the fallback computes them).
-const PRELUDE: &str = r#"struct SyLoad { long long off; long long s[8]; };
+/// the 16-bit float types ([`switchyard_cuda::source::HALF_CONVERSIONS`]),
+/// NaN-propagating extremes (as the fallback computes them) and vector types.
+fn prelude() -> String {
+    format!("{LOAD_ARG}{}{HELPERS}", switchyard_cuda::source::HALF_CONVERSIONS)
+}
 
-__device__ __forceinline__ float sy_from_f16(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short sy_to_f16(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-__device__ __forceinline__ float sy_from_bf16(unsigned short h) {
-  return __uint_as_float(((unsigned int)h) << 16);
-}
-__device__ __forceinline__ unsigned short sy_to_bf16(float f) {
-  unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (unsigned short)(u >> 16);
-}
-template <typename T> __device__ __forceinline__ T sy_max(T a, T b) {
+/// The load argument's declaration.
+const LOAD_ARG: &str = "struct SyLoad { long long off; long long s[8]; };\n\n";
+
+/// NaN-propagating extremes, a remainder with the divisor's sign, and the
+/// vector types of the dense schedule.
+const HELPERS: &str = r#"template <typename T> __device__ __forceinline__ T sy_max(T a, T b) {
   return (a != a || b != b) ? a + b : (a > b ? a : b);
 }
 template <typename T> __device__ __forceinline__ T sy_min(T a, T b) {
@@ -309,6 +301,21 @@ impl Emitter<'_> {
         self.line(indent, &format!("const {c} r{dst} = {e};"));
     }
 
+    /// Emits the last pass's instructions and stores each output `k` to
+    /// `store(k)` (`out0[t]`, a lane `o0[j]`).
+    fn element(&mut self, indent: usize, store: impl Fn(usize) -> String) {
+        let p = self.p;
+        for a in p.passes().last {
+            if let Action::Exec(i) = a {
+                self.instr(indent, i);
+            }
+        }
+        for (k, s) in p.outputs.iter().enumerate() {
+            let value = narrow(&format!("r{}", s.reg), s.dtype);
+            self.line(indent, &format!("{} = {value};", store(k)));
+        }
+    }
+
     /// Defines `i{d}` for `dims` (row-major) from the linear index `from`.
     fn unravel(&mut self, indent: usize, from: &str, dims: &[usize], var: &str) {
         if dims.is_empty() {
@@ -364,7 +371,7 @@ pub fn generate(p: &Program) -> String {
         load_of,
         reads: Reads::Strided,
     };
-    e.out.push_str(PRELUDE);
+    e.out.push_str(&prelude());
     let mut params: Vec<String> = p
         .instrs
         .iter()
@@ -486,17 +493,7 @@ fn dense(e: &mut Emitter) {
     e.line(2, "#pragma unroll");
     e.line(2, &format!("for (int j = 0; j < {LANES}; j++) {{"));
     e.reads = Reads::Lanes;
-    for a in p.passes().last {
-        if let Action::Exec(i) = a {
-            e.instr(3, i);
-        }
-    }
-    for (k, s) in p.outputs.iter().enumerate() {
-        e.line(
-            3,
-            &format!("o{k}[j] = {};", narrow(&format!("r{}", s.reg), s.dtype)),
-        );
-    }
+    e.element(3, |k| format!("o{k}[j]"));
     e.line(2, "}");
     for (k, s) in p.outputs.iter().enumerate() {
         let copy = vector_copy(&format!("out{k} + base"), &format!("o{k}"), s.dtype.size());
@@ -511,17 +508,7 @@ fn dense(e: &mut Emitter) {
         ),
     );
     e.reads = Reads::Dense;
-    for a in p.passes().last {
-        if let Action::Exec(i) = a {
-            e.instr(2, i);
-        }
-    }
-    for (k, s) in p.outputs.iter().enumerate() {
-        e.line(
-            2,
-            &format!("out{k}[t] = {};", narrow(&format!("r{}", s.reg), s.dtype)),
-        );
-    }
+    e.element(2, |k| format!("out{k}[t]"));
     e.line(1, "}");
     e.reads = Reads::Strided;
 }
@@ -537,17 +524,7 @@ fn pointwise(e: &mut Emitter) {
     );
     let dims: Vec<usize> = (0..p.shape.len()).collect();
     e.unravel(2, "t", &dims, "q");
-    for a in p.passes().last {
-        if let Action::Exec(i) = a {
-            e.instr(2, i);
-        }
-    }
-    for (k, s) in p.outputs.iter().enumerate() {
-        e.line(
-            2,
-            &format!("out{k}[t] = {};", narrow(&format!("r{}", s.reg), s.dtype)),
-        );
-    }
+    e.element(2, |k| format!("out{k}[t]"));
     e.line(1, "}");
 }
 
@@ -702,7 +679,7 @@ mod tests {
             // holds what differs: the kernel.
             let source = generate(&program_of(&std::fs::read_to_string(&path).unwrap()));
             let source = source
-                .strip_prefix(PRELUDE)
+                .strip_prefix(prelude().as_str())
                 .expect("every source starts with the prelude")
                 .to_string();
             let golden = path.with_extension("cu");
@@ -788,6 +765,6 @@ mod tests {
     #[test]
     fn the_load_argument_matches_the_source() {
         assert_eq!(std::mem::size_of::<LoadArg>(), 8 * (1 + MAX_RANK));
-        assert!(PRELUDE.contains(&format!("long long s[{MAX_RANK}]")));
+        assert!(prelude().contains(&format!("long long s[{MAX_RANK}]")));
     }
 }

@@ -110,10 +110,7 @@ impl CudaKernel {
         }
         let stream = switchyard_cuda::stream(device).map_err(|e| e.to_string())?;
         let ctx = stream.context().clone();
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| format!("reading the compute capability: {e}"))?;
-        let arch = format!("sm_{major}{minor}");
+        let arch = switchyard_cuda::source::architecture(&stream)?;
         let nvrtc = switchyard_cuda::nvrtc_version().ok_or("NVRTC does not report its version")?;
         let source = codegen::generate(&program);
         let compile = || {
