@@ -268,6 +268,15 @@ impl Program {
         Ok(())
     }
 
+    /// The dtype each load instruction reads, in program order (the order
+    /// of a kernel's load arguments).
+    pub fn load_dtypes(&self) -> impl Iterator<Item = DType> + '_ {
+        self.instrs.iter().filter_map(|ins| match ins {
+            Instr::Load { load, .. } => Some(self.inputs[load.input]),
+            _ => None,
+        })
+    }
+
     /// Elements of the iteration space.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()

@@ -373,12 +373,7 @@ pub fn generate(p: &Program) -> String {
     };
     e.out.push_str(&prelude());
     let mut params: Vec<String> = p
-        .instrs
-        .iter()
-        .filter_map(|ins| match ins {
-            Instr::Load { load, .. } => Some(p.inputs[load.input]),
-            _ => None,
-        })
+        .load_dtypes()
         .enumerate()
         .map(|(k, d)| format!("const {} *__restrict__ in{k}", stored(d)))
         .collect();
@@ -469,16 +464,7 @@ fn dense(e: &mut Emitter) {
         ),
     );
     e.line(2, &format!("const long long base = v * {LANES};"));
-    let loads: Vec<(usize, DType)> = p
-        .instrs
-        .iter()
-        .filter_map(|ins| match ins {
-            Instr::Load { load, .. } => Some(p.inputs[load.input]),
-            _ => None,
-        })
-        .enumerate()
-        .collect();
-    for &(k, dtype) in &loads {
+    for (k, dtype) in p.load_dtypes().enumerate() {
         e.line(2, &format!("alignas(16) {} a{k}[{LANES}];", stored(dtype)));
         let copy = vector_copy(
             &format!("a{k}"),

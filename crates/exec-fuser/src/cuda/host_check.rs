@@ -133,10 +133,7 @@ fn launches(p: &Program, inputs: &[Tensor]) -> Vec<Launch> {
     // The harness's arrays are 16-byte aligned; offsets are in elements.
     let ptrs: Vec<(u64, usize)> = loads
         .iter()
-        .zip(p.instrs.iter().filter_map(|ins| match ins {
-            Instr::Load { load, .. } => Some(p.inputs[load.input].size()),
-            _ => None,
-        }))
+        .zip(p.load_dtypes().map(|d| d.size()))
         .map(|(&(off, _), size)| (off.wrapping_mul(size as i64) as u64, size))
         .collect();
     let dense = dense_launch(p, &loads, &ptrs);

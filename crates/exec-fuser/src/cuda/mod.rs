@@ -213,10 +213,7 @@ impl CudaKernel {
         }
         // The dense entry where every load reads densely and every address
         // is aligned for its vectors.
-        let sizes = p.instrs.iter().filter_map(|ins| match ins {
-            Instr::Load { load, .. } => Some(p.inputs[load.input].size()),
-            _ => None,
-        });
+        let sizes = p.load_dtypes().map(|d| d.size());
         let ptrs: Vec<(u64, usize)> = in_ptrs
             .iter()
             .zip(&loads)
