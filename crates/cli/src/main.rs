@@ -443,8 +443,13 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
-    let mut last = None;
+    let mut last: Option<switchyard_core::runtime::RunResult> = None;
     for _ in 0..args.repeat {
+        // The outputs of the run before are done with: the plan writes
+        // this run's into them, as a caller running it in a loop would.
+        if let Some(r) = last.take() {
+            compiled.recycle(r.outputs);
+        }
         let r = compiled.run(&inputs, opts)?;
         times.push(r.time_ns);
         for (acc, t) in region_times.iter_mut().zip(&r.region_ns) {
@@ -501,10 +506,12 @@ fn run(args: RunArgs) -> Result<()> {
             outputs: out_names
                 .iter()
                 .zip(&result.outputs)
-                .map(|(n, t)| OutputReport {
+                .zip(&result.outputs_reused)
+                .map(|((n, t), &reused)| OutputReport {
                     name: n.clone(),
                     dtype: t.dtype().to_string(),
                     shape: t.shape().to_vec(),
+                    reused,
                 })
                 .collect(),
             time_ns: median(&times),
@@ -562,6 +569,13 @@ fn run(args: RunArgs) -> Result<()> {
         println!(
             "             {} arena for the intermediates, kept between runs",
             human_bytes(result.arena_bytes)
+        );
+    }
+    let reused = result.outputs_reused.iter().filter(|r| **r).count();
+    if args.repeat > 1 {
+        println!(
+            "             {reused} of {} outputs written into the buffers of the run before",
+            result.outputs.len()
         );
     }
     if !result.devices.is_empty() {

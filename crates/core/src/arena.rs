@@ -11,7 +11,6 @@
 //! overlaps it, so a shared slice of one buffer and the mutable slice of a
 //! kernel's output never alias, whatever a kernel does with its tensors.
 
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -19,55 +18,38 @@ use crate::device::{DeviceBuffer, Transfer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::meta::{Device, ShapeDisplay, numel};
+use crate::pages::{LINE, Pages};
 use crate::tensor::{HostData, HostDataMut, Stored, Tensor};
 use crate::with_storage;
 
 /// Alignment of every buffer in an arena, in bytes: a cache line, so that no
 /// two buffers share one and vector loads start aligned.
-pub const ARENA_ALIGN: usize = 64;
+pub const ARENA_ALIGN: usize = LINE;
 
-#[repr(C, align(64))]
-struct Line([u8; ARENA_ALIGN]);
-
-/// One zeroed, cache-line aligned allocation.
+/// One zeroed, cache-line aligned allocation (huge pages when large).
 struct Block {
-    lines: Box<[UnsafeCell<Line>]>,
+    pages: Pages,
 }
 
-// SAFETY: the block is only read and written through `ArenaBuf`s, and
-// `Arena::take` never lets two referenced ones overlap; a mutable slice is
-// only made by an `OutputBuffer`, which holds the only reference to its
-// buffer.
-unsafe impl Sync for Block {}
+// The block is only read and written through `ArenaBuf`s, and `Arena::take`
+// never lets two referenced ones overlap; a mutable slice is only made by an
+// `OutputBuffer`, which holds the only reference to its buffer.
 
 impl Block {
     fn new(bytes: usize) -> Block {
-        let n = bytes.div_ceil(ARENA_ALIGN);
-        if n == 0 {
-            return Block { lines: Box::new([]) };
+        // Large blocks come straight from the OS as untouched pages, so an
+        // arena costs nothing until it is used.
+        Block {
+            pages: Pages::zeroed(bytes),
         }
-        // Zeroed by the allocator: large blocks come straight from the OS as
-        // untouched pages, so an arena costs nothing until it is used.
-        let layout = std::alloc::Layout::array::<UnsafeCell<Line>>(n).expect("arena size overflows");
-        // SAFETY: the layout has a nonzero size; all-zero bytes are a valid
-        // `Line`, and `UnsafeCell` has the layout of what it holds, so the
-        // allocation is `n` initialised elements, owned by the box.
-        let lines = unsafe {
-            let p = std::alloc::alloc_zeroed(layout).cast::<UnsafeCell<Line>>();
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        };
-        Block { lines }
     }
 
     fn bytes(&self) -> usize {
-        self.lines.len() * ARENA_ALIGN
+        self.pages.bytes()
     }
 
     fn base(&self) -> *mut u8 {
-        UnsafeCell::raw_get(self.lines.as_ptr()).cast::<u8>()
+        self.pages.base()
     }
 }
 
@@ -78,6 +60,9 @@ pub(crate) struct ArenaBuf {
     offset: usize,
     dtype: DType,
     len: usize,
+    /// Whether the block is this buffer's alone ([`OutputBuffer::new`]),
+    /// not an arena's that later runs write into.
+    own: bool,
 }
 
 impl std::fmt::Debug for Block {
@@ -107,6 +92,12 @@ impl ArenaBuf {
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether it lies in an arena (which a later run writes into), rather
+    /// than in a block of its own.
+    pub(crate) fn in_arena(&self) -> bool {
+        !self.own
     }
 
     fn ptr(&self) -> *mut u8 {
@@ -151,9 +142,49 @@ impl OutputBuffer {
                 offset: 0,
                 dtype,
                 len,
+                own: true,
             })),
             shape: shape.to_vec(),
         }
+    }
+
+    /// The buffer of `t` to write again, if `t` holds the only reference to
+    /// a whole host buffer of its own (the tensor back otherwise): how a
+    /// compiled plan takes back outputs it handed out ([`crate::runtime::CompiledPlan::recycle`]).
+    /// Its elements are the old values until written.
+    pub fn reclaim(t: Tensor) -> std::result::Result<OutputBuffer, Tensor> {
+        let shape = t.shape().to_vec();
+        let mut buf = t.into_arena()?;
+        // Exclusive only if nothing else refers to the buffer (an arena
+        // keeps weak references to what it handed out) or its block (an
+        // arena's block is shared by its buffers).
+        let unique = match Arc::get_mut(&mut buf) {
+            Some(b) => b.own && Arc::get_mut(&mut b.block).is_some(),
+            None => false,
+        };
+        if unique {
+            Ok(OutputBuffer {
+                mem: Mem::Host(buf),
+                shape,
+            })
+        } else {
+            Err(Tensor::from_arena(buf, &shape))
+        }
+    }
+
+    /// Identity of the memory: the [`Tensor::storage_id`] of the tensor it becomes.
+    pub(crate) fn id(&self) -> usize {
+        match &self.mem {
+            Mem::Host(b) => Arc::as_ptr(b) as usize,
+            Mem::Device(b) => Arc::as_ptr(b) as *const u8 as usize,
+        }
+    }
+
+    /// The same buffer seen as `shape`, which has as many elements.
+    pub(crate) fn reshaped(mut self, shape: &[usize]) -> OutputBuffer {
+        debug_assert_eq!(numel(shape), self.len());
+        self.shape = shape.to_vec();
+        self
     }
 
     /// A buffer over device memory that nothing else refers to, holding
@@ -355,6 +386,7 @@ impl Arena {
             offset,
             dtype,
             len,
+            own: false,
         });
         self.handed.push(offset, end, &buf);
         Some(OutputBuffer {

@@ -33,6 +33,8 @@ pub mod io;
 pub mod ir;
 pub mod memory;
 pub mod meta;
+mod outputs;
+pub mod pages;
 pub mod partition;
 pub mod pipeline;
 pub mod plan;

@@ -60,6 +60,10 @@ pub struct OutputReport {
     pub dtype: String,
     /// Shape.
     pub shape: Vec<usize>,
+    /// Whether the last run wrote it into the buffer of the run before
+    /// (handed back to the plan), whose pages were already touched.
+    #[serde(default)]
+    pub reused: bool,
 }
 
 /// `switchyard run --json`.

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::arena::{Arena, ArenaSlot, DeviceArena};
+use crate::arena::{Arena, ArenaSlot, DeviceArena, OutputBuffer};
 
 use crate::cache::{CacheStats, KernelCache, RegionKey};
 use crate::device::{MemoryStats, Transfer, move_to, synchronize, transfer_for};
@@ -27,7 +27,8 @@ use crate::error::{Error, Result};
 use crate::executor::Kernel;
 use crate::graph::{self, Captured, GraphInput, GraphSlot, GraphUse};
 use crate::ir::ValueId;
-use crate::meta::Device;
+use crate::meta::{Device, ShapeDisplay};
+use crate::outputs::{OutputPool, RunOutputs};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
 
@@ -61,6 +62,10 @@ pub struct CompiledPlan {
     graph_device: std::result::Result<Device, std::borrow::Cow<'static, str>>,
     /// The graph and what it takes to record it.
     graph: Mutex<GraphSlot>,
+    /// For each value, the first trace output it is (by index).
+    output_of: Vec<Option<usize>>,
+    /// Output buffers handed back ([`CompiledPlan::recycle`]).
+    pool: OutputPool,
 }
 
 /// One run's values and memory as it goes.
@@ -72,6 +77,8 @@ struct RunState {
     /// Each device's arena, in the order of `CompiledPlan::device_arenas`.
     device_arenas: Vec<Option<DeviceArena>>,
     region_ns: Vec<u64>,
+    /// The buffers the trace's outputs go into.
+    outs: RunOutputs,
 }
 
 /// The arena of one device.
@@ -150,6 +157,10 @@ pub struct RunResult {
     pub devices: Vec<DeviceMemory>,
     /// What the run did about the device graph.
     pub graph: GraphUse,
+    /// For each output, whether it was written into a buffer given to the
+    /// run ([`CompiledPlan::run_into`]) or handed back from an earlier one
+    /// ([`CompiledPlan::recycle`]), whose pages were touched before.
+    pub outputs_reused: Vec<bool>,
 }
 
 /// Live buffers, by identity. A plan rarely has more than a few dozen live at
@@ -311,7 +322,13 @@ impl CompiledPlan {
             last_inputs: None,
             captured: None,
         });
+        let mut output_of = vec![None; trace.values.len()];
+        for (k, v) in trace.outputs.iter().enumerate().rev() {
+            output_of[v.index()] = Some(k);
+        }
         Ok(CompiledPlan {
+            pool: OutputPool::new(trace.outputs.len()),
+            output_of,
             graph_device: graph::eligibility(&plan, &kernels),
             graph,
             plan,
@@ -385,6 +402,59 @@ impl CompiledPlan {
             .collect()
     }
 
+    /// Takes back the outputs of an earlier run that the caller is done
+    /// with, for later runs to write into (see [`crate::outputs`]). Only a
+    /// tensor that is the last reference to a whole output buffer is kept,
+    /// at most one per output of the plan; the rest are dropped. Returns
+    /// how many were kept.
+    pub fn recycle(&self, outputs: impl IntoIterator<Item = Tensor>) -> usize {
+        outputs.into_iter().map(|t| self.pool.give(t) as usize).sum()
+    }
+
+    /// The buffers given to [`CompiledPlan::run_into`], checked against the
+    /// trace's outputs.
+    fn check_given(&self, given: Vec<Option<OutputBuffer>>) -> Result<Vec<Option<OutputBuffer>>> {
+        let trace = &self.plan.trace;
+        if given.len() > trace.outputs.len() {
+            return Err(Error::Tensor {
+                name: "<outputs>".into(),
+                message: format!(
+                    "{} output buffers given; the trace has {} outputs",
+                    given.len(),
+                    trace.outputs.len()
+                ),
+            });
+        }
+        for (b, &v) in given.iter().zip(&trace.outputs) {
+            let Some(b) = b else { continue };
+            let value = trace.value(v);
+            let meta = &value.meta;
+            let problem = if b.device() != Device::Cpu {
+                Some(format!(
+                    "the buffer given for it is on {}; give a host buffer",
+                    b.device()
+                ))
+            } else if b.dtype() != meta.dtype || b.shape() != meta.shape.as_slice() {
+                Some(format!(
+                    "the buffer given for it holds {}{}, the output is {}{}",
+                    b.dtype(),
+                    ShapeDisplay(b.shape()),
+                    meta.dtype,
+                    ShapeDisplay(&meta.shape)
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = problem {
+                return Err(Error::Tensor {
+                    name: value.name.clone(),
+                    message,
+                });
+            }
+        }
+        Ok(given)
+    }
+
     fn kernel_error(&self, region: usize, message: String) -> Error {
         let r = &self.plan.regions[region];
         let ops: Vec<String> = r.ops.iter().map(|&o| self.plan.trace.describe_op(o)).collect();
@@ -399,7 +469,25 @@ impl CompiledPlan {
     /// calling its kernels, or by replaying it as a device graph once it
     /// has been recorded ([`crate::graph`]).
     pub fn run(&self, inputs: &[Tensor], opts: RunOptions) -> Result<RunResult> {
+        self.run_into(inputs, Vec::new(), opts)
+    }
+
+    /// Runs the plan as [`CompiledPlan::run`] does, writing output `k` into
+    /// `outputs[k]` where one is given: a host buffer of exactly that
+    /// output's dtype and shape (from [`OutputBuffer::new`], or an earlier
+    /// output taken back with [`OutputBuffer::reclaim`]). The results are
+    /// those buffers, as tensors. An output whose kernel cannot write in
+    /// place is computed elsewhere and not copied in: see
+    /// [`RunResult::outputs_reused`]. Runs with buffers given are never
+    /// replayed as a device graph.
+    pub fn run_into(
+        &self,
+        inputs: &[Tensor],
+        outputs: Vec<Option<OutputBuffer>>,
+        opts: RunOptions,
+    ) -> Result<RunResult> {
         let start = Instant::now();
+        let given = self.check_given(outputs)?;
         let trace = &self.plan.trace;
         if inputs.len() != trace.inputs.len() {
             return Err(Error::Tensor {
@@ -418,6 +506,7 @@ impl CompiledPlan {
         if opts.no_graphs {
             return self.run_kernels(
                 inputs,
+                given,
                 opts,
                 start,
                 GraphUse::Off("turned off for this run".into()),
@@ -425,8 +514,12 @@ impl CompiledPlan {
         }
         let device = match &self.graph_device {
             Ok(d) => *d,
-            Err(why) => return self.run_kernels(inputs, opts, start, GraphUse::Off(why.clone())),
+            Err(why) => return self.run_kernels(inputs, given, opts, start, GraphUse::Off(why.clone())),
         };
+        if given.iter().any(Option::is_some) {
+            let why = "its outputs go into buffers the caller gave".to_string();
+            return self.run_kernels(inputs, given, opts, start, GraphUse::Skipped(why));
+        }
         // A run that finds the graph in use by another runs without it.
         let mut slot = match self.graph.try_lock() {
             Ok(slot) => slot,
@@ -434,6 +527,7 @@ impl CompiledPlan {
             Err(std::sync::TryLockError::WouldBlock) => {
                 return self.run_kernels(
                     inputs,
+                    given,
                     opts,
                     start,
                     GraphUse::Skipped("another run is using the graph".into()),
@@ -443,7 +537,7 @@ impl CompiledPlan {
         if let Some(why) = &slot.failed {
             let why = why.clone();
             drop(slot);
-            return self.run_kernels(inputs, opts, start, GraphUse::Off(why.into()));
+            return self.run_kernels(inputs, given, opts, start, GraphUse::Off(why.into()));
         }
         let skip = if opts.profile {
             Some("profiling times each region".to_string())
@@ -454,7 +548,7 @@ impl CompiledPlan {
         };
         if let Some(why) = skip {
             drop(slot);
-            return self.run_kernels(inputs, opts, start, GraphUse::Skipped(why));
+            return self.run_kernels(inputs, given, opts, start, GraphUse::Skipped(why));
         }
         let ids: Vec<usize> = inputs.iter().map(Tensor::storage_id).collect();
         if let Some(captured) = slot.captured.as_mut() {
@@ -466,13 +560,13 @@ impl CompiledPlan {
                     slot.captured = None;
                     slot.last_inputs = Some(ids);
                     drop(slot);
-                    return self.run_kernels(inputs, opts, start, GraphUse::Skipped(why));
+                    return self.run_kernels(inputs, given, opts, start, GraphUse::Skipped(why));
                 }
             }
         }
         let Some(last) = slot.last_inputs.replace(ids) else {
             drop(slot);
-            return self.run_kernels(inputs, opts, start, GraphUse::NotYet);
+            return self.run_kernels(inputs, given, opts, start, GraphUse::NotYet);
         };
         match self.capture(device, &last, inputs, start)? {
             Ok((result, captured)) => {
@@ -484,14 +578,19 @@ impl CompiledPlan {
                 let why = format!("recording failed: {why}");
                 slot.failed = Some(why.clone());
                 drop(slot);
-                self.run_kernels(inputs, opts, start, GraphUse::Off(why.into()))
+                self.run_kernels(inputs, given, opts, start, GraphUse::Off(why.into()))
             }
         }
     }
 
     /// A fresh run's state: its inputs in their slots (on the devices the
     /// trace declares), the arenas taken.
-    fn start_run(&self, inputs: &[Tensor], opts: RunOptions) -> Result<(RunState, bool, Vec<bool>)> {
+    fn start_run(
+        &self,
+        inputs: &[Tensor],
+        given: Vec<Option<OutputBuffer>>,
+        opts: RunOptions,
+    ) -> Result<(RunState, bool, Vec<bool>)> {
         let trace = &self.plan.trace;
         let (arena, arena_reused) = match opts.allocate_per_call {
             true => (None, false),
@@ -510,6 +609,7 @@ impl CompiledPlan {
             arena,
             device_arenas,
             region_ns: Vec::new(),
+            outs: RunOutputs::new(given, trace.outputs.len(), !opts.allocate_per_call),
         };
         for (&id, t) in trace.inputs.iter().zip(inputs) {
             let t = move_to(t, trace.meta(id).device)?;
@@ -529,6 +629,7 @@ impl CompiledPlan {
     fn run_kernels(
         &self,
         inputs: &[Tensor],
+        given: Vec<Option<OutputBuffer>>,
         opts: RunOptions,
         start: Instant,
         graph: GraphUse,
@@ -538,7 +639,7 @@ impl CompiledPlan {
             .iter()
             .map(|d| d.layer.memory(d.device))
             .collect();
-        let (mut st, arena_reused, device_reused) = self.start_run(inputs, opts)?;
+        let (mut st, arena_reused, device_reused) = self.start_run(inputs, given, opts)?;
         self.execute(&mut st, opts.profile)?;
         let outputs = self.take_outputs(&st)?;
         let RunState {
@@ -547,6 +648,7 @@ impl CompiledPlan {
             arena,
             device_arenas,
             region_ns,
+            outs,
         } = st;
         drop(slots);
         // Work queued on devices has run (or failed) before the run ends.
@@ -580,6 +682,7 @@ impl CompiledPlan {
             arena_reused,
             devices,
             graph,
+            outputs_reused: outs.reused,
         })
     }
 
@@ -612,19 +715,26 @@ impl CompiledPlan {
                 })
                 .collect::<Result<_>>()?;
             let on_device = self.device_arenas.iter().position(|d| d.device == step.device);
-            let (arena, device_arenas) = (&mut st.arena, &mut st.device_arenas);
-            let buffers = step
-                .outputs
-                .iter()
-                .map(|&v| {
-                    let off = self.arena_at[v.index()]?;
-                    let meta = trace.meta(v);
-                    match on_device {
-                        None => arena.as_mut()?.take(off, meta.dtype, &meta.shape),
-                        Some(k) => device_arenas[k].as_mut()?.take(off, meta.dtype, &meta.shape),
+            let mut buffers = Vec::with_capacity(step.outputs.len());
+            for &v in &step.outputs {
+                let meta = trace.meta(v);
+                buffers.push(match self.arena_at[v.index()] {
+                    Some(off) => match on_device {
+                        None => st
+                            .arena
+                            .as_mut()
+                            .and_then(|a| a.take(off, meta.dtype, &meta.shape)),
+                        Some(k) => st.device_arenas[k]
+                            .as_mut()
+                            .and_then(|a| a.take(off, meta.dtype, &meta.shape)),
+                    },
+                    // A trace output computed and kept on the host.
+                    None if step.device == Device::Cpu && meta.device == Device::Cpu => {
+                        self.output_of[v.index()].and_then(|k| st.outs.hand_out(k, meta, &self.pool))
                     }
-                })
-                .collect();
+                    None => None,
+                });
+            }
             let t0 = profile.then(Instant::now);
             let outs = kernel.run_into(&args, buffers).map_err(|e| match e {
                 Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
@@ -649,6 +759,9 @@ impl CompiledPlan {
                 let value = trace.value(v);
                 t.check_meta(&value.name, &value.meta)
                     .map_err(|e| self.kernel_error(i, format!("wrong output: {e}")))?;
+                if let Some(k) = self.output_of[v.index()] {
+                    st.outs.written(k, &t);
+                }
                 st.live.acquire(&t, false);
                 st.slots[v.index()] = Some(t);
             }
@@ -729,6 +842,7 @@ impl CompiledPlan {
             arena: None,
             device_arenas: self.device_arenas.iter().map(|_| None).collect(),
             region_ns: Vec::new(),
+            outs: RunOutputs::new(Vec::new(), trace.outputs.len(), false),
         };
         let mut graph_inputs = Vec::with_capacity(inputs.len());
         for (n, (&id, t)) in trace.inputs.iter().zip(inputs).enumerate() {
@@ -801,6 +915,7 @@ impl CompiledPlan {
             arena_reused: false,
             devices,
             graph: GraphUse::Captured,
+            outputs_reused: vec![false; trace.outputs.len()],
         };
         Ok(Ok((result, captured)))
     }
@@ -847,6 +962,7 @@ impl CompiledPlan {
             arena_reused: false,
             devices,
             graph: GraphUse::Replayed,
+            outputs_reused: vec![false; self.plan.trace.outputs.len()],
         }))
     }
 }

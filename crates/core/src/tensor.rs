@@ -451,7 +451,7 @@ impl Tensor {
     /// Whether the buffer lies in a compiled plan's arena (which is reused by
     /// its next run).
     pub(crate) fn in_arena(&self) -> bool {
-        matches!(self.buffer, Buffer::Arena(_))
+        matches!(&self.buffer, Buffer::Arena(b) if b.in_arena())
     }
 
     /// A tensor over an arena buffer, dense and row-major.
@@ -462,6 +462,16 @@ impl Tensor {
             strides: contiguous_strides(shape),
             shape: shape.to_vec(),
             offset: 0,
+        }
+    }
+
+    /// The arena buffer this tensor views whole and in order; the tensor
+    /// back if it is part of it, another order, or elsewhere.
+    pub(crate) fn into_arena(self) -> std::result::Result<Arc<ArenaBuf>, Tensor> {
+        let whole = self.offset == 0 && self.is_contiguous() && self.buffer.len() == self.numel();
+        match self.buffer {
+            Buffer::Arena(buf) if whole => Ok(buf),
+            buffer => Err(Tensor { buffer, ..self }),
         }
     }
 

@@ -9,26 +9,55 @@ use switchyard_core::ir::{BinaryOp, UnaryOp};
 use switchyard_core::meta::broadcast_strides;
 use switchyard_core::{DType, Element, FloatStored, Storage, Stored, Tensor};
 
+use switchyard_simd::math as vm;
+
+use crate::vector;
 use crate::walk::{map1, map2, map3};
 
-/// The arithmetic type floats compute in.
+/// The arithmetic type floats compute in. The transcendental functions
+/// are `switchyard_simd::math`'s for f32 (so f16, bf16 and f32 get the bits
+/// of the fuser and of the dense path in `crate::vector`), libm's for f64.
 pub(crate) trait Real: num_traits::Float + Send + Sync + 'static {
     fn erf(self) -> Self;
     /// Rounded to the nearest integer, halves to even (IEEE 754's default,
     /// numpy's and ONNX's Round).
     fn round_even(self) -> Self;
     fn from_f64(v: f64) -> Self;
+    fn exp_(self) -> Self;
+    fn ln_(self) -> Self;
+    fn tanh_(self) -> Self;
+    fn sigmoid(self) -> Self;
+    fn sin_(self) -> Self;
+    fn cos_(self) -> Self;
 }
 
 impl Real for f32 {
     fn erf(self) -> Self {
-        libm::erff(self)
+        vm::erff(self)
     }
     fn round_even(self) -> Self {
         self.round_ties_even()
     }
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    fn exp_(self) -> Self {
+        vm::expf(self)
+    }
+    fn ln_(self) -> Self {
+        vm::lnf(self)
+    }
+    fn tanh_(self) -> Self {
+        vm::tanhf(self)
+    }
+    fn sigmoid(self) -> Self {
+        vm::sigmoidf(self)
+    }
+    fn sin_(self) -> Self {
+        vm::sinf(self)
+    }
+    fn cos_(self) -> Self {
+        vm::cosf(self)
     }
 }
 
@@ -41,6 +70,24 @@ impl Real for f64 {
     }
     fn from_f64(v: f64) -> Self {
         v
+    }
+    fn exp_(self) -> Self {
+        self.exp()
+    }
+    fn ln_(self) -> Self {
+        self.ln()
+    }
+    fn tanh_(self) -> Self {
+        self.tanh()
+    }
+    fn sigmoid(self) -> Self {
+        1.0 / (1.0 + (-self).exp())
+    }
+    fn sin_(self) -> Self {
+        self.sin()
+    }
+    fn cos_(self) -> Self {
+        self.cos()
     }
 }
 
@@ -111,13 +158,13 @@ fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result
     Ok(match op {
         UnaryOp::Neg => f(|v| -v),
         UnaryOp::Abs => f(|v| v.abs()),
-        UnaryOp::Exp => f(|v| v.exp()),
-        UnaryOp::Log => f(|v| v.ln()),
+        UnaryOp::Exp => f(|v| v.exp_()),
+        UnaryOp::Log => f(|v| v.ln_()),
         UnaryOp::Sqrt => f(|v| v.sqrt()),
         UnaryOp::Rsqrt => f(|v| <T::Compute>::one() / v.sqrt()),
         UnaryOp::Reciprocal => f(|v| <T::Compute>::one() / v),
-        UnaryOp::Tanh => f(|v| v.tanh()),
-        UnaryOp::Sigmoid => f(|v| <T::Compute>::one() / (<T::Compute>::one() + (-v).exp())),
+        UnaryOp::Tanh => f(|v| v.tanh_()),
+        UnaryOp::Sigmoid => f(|v| v.sigmoid()),
         // `v < 0` is false for NaN, so NaN passes through as in PyTorch.
         UnaryOp::Relu => f(|v| {
             if v < <T::Compute>::zero() {
@@ -126,8 +173,8 @@ fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result
                 v
             }
         }),
-        UnaryOp::Sin => f(|v| v.sin()),
-        UnaryOp::Cos => f(|v| v.cos()),
+        UnaryOp::Sin => f(|v| v.sin_()),
+        UnaryOp::Cos => f(|v| v.cos_()),
         UnaryOp::Erf => f(|v| v.erf()),
         UnaryOp::Floor => f(|v| v.floor()),
         UnaryOp::Ceil => f(|v| v.ceil()),
@@ -164,7 +211,10 @@ fn int_unary<T: IntLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Sto
 pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
     let shape = x.shape().to_vec();
     match x.dtype() {
-        DType::F32 => float_unary::<f32>(op, x, &shape),
+        DType::F32 => match x.contiguous_data::<f32>().and_then(|d| vector::unary(op, d)) {
+            Some(v) => Ok(Storage::F32(v)),
+            None => float_unary::<f32>(op, x, &shape),
+        },
         DType::F64 => float_unary::<f64>(op, x, &shape),
         DType::F16 => float_unary::<f16>(op, x, &shape),
         DType::BF16 => float_unary::<bf16>(op, x, &shape),
@@ -300,7 +350,15 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> R
     if a.dtype() != b.dtype() {
         return Err(format!("operands have dtypes {} and {}", a.dtype(), b.dtype()));
     }
+    let dense = |t: &Tensor| t.shape() == shape && t.contiguous_data::<f32>().is_some();
     match a.dtype() {
+        DType::F32 if dense(a) && dense(b) => {
+            let (x, y) = (a.contiguous_data::<f32>(), b.contiguous_data::<f32>());
+            match x.zip(y).and_then(|(x, y)| vector::binary(op, x, y)) {
+                Some(v) => Ok(Storage::F32(v)),
+                None => float_binary::<f32>(op, a, b, shape),
+            }
+        }
         DType::F32 => float_binary::<f32>(op, a, b, shape),
         DType::F64 => float_binary::<f64>(op, a, b, shape),
         DType::F16 => float_binary::<f16>(op, a, b, shape),

@@ -19,6 +19,7 @@ mod movement;
 mod proptests;
 mod reduce;
 mod scan;
+mod vector;
 mod walk;
 
 use std::sync::Arc;

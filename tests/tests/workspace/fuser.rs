@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use switchyard_core::io::random_inputs;
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::text::parse;
 use switchyard_core::{DType, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
+use switchyard_simd::Simd;
 use switchyard_tests::{assert_close, notes, plan_on, plan_with_options, run, run_plan};
 
 fn tolerance(d: DType) -> f64 {
@@ -22,7 +24,8 @@ fn tolerance(d: DType) -> f64 {
 }
 
 /// Plans on the fuser and the fallback, checks something was fused, and
-/// compares every output with the fallback alone.
+/// compares every output with the fallback alone, with the fused kernels
+/// run at every SIMD level this machine has; the levels agree to the bit.
 fn check(trace: &Trace, seed: u64) -> usize {
     let plan = plan_on(trace, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
     let fused = plan
@@ -31,10 +34,26 @@ fn check(trace: &Trace, seed: u64) -> usize {
         .filter(|r| plan.executor_name(r) == "fuser")
         .count();
     let inputs = random_inputs(trace, seed);
-    let got = run_plan(plan, &inputs).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
     let want = run(trace, &inputs).unwrap();
-    for (g, w) in got.outputs.iter().zip(&want.outputs) {
-        assert_close(g, &w.to_f64_vec().unwrap(), tolerance(g.dtype()));
+    let mut first: Option<Vec<Vec<u64>>> = None;
+    for level in switchyard_simd::supported() {
+        let got = Simd::new(level)
+            .unwrap()
+            .forced(|| compiled.run(&inputs, RunOptions::default()))
+            .unwrap();
+        for (g, w) in got.outputs.iter().zip(&want.outputs) {
+            assert_close(g, &w.to_f64_vec().unwrap(), tolerance(g.dtype()));
+        }
+        let bits: Vec<Vec<u64>> = got
+            .outputs
+            .iter()
+            .map(|t| t.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect())
+            .collect();
+        match &first {
+            None => first = Some(bits),
+            Some(f) => assert!(*f == bits, "SIMD level {level} gives other bits than scalar"),
+        }
     }
     fused
 }

@@ -163,6 +163,98 @@ fn intermediates_run_from_an_arena_kept_between_runs() {
     }
 }
 
+/// `y = exp(x * 2)` over `n` elements, planned on the fuser.
+fn fused_exp(n: usize) -> switchyard_core::runtime::CompiledPlan {
+    use switchyard_exec_fuser::FuserExecutor;
+    let t = parse(&format!(
+        "input x: f32[{n}]\na = mul(x, 2.0)\ny = exp(a)\noutput y\n"
+    ))
+    .unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    switchyard_core::runtime::CompiledPlan::compile(plan).unwrap()
+}
+
+#[test]
+fn outputs_handed_back_are_written_again_and_kept_ones_never() {
+    use switchyard_core::runtime::RunOptions;
+    let compiled = fused_exp(4096);
+    let x = |v: f32| Tensor::from_vec(vec![v; 4096], &[4096]).unwrap();
+    let want = |v: f32| vec![(v * 2.0).exp(); 4096];
+    let first = compiled.run(&[x(0.5)], RunOptions::default()).unwrap();
+    assert_eq!(first.outputs_reused, vec![false]);
+    let id = first.outputs[0].storage_id();
+    assert_eq!(compiled.recycle(first.outputs), 1);
+    let second = compiled.run(&[x(0.25)], RunOptions::default()).unwrap();
+    assert_eq!(second.outputs_reused, vec![true]);
+    assert_eq!(
+        second.outputs[0].storage_id(),
+        id,
+        "written into the buffer handed back"
+    );
+    assert_eq!(second.outputs[0].to_vec::<f32>().unwrap(), want(0.25));
+    // A caller that keeps a reference: the buffer is refused, never written.
+    let kept = second.outputs[0].clone();
+    assert_eq!(compiled.recycle(second.outputs), 0);
+    let third = compiled.run(&[x(1.0)], RunOptions::default()).unwrap();
+    assert_eq!(third.outputs_reused, vec![false]);
+    assert_ne!(third.outputs[0].storage_id(), id);
+    assert_eq!(
+        kept.to_vec::<f32>().unwrap(),
+        want(0.25),
+        "kept output overwritten"
+    );
+    assert_eq!(third.outputs[0].to_vec::<f32>().unwrap(), want(1.0));
+    // Runs that allocate per call take nothing from the pool.
+    assert_eq!(compiled.recycle(third.outputs), 1);
+    let per_call = RunOptions {
+        allocate_per_call: true,
+        ..RunOptions::default()
+    };
+    assert_eq!(
+        compiled.run(&[x(1.0)], per_call).unwrap().outputs_reused,
+        vec![false]
+    );
+}
+
+#[test]
+fn run_into_writes_into_the_callers_buffers_and_checks_them() {
+    use switchyard_core::runtime::RunOptions;
+    use switchyard_core::{DType, OutputBuffer};
+    let compiled = fused_exp(64);
+    let x = Tensor::from_vec(vec![0.5f32; 64], &[64]).unwrap();
+    let mut mine = OutputBuffer::new(DType::F32, &[64]);
+    let at = mine.slice_mut::<f32>().unwrap().as_ptr();
+    let r = compiled
+        .run_into(std::slice::from_ref(&x), vec![Some(mine)], RunOptions::default())
+        .unwrap();
+    assert_eq!(r.outputs_reused, vec![true]);
+    assert_eq!(r.outputs[0].contiguous_data::<f32>().unwrap().as_ptr(), at);
+    assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), vec![1f32.exp(); 64]);
+    // An output taken back from a run is a buffer to give again.
+    let again = OutputBuffer::reclaim(r.outputs.into_iter().next().unwrap()).unwrap();
+    let r = compiled
+        .run_into(std::slice::from_ref(&x), vec![Some(again)], RunOptions::default())
+        .unwrap();
+    assert_eq!(r.outputs[0].contiguous_data::<f32>().unwrap().as_ptr(), at);
+    let wrong = OutputBuffer::new(DType::F64, &[64]);
+    let e = compiled
+        .run_into(std::slice::from_ref(&x), vec![Some(wrong)], RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("y") && e.contains("the buffer given for it holds f64[64], the output is f32[64]"),
+        "{e}"
+    );
+    let e = compiled
+        .run_into(std::slice::from_ref(&x), vec![None, None], RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("2 output buffers given; the trace has 1 outputs"),
+        "{e}"
+    );
+}
+
 #[test]
 fn concurrent_runs_of_one_plan_each_get_an_arena() {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};

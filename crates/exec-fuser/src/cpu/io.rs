@@ -56,6 +56,7 @@ impl CpuKernel {
 }
 
 /// The multi-index of element `start` of a dense walk over `pshape`.
+#[inline(always)]
 fn unravel(pshape: &[usize], start: usize) -> [usize; MAX_RANK] {
     let mut idx = [0usize; MAX_RANK];
     let mut rem = start;
@@ -97,41 +98,51 @@ trait Port: Stored + Copy {
 }
 
 impl Port for f32 {
+    #[inline(always)]
     fn get<C: Arith>(self) -> C {
         C::from_f32(self)
     }
+    #[inline(always)]
     fn put<C: Arith>(c: C) -> Self {
         c.to_f32()
     }
 }
 impl Port for f64 {
+    #[inline(always)]
     fn get<C: Arith>(self) -> C {
         C::from_f64(self)
     }
+    #[inline(always)]
     fn put<C: Arith>(c: C) -> Self {
         c.to_f64()
     }
 }
 impl Port for f16 {
+    #[inline(always)]
     fn get<C: Arith>(self) -> C {
         C::from_f32(self.to_f32())
     }
+    #[inline(always)]
     fn put<C: Arith>(c: C) -> Self {
         f16::from_f64(c.to_f64())
     }
 }
 impl Port for bf16 {
+    #[inline(always)]
     fn get<C: Arith>(self) -> C {
         C::from_f32(self.to_f32())
     }
+    #[inline(always)]
     fn put<C: Arith>(c: C) -> Self {
         bf16::from_f64(c.to_f64())
     }
 }
 impl Port for bool {
+    #[inline(always)]
     fn get<C: Arith>(self) -> C {
         if self { C::one() } else { C::zero() }
     }
+    #[inline(always)]
     fn put<C: Arith>(c: C) -> Self {
         c != C::zero()
     }
@@ -149,6 +160,7 @@ pub(super) struct Source<'a> {
 }
 
 impl Source<'_> {
+    #[inline(always)]
     pub(super) fn load<C: Arith>(&self, pshape: &[usize], start: usize, dst: &mut [C]) {
         match self.data {
             Data::F32(d) => self.load_typed(d, pshape, start, dst),
@@ -159,6 +171,7 @@ impl Source<'_> {
         }
     }
 
+    #[inline(always)]
     fn load_typed<T: Port, C: Arith>(&self, data: &[T], pshape: &[usize], start: usize, dst: &mut [C]) {
         if dst.is_empty() {
             return;
@@ -223,16 +236,6 @@ impl Source<'_> {
     }
 }
 
-/// An output buffer being filled by the tiles: the runtime's, or our own.
-pub(super) enum OutBuf {
-    Given(OutputBuffer),
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Bool(Vec<bool>),
-}
-
 /// A raw pointer to an output's elements, shared by the threads; each writes
 /// its own tiles.
 #[derive(Clone, Copy)]
@@ -248,54 +251,26 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above; the pointers themselves are never mutated.
 unsafe impl Sync for OutPtr {}
 
-impl OutBuf {
-    pub(super) fn new(dtype: DType, len: usize) -> Result<OutBuf, String> {
-        // Filled (not just reserved) so that no element is ever uninitialised,
-        // whatever the tiles cover.
-        Ok(match dtype {
-            DType::F32 => OutBuf::F32(vec![0.0; len]),
-            DType::F64 => OutBuf::F64(vec![0.0; len]),
-            DType::F16 => OutBuf::F16(vec![f16::ZERO; len]),
-            DType::BF16 => OutBuf::BF16(vec![bf16::ZERO; len]),
-            DType::Bool => OutBuf::Bool(vec![false; len]),
-            other => return Err(format!("the fuser does not write {other}")),
+impl OutPtr {
+    /// The elements of `b`, which the fuser writes in its dtypes only.
+    pub(super) fn of(b: &mut OutputBuffer) -> Result<OutPtr, String> {
+        let dtype = b.dtype();
+        Ok(match b.data_mut().ok_or("an output buffer off the host")? {
+            HostDataMut::F32(v) => OutPtr::F32(v.as_mut_ptr()),
+            HostDataMut::F64(v) => OutPtr::F64(v.as_mut_ptr()),
+            HostDataMut::F16(v) => OutPtr::F16(v.as_mut_ptr()),
+            HostDataMut::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
+            HostDataMut::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
+            _ => return Err(format!("the fuser does not write {dtype}")),
         })
-    }
-
-    pub(super) fn ptr(&mut self) -> Result<OutPtr, String> {
-        Ok(match self {
-            OutBuf::Given(b) => match b.data_mut().ok_or("an output buffer off the host")? {
-                HostDataMut::F32(v) => OutPtr::F32(v.as_mut_ptr()),
-                HostDataMut::F64(v) => OutPtr::F64(v.as_mut_ptr()),
-                HostDataMut::F16(v) => OutPtr::F16(v.as_mut_ptr()),
-                HostDataMut::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
-                HostDataMut::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
-                other => return Err(format!("the fuser does not write {other:?}")),
-            },
-            OutBuf::F32(v) => OutPtr::F32(v.as_mut_ptr()),
-            OutBuf::F64(v) => OutPtr::F64(v.as_mut_ptr()),
-            OutBuf::F16(v) => OutPtr::F16(v.as_mut_ptr()),
-            OutBuf::BF16(v) => OutPtr::BF16(v.as_mut_ptr()),
-            OutBuf::Bool(v) => OutPtr::Bool(v.as_mut_ptr()),
-        })
-    }
-
-    pub(super) fn into_tensor(self, shape: &[usize]) -> Result<Tensor, String> {
-        match self {
-            OutBuf::Given(b) => Ok(b.into_tensor()),
-            OutBuf::F32(v) => Tensor::from_vec(v, shape),
-            OutBuf::F64(v) => Tensor::from_vec(v, shape),
-            OutBuf::F16(v) => Tensor::from_vec(v, shape),
-            OutBuf::BF16(v) => Tensor::from_vec(v, shape),
-            OutBuf::Bool(v) => Tensor::from_vec(v, shape),
-        }
-        .map_err(|e| e.to_string())
     }
 }
 
 impl OutPtr {
     /// Writes `vals` at element `at` onwards.
+    #[inline(always)]
     pub(super) fn write<C: Arith>(self, at: usize, vals: &[C]) {
+        #[inline(always)]
         fn go<T: Port, C: Arith>(p: *mut T, at: usize, vals: &[C]) {
             for (i, &v) in vals.iter().enumerate() {
                 // SAFETY: `at + i` is within the buffer (the caller writes its own
@@ -313,7 +288,9 @@ impl OutPtr {
     }
 
     /// Writes `vals`, the walk's elements `start..`, through `strides` per walk dim.
+    #[inline(always)]
     pub(super) fn scatter<C: Arith>(self, pshape: &[usize], strides: &[isize], start: usize, vals: &[C]) {
+        #[inline(always)]
         fn go<T: Port, C: Arith>(p: *mut T, pshape: &[usize], strides: &[isize], start: usize, vals: &[C]) {
             if vals.is_empty() {
                 return;

@@ -8,6 +8,10 @@
 //! each thread keeps its slots (slots × tile elements) across calls, so
 //! intermediates never reach DRAM and a call allocates only its outputs.
 //! Rows longer than [`ROW_MAX`] are streamed instead (see [`Stream`]).
+//!
+//! A tile's instructions run inside [`Simd::run`], so the loops of [`ops`],
+//! [`io`] and [`math`] (all `#[inline(always)]`) are compiled for AVX2 and
+//! AVX-512 as well as the baseline, and the machine's best one runs.
 
 mod io;
 mod math;
@@ -18,9 +22,10 @@ use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::meta::contiguous_strides;
 use switchyard_core::{DType, Device, OutputBuffer, Tensor};
+use switchyard_simd::Simd;
 
 use crate::program::{Instr, Program, Space};
-use io::{OutBuf, OutPtr, Source};
+use io::{OutPtr, Source};
 
 use crate::layout::apply_views;
 use math::Arith;
@@ -133,6 +138,8 @@ impl CpuKernel {
     ) -> Result<Vec<Tensor>, String> {
         let p = &self.program;
         p.check_inputs(inputs, Device::Cpu)?;
+        // Read here, on the caller's thread, for the tiles on every thread.
+        let simd = Simd::current();
         // An input whose run-time layout does not allow one of the region's
         // reshapes as a view (the plan expected another layout) is read from
         // a dense copy of the views before that reshape: slower, still right.
@@ -162,7 +169,7 @@ impl CpuKernel {
         }
         let n = p.numel();
         given.resize_with(p.outputs.len(), || None);
-        let mut outs: Vec<OutBuf> = p
+        let mut outs: Vec<OutputBuffer> = p
             .outputs
             .iter()
             .zip(given)
@@ -179,39 +186,24 @@ impl CpuKernel {
                         b.dtype(),
                         s.dtype
                     )),
-                    Some(b) => Ok(OutBuf::Given(b)),
-                    None => OutBuf::new(s.dtype, len),
+                    Some(b) => Ok(b),
+                    // Zeroed, so that no element is ever uninitialised
+                    // whatever the tiles cover; huge pages when large.
+                    None => Ok(OutputBuffer::new(s.dtype, &s.shape)),
                 }
             })
             .collect::<Result<_, _>>()?;
-        let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutBuf::ptr).collect::<Result<_, _>>()?;
+        let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutPtr::of).collect::<Result<_, _>>()?;
         // Full outputs are dense in the iteration shape; walk their strides in walk order.
         let dense = contiguous_strides(&p.shape);
-        let out_strides: Vec<isize> = self.perm.iter().map(|&d| dense[d]).collect();
-        let identity = self.perm.iter().enumerate().all(|(k, &d)| k == d);
-        // Stores the tile's outputs; row outputs only when its rows are given.
-        let store = |tile: &Tile<C>, r0: Option<usize>| {
-            for (o, s) in out_ptrs.iter().zip(&p.outputs) {
-                // SAFETY: the tile's slots lie in its scratch.
-                let vals = unsafe { self.rd(tile, s.reg) };
-                match p.spaces[s.reg] {
-                    Space::Row => {
-                        if let Some(r0) = r0 {
-                            o.write(r0, vals)
-                        }
-                    }
-                    Space::Full if identity => o.write(tile.start, vals),
-                    Space::Full => o.scatter(&self.pshape, &out_strides, tile.start, vals),
-                }
-            }
+        let stores = Stores {
+            ptrs: &out_ptrs,
+            strides: self.perm.iter().map(|&d| dense[d]).collect(),
+            identity: self.perm.iter().enumerate().all(|(k, &d)| k == d),
         };
         if let Some(stream) = &self.stream {
-            self.run_streamed(stream, &sources, &out_ptrs, &store)?;
-            return outs
-                .into_iter()
-                .zip(&p.outputs)
-                .map(|(b, s)| b.into_tensor(&s.shape))
-                .collect();
+            self.run_streamed::<C>(stream, simd, &sources, &stores)?;
+            return Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect());
         }
         let slot_len = self.tile_rows * self.row_len.max(1);
         let tiles = self.rows.div_ceil(self.tile_rows);
@@ -229,13 +221,17 @@ impl CpuKernel {
                     nr,
                     row_len: self.row_len,
                 };
-                // SAFETY (for `step` and `rd`): every slot holds `slot_len >=
-                // len >= nr` elements of the scratch.
-                for i in 0..p.instrs.len() {
-                    // SAFETY: as above.
-                    unsafe { self.step(i, &sources, &tile, false) };
-                }
-                store(&tile, Some(r0));
+                simd.run(
+                    #[inline(always)]
+                    || {
+                        for i in 0..p.instrs.len() {
+                            // SAFETY: every slot holds `slot_len >= len >= nr`
+                            // elements of the scratch.
+                            unsafe { self.step(i, &sources, &tile, false) };
+                        }
+                        self.store(&stores, &tile, Some(r0));
+                    },
+                )
             })
         };
         if n < PAR_MIN {
@@ -248,16 +244,34 @@ impl CpuKernel {
                 .into_par_iter()
                 .for_each(|g| (g * per_task..((g + 1) * per_task).min(tiles)).for_each(&tile));
         }
-        outs.into_iter()
-            .zip(&p.outputs)
-            .map(|(b, s)| b.into_tensor(&s.shape))
-            .collect()
+        Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect())
+    }
+
+    /// Stores the tile's outputs; row outputs only when its first row `r0`
+    /// is given.
+    #[inline(always)]
+    fn store<C: Arith>(&self, stores: &Stores, tile: &Tile<C>, r0: Option<usize>) {
+        let p = &self.program;
+        for (o, s) in stores.ptrs.iter().zip(&p.outputs) {
+            // SAFETY: the tile's slots lie in its scratch.
+            let vals = unsafe { self.rd(tile, s.reg) };
+            match p.spaces[s.reg] {
+                Space::Row => {
+                    if let Some(r0) = r0 {
+                        o.write(r0, vals)
+                    }
+                }
+                Space::Full if stores.identity => o.write(tile.start, vals),
+                Space::Full => o.scatter(&self.pshape, &stores.strides, tile.start, vals),
+            }
+        }
     }
 
     /// Register `r`'s elements in `tile`.
     ///
     /// # Safety
     /// The tile's scratch holds `nslots * slot_len` elements, `slot_len >= len >= nr`.
+    #[inline(always)]
     unsafe fn rd<'t, C>(&self, tile: &'t Tile<C>, r: usize) -> &'t [C] {
         let n = match self.program.spaces[r] {
             Space::Full => tile.len,
@@ -274,6 +288,7 @@ impl CpuKernel {
     /// As [`Self::rd`]. The slot allocator never gives an instruction's
     /// destination the slot of a register it reads, so the destination never
     /// aliases an operand.
+    #[inline(always)]
     unsafe fn step<C: Arith>(&self, i: usize, sources: &[Option<Source>], tile: &Tile<C>, partial: bool) {
         let ins = &self.program.instrs[i];
         let d = ins.dst();
@@ -317,6 +332,15 @@ impl CpuKernel {
             }
         }
     }
+}
+
+/// Where a kernel's outputs go: their elements, and the strides of the
+/// walk's dims in them.
+struct Stores<'a> {
+    ptrs: &'a [OutPtr],
+    strides: Vec<isize>,
+    /// Whether the walk is the outputs' own order.
+    identity: bool,
 }
 
 /// One tile being computed: the scratch its slots live in, and which

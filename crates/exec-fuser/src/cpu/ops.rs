@@ -1,5 +1,6 @@
 //! The instructions of a program over one tile: plain loops over slices that
-//! the compiler vectorises.
+//! the compiler vectorises. Everything is `#[inline(always)]`, so that it is
+//! compiled for the SIMD level the tile runs at (see `switchyard_simd`).
 
 use half::{bf16, f16};
 use switchyard_core::DType;
@@ -7,14 +8,23 @@ use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
 
 use super::math::Arith;
 
+/// `dst[i] = f(a[i])`.
+#[inline(always)]
+fn map<C: Copy>(a: &[C], dst: &mut [C], f: impl Fn(C) -> C) {
+    for (d, &x) in dst.iter_mut().zip(a) {
+        *d = f(x);
+    }
+}
+
+#[inline(always)]
 fn truth<C: Arith>(b: bool) -> C {
     if b { C::one() } else { C::zero() }
 }
 
+#[inline(always)]
 pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
     let zero = C::zero();
     let one = C::one();
-    let map = |dst: &mut [C], f: &dyn Fn(C) -> C| dst.iter_mut().zip(a).for_each(|(d, &x)| *d = f(x));
     match op {
         UnaryOp::Neg => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = -x),
         UnaryOp::Abs => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.abs()),
@@ -26,19 +36,20 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
         UnaryOp::Exp => C::exp_tile(a, dst),
         UnaryOp::Tanh => C::tanh_tile(a, dst),
         UnaryOp::Sigmoid => C::sigmoid_tile(a, dst),
-        UnaryOp::Log => map(dst, &|x| x.ln()),
-        UnaryOp::Sqrt => map(dst, &|x| x.sqrt()),
-        UnaryOp::Rsqrt => map(dst, &|x| one / x.sqrt()),
-        UnaryOp::Sin => map(dst, &|x| x.sin()),
-        UnaryOp::Cos => map(dst, &|x| x.cos()),
-        UnaryOp::Erf => map(dst, &|x| x.erf()),
-        UnaryOp::LogicalNot => map(dst, &|x| truth(x == zero)),
-        UnaryOp::Floor => map(dst, &|x| x.floor()),
-        UnaryOp::Ceil => map(dst, &|x| x.ceil()),
-        UnaryOp::Round => map(dst, &|x| x.round_even()),
+        UnaryOp::Log => C::ln_tile(a, dst),
+        UnaryOp::Sqrt => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.sqrt()),
+        UnaryOp::Rsqrt => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = one / x.sqrt()),
+        UnaryOp::Sin => C::sin_tile(a, dst),
+        UnaryOp::Cos => C::cos_tile(a, dst),
+        UnaryOp::Erf => C::erf_tile(a, dst),
+        UnaryOp::LogicalNot => map(a, dst, |x| truth(x == zero)),
+        UnaryOp::Floor => map(a, dst, |x| x.floor()),
+        UnaryOp::Ceil => map(a, dst, |x| x.ceil()),
+        UnaryOp::Round => map(a, dst, |x| x.round_even()),
     }
 }
 
+#[inline(always)]
 pub(super) fn binary<C: Arith>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
     let zero = C::zero();
     let it = dst.iter_mut().zip(a.iter().zip(b));
@@ -84,6 +95,7 @@ pub(super) fn binary<C: Arith>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
     }
 }
 
+#[inline(always)]
 pub(super) fn select<C: Arith>(cond: &[C], a: &[C], b: &[C], dst: &mut [C]) {
     let zero = C::zero();
     for (((d, &c), &x), &y) in dst.iter_mut().zip(cond).zip(a).zip(b) {
@@ -92,20 +104,21 @@ pub(super) fn select<C: Arith>(cond: &[C], a: &[C], b: &[C], dst: &mut [C]) {
 }
 
 /// Rounds through `to`, as a cast to it and back would.
+#[inline(always)]
 pub(super) fn cast<C: Arith>(to: DType, a: &[C], dst: &mut [C]) {
     let zero = C::zero();
-    let map = |dst: &mut [C], f: &dyn Fn(C) -> C| dst.iter_mut().zip(a).for_each(|(d, &x)| *d = f(x));
     match to {
-        DType::F16 => map(dst, &|x| C::from_f32(f16::from_f64(x.to_f64()).to_f32())),
-        DType::BF16 => map(dst, &|x| C::from_f32(bf16::from_f64(x.to_f64()).to_f32())),
-        DType::F32 => map(dst, &|x| C::from_f32(x.to_f32())),
-        DType::Bool => map(dst, &|x| truth(x != zero)),
+        DType::F16 => map(a, dst, |x| C::from_f32(f16::from_f64(x.to_f64()).to_f32())),
+        DType::BF16 => map(a, dst, |x| C::from_f32(bf16::from_f64(x.to_f64()).to_f32())),
+        DType::F32 => map(a, dst, |x| C::from_f32(x.to_f32())),
+        DType::Bool => map(a, dst, |x| truth(x != zero)),
         _ => dst.copy_from_slice(a),
     }
 }
 
 /// Sums with eight independent accumulators: vectorised, and more accurate
 /// than one running sum.
+#[inline(always)]
 fn sum<C: Arith>(xs: &[C]) -> C {
     let mut acc = [C::zero(); 8];
     let mut chunks = xs.chunks_exact(8);
@@ -119,6 +132,7 @@ fn sum<C: Arith>(xs: &[C]) -> C {
     (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
 }
 
+#[inline(always)]
 fn extreme<C: Arith>(xs: &[C], max: bool) -> C {
     let mut acc = [if max { C::neg_infinity() } else { C::infinity() }; 8];
     let mut nan = false;
@@ -143,6 +157,7 @@ fn extreme<C: Arith>(xs: &[C], max: bool) -> C {
 }
 
 /// Reduces each row (of `row_len` elements) of `a` into `dst`.
+#[inline(always)]
 pub(super) fn reduce<C: Arith>(op: ReduceOp, a: &[C], row_len: usize, dst: &mut [C]) {
     let inv = C::one() / C::from_f64(row_len as f64);
     for (r, d) in dst.iter_mut().enumerate() {
@@ -158,6 +173,7 @@ pub(super) fn reduce<C: Arith>(op: ReduceOp, a: &[C], row_len: usize, dst: &mut 
 }
 
 /// Broadcasts each row value of `a` over its `row_len` elements of `dst`.
+#[inline(always)]
 pub(super) fn expand<C: Arith>(a: &[C], row_len: usize, dst: &mut [C]) {
     for (r, &x) in a.iter().enumerate() {
         dst[r * row_len..(r + 1) * row_len].fill(x);
@@ -168,6 +184,7 @@ pub(super) fn expand<C: Arith>(a: &[C], row_len: usize, dst: &mut [C]) {
 /// element `start + k` along a dim of size `size` with `inner` elements
 /// below it; copied a run of equal coordinates at a time. `part(j)` is the
 /// `j`-th part's register.
+#[inline(always)]
 pub(super) fn cat<'a, C: Arith>(
     ranges: &[(usize, usize, usize)],
     part: impl Fn(usize) -> &'a [C],

@@ -3,10 +3,11 @@
 
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
+use switchyard_simd::Simd;
 
-use super::io::{OutPtr, Source};
+use super::io::Source;
 use super::math::Arith;
-use super::{CHUNK, CpuKernel, PAR_MIN, Tile, ops};
+use super::{CHUNK, CpuKernel, PAR_MIN, Stores, Tile, ops};
 use crate::program::{Action, Instr, Passes, Program, Space};
 
 /// How a program whose rows are longer than a tile runs: its [`Passes`],
@@ -42,9 +43,9 @@ impl CpuKernel {
     pub(super) fn run_streamed<C: Arith>(
         &self,
         stream: &Stream,
+        simd: Simd,
         sources: &[Option<Source>],
-        out_ptrs: &[OutPtr],
-        store: &(impl Fn(&Tile<C>, Option<usize>) + Sync),
+        stores: &Stores,
     ) -> Result<(), String> {
         let p = &self.program;
         let rows = self.rows;
@@ -54,8 +55,10 @@ impl CpuKernel {
         // Row registers of every row; per call, as rows are few when they are this long.
         let mut rowvals = vec![C::zero(); stream.rows_regs * rows];
         let at = |r: usize| stream.row_slot[r] * rows;
-        // Runs `actions` on chunk `item`, then `then` on the tile.
-        let chunk = |item: usize, actions: &[Action], rowvals: &[C], then: &dyn Fn(&Tile<C>, usize)| {
+        // Runs `actions` on chunk `item`, then stores the tile's outputs
+        // (`reduces` empty) or returns the values of `reduces` (their
+        // partial results).
+        let chunk = |item: usize, actions: &[Action], rowvals: &[C], reduces: &[usize]| -> Vec<C> {
             let (row, c) = (item / chunks, item % chunks);
             let c0 = c * CHUNK;
             let len = CHUNK.min(row_len - c0);
@@ -68,14 +71,30 @@ impl CpuKernel {
                     nr: 1,
                     row_len: len,
                 };
-                for a in actions {
-                    match *a {
-                        // SAFETY: the scratch holds `nslots` slots of CHUNK >= len elements.
-                        Action::Exec(i) => unsafe { self.step(i, sources, &tile, true) },
-                        Action::Fetch(r) => scratch[self.slots[r] * CHUNK] = rowvals[at(r) + row],
-                    }
-                }
-                then(&tile, row);
+                simd.run(
+                    #[inline(always)]
+                    || {
+                        for a in actions {
+                            match *a {
+                                // SAFETY: the scratch holds `nslots` slots of CHUNK >= len elements.
+                                Action::Exec(i) => unsafe { self.step(i, sources, &tile, true) },
+                                // SAFETY: as above; no slot of the tile is borrowed here.
+                                Action::Fetch(r) => unsafe {
+                                    tile.base.add(self.slots[r] * CHUNK).write(rowvals[at(r) + row])
+                                },
+                            }
+                        }
+                        if reduces.is_empty() {
+                            self.store(stores, &tile, None);
+                            return Vec::new();
+                        }
+                        reduces
+                            .iter()
+                            // SAFETY: the tile's slots lie in its scratch.
+                            .map(|&i| unsafe { self.rd(&tile, p.instrs[i].dst()) }[0])
+                            .collect()
+                    },
+                )
             })
         };
         let run_rows = |list: &[usize], rowvals: &mut [C]| {
@@ -98,17 +117,7 @@ impl CpuKernel {
         let par = rows * row_len >= PAR_MIN;
         for (ph, (actions, reduces)) in stream.passes.phases.iter().enumerate() {
             run_rows(&stream.passes.row_instrs[ph], &mut rowvals);
-            let partial = |item: usize| -> Vec<C> {
-                let out = std::cell::RefCell::new(Vec::with_capacity(reduces.len()));
-                chunk(item, actions, &rowvals, &|tile, _| {
-                    for &i in reduces {
-                        // SAFETY: the tile's slots lie in its scratch.
-                        out.borrow_mut()
-                            .push(unsafe { self.rd(tile, p.instrs[i].dst()) }[0]);
-                    }
-                });
-                out.into_inner()
-            };
+            let partial = |item: usize| chunk(item, actions, &rowvals, reduces);
             let partials: Vec<Vec<C>> = if par {
                 (0..items).into_par_iter().map(partial).collect()
             } else {
@@ -134,13 +143,15 @@ impl CpuKernel {
             &mut rowvals,
         );
         let rowvals = &rowvals;
-        let last = |item: usize| chunk(item, &stream.passes.last, rowvals, &|tile, _| store(tile, None));
+        let last = |item: usize| {
+            chunk(item, &stream.passes.last, rowvals, &[]);
+        };
         if par {
             (0..items).into_par_iter().for_each(last);
         } else {
             (0..items).for_each(last);
         }
-        for (o, s) in out_ptrs.iter().zip(&p.outputs) {
+        for (o, s) in stores.ptrs.iter().zip(&p.outputs) {
             if p.spaces[s.reg] == Space::Row {
                 o.write(0, &rowvals[at(s.reg)..at(s.reg) + rows]);
             }

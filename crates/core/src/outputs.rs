@@ -1,0 +1,158 @@
+//! Output buffers a compiled plan takes back and writes again.
+//!
+//! A plan's outputs leave the run: the memory plan cannot place them in
+//! the arena, which the next run reuses. Allocated afresh each run, they
+//! fault in new pages on every write, which costs more than the kernel on
+//! a streaming workload. So a caller that is done with a run's outputs hands
+//! them back ([`crate::runtime::CompiledPlan::recycle`]) and the next run
+//! writes into them; or it gives its own buffers
+//! ([`crate::runtime::CompiledPlan::run_into`]).
+//!
+//! Soundness as with the arena: a tensor is taken back only if it is the
+//! only reference to a whole buffer of its own
+//! ([`OutputBuffer::reclaim`]); one still referenced anywhere is refused and
+//! never written.
+
+use std::sync::Mutex;
+
+use crate::arena::OutputBuffer;
+use crate::dtype::DType;
+use crate::meta::{TensorMeta, numel};
+use crate::tensor::Tensor;
+
+/// Buffers handed back, waiting for the next run.
+#[derive(Debug)]
+pub(crate) struct OutputPool {
+    free: Mutex<Vec<OutputBuffer>>,
+    /// At most this many are kept: one per output of the plan.
+    cap: usize,
+}
+
+impl OutputPool {
+    pub(crate) fn new(cap: usize) -> OutputPool {
+        OutputPool {
+            free: Mutex::new(Vec::new()),
+            cap,
+        }
+    }
+
+    /// A buffer for `dtype` elements of `shape`, if one was handed back.
+    pub(crate) fn take(&self, dtype: DType, shape: &[usize]) -> Option<OutputBuffer> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let len = numel(shape);
+        let at = free.iter().position(|b| b.dtype() == dtype && b.len() == len)?;
+        Some(free.swap_remove(at).reshaped(shape))
+    }
+
+    /// Keeps `t`'s buffer if nothing else refers to it and there is room;
+    /// whether it was kept.
+    pub(crate) fn give(&self, t: Tensor) -> bool {
+        // Empty buffers save nothing.
+        if t.numel() == 0 {
+            return false;
+        }
+        let Ok(buf) = OutputBuffer::reclaim(t) else {
+            return false;
+        };
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() >= self.cap {
+            return false;
+        }
+        free.push(buf);
+        true
+    }
+}
+
+/// One run's output buffers, by trace output: the caller's, or from the
+/// pool; and which outputs ended up in one.
+pub(crate) struct RunOutputs {
+    given: Vec<Option<OutputBuffer>>,
+    /// Whether to take buffers from the pool.
+    pool: bool,
+    /// The identity of the buffer handed to the kernel of each output.
+    handed: Vec<Option<usize>>,
+    pub(crate) reused: Vec<bool>,
+}
+
+impl RunOutputs {
+    /// For a run with `n` outputs, `given` buffers, taking from the pool or not.
+    pub(crate) fn new(mut given: Vec<Option<OutputBuffer>>, n: usize, pool: bool) -> RunOutputs {
+        given.resize_with(n, || None);
+        RunOutputs {
+            given,
+            pool,
+            handed: vec![None; n],
+            reused: vec![false; n],
+        }
+    }
+
+    /// The buffer output `k` (of `meta`) goes into, if there is one.
+    pub(crate) fn hand_out(
+        &mut self,
+        k: usize,
+        meta: &TensorMeta,
+        pool: &OutputPool,
+    ) -> Option<OutputBuffer> {
+        let b = match self.given[k].take() {
+            Some(b) => b,
+            None if self.pool => pool.take(meta.dtype, &meta.shape)?,
+            None => return None,
+        };
+        self.handed[k] = Some(b.id());
+        Some(b)
+    }
+
+    /// Notes that the kernel returned `t` for output `k`.
+    pub(crate) fn written(&mut self, k: usize, t: &Tensor) {
+        self.reused[k] = self.handed[k] == Some(t.storage_id());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(shape: &[usize]) -> Tensor {
+        let mut b = OutputBuffer::new(DType::F32, shape);
+        b.slice_mut::<f32>().unwrap().fill(2.0);
+        b.into_tensor()
+    }
+
+    #[test]
+    fn a_buffer_handed_back_serves_an_output_of_the_same_size() {
+        let pool = OutputPool::new(2);
+        let t = written(&[4, 3]);
+        let id = t.storage_id();
+        assert!(pool.give(t));
+        assert!(pool.take(DType::F64, &[12]).is_none(), "another dtype");
+        assert!(pool.take(DType::F32, &[13]).is_none(), "another size");
+        let b = pool.take(DType::F32, &[2, 6]).unwrap();
+        assert_eq!(b.shape(), &[2, 6]);
+        assert_eq!(b.into_tensor().storage_id(), id, "the same memory");
+        assert!(pool.take(DType::F32, &[12]).is_none(), "handed out once");
+    }
+
+    #[test]
+    fn a_buffer_still_referenced_is_never_taken_back() {
+        let pool = OutputPool::new(4);
+        let t = written(&[8]);
+        let view = t.clone();
+        assert!(!pool.give(t), "a clone still reads it");
+        let part = view.view(vec![4], vec![1], 0).unwrap();
+        assert!(!pool.give(part), "a view of part of it");
+        assert!(
+            !pool.give(Tensor::from_vec(vec![1f32; 8], &[8]).unwrap()),
+            "not an output buffer"
+        );
+        assert!(pool.take(DType::F32, &[8]).is_none());
+        assert_eq!(view.to_vec::<f32>().unwrap(), vec![2.0; 8], "left alone");
+        assert!(pool.give(view), "the last reference");
+    }
+
+    #[test]
+    fn the_pool_keeps_at_most_its_capacity() {
+        let pool = OutputPool::new(1);
+        assert!(pool.give(written(&[3])));
+        assert!(!pool.give(written(&[3])));
+    }
+}

@@ -1,0 +1,273 @@
+//! Every function against an f64 reference, in ulp of the f32 result, over
+//! a dense sample of all bit patterns (all of them with `--ignored`), at
+//! every level this machine has.
+
+use super::*;
+use crate::{Level, Simd, supported};
+
+/// A function under test, its f64 reference and its documented bound.
+struct Fun {
+    name: &'static str,
+    f: fn(&[f32], &mut [f32]),
+    reference: fn(f64) -> f64,
+    bound: f64,
+}
+
+const FUNS: [Fun; 8] = [
+    Fun {
+        name: "exp",
+        f: exp,
+        reference: f64::exp,
+        bound: EXP_ULP,
+    },
+    Fun {
+        name: "ln",
+        f: ln,
+        reference: f64::ln,
+        bound: LN_ULP,
+    },
+    Fun {
+        name: "tanh",
+        f: tanh,
+        reference: f64::tanh,
+        bound: TANH_ULP,
+    },
+    Fun {
+        name: "sigmoid",
+        f: sigmoid,
+        reference: |x| 1.0 / (1.0 + (-x).exp()),
+        bound: SIGMOID_ULP,
+    },
+    Fun {
+        name: "erf",
+        f: erf,
+        reference: libm::erf,
+        bound: ERF_ULP,
+    },
+    Fun {
+        name: "sin",
+        f: sin,
+        reference: f64::sin,
+        bound: SINCOS_ULP,
+    },
+    Fun {
+        name: "cos",
+        f: cos,
+        reference: f64::cos,
+        bound: SINCOS_ULP,
+    },
+    Fun {
+        name: "rsqrt",
+        f: rsqrt,
+        reference: |x| 1.0 / x.sqrt(),
+        bound: RSQRT_ULP,
+    },
+];
+
+/// The error of `got` against the exact `want`, in ulp of `want` rounded
+/// to f32; infinite where the kind of value differs (NaN, inf, finite).
+fn ulp_error(got: f32, want: f64) -> f64 {
+    if want.is_nan() || got.is_nan() {
+        return if want.is_nan() && got.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+    }
+    let want32 = want as f32;
+    if want32.is_infinite() || got.is_infinite() {
+        return if got == want32 { 0.0 } else { f64::INFINITY };
+    }
+    let ulp = if want32.abs() < f32::MIN_POSITIVE {
+        f64::from(f32::from_bits(1))
+    } else {
+        let e = (want32.abs().to_bits() >> 23) as i32 - 127;
+        2f64.powi(e - 23)
+    };
+    (got as f64 - want).abs() / ulp
+}
+
+/// The arguments every function is checked at besides the sample.
+fn specials() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x007f_ffff),
+        f32::MAX,
+        f32::MIN,
+        f32::EPSILON,
+        1.0,
+        -1.0,
+        0.625,
+        3.95,
+        88.72,
+        88.73,
+        89.0,
+        -87.33,
+        -103.97,
+        -104.0,
+        -104.1,
+        1e5,
+        1e5 + 8.0,
+        std::f32::consts::FRAC_PI_2,
+        std::f32::consts::PI,
+        // f32 arguments close to multiples of π/2 (sin or cos of them is tiny).
+        7.853_982e5,
+        8_248.251,
+    ];
+    let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+    v.extend(neg);
+    v
+}
+
+/// Worst error of `fun` at `level` over `xs`, and where.
+fn worst(fun: &Fun, level: Level, xs: &[f32]) -> (f64, f32) {
+    let mut out = vec![0f32; xs.len()];
+    Simd::new(level).unwrap().run(|| (fun.f)(xs, &mut out));
+    let mut worst = (0.0, 0.0);
+    for (&x, &got) in xs.iter().zip(&out) {
+        let e = ulp_error(got, (fun.reference)(x as f64));
+        if e > worst.0 {
+            worst = (e, x);
+        }
+    }
+    worst
+}
+
+/// Every `step`-th bit pattern, in blocks.
+fn sample(step: u64, mut each: impl FnMut(&[f32])) {
+    let mut block = Vec::with_capacity(1 << 16);
+    let mut bits = 0u64;
+    while bits < 1 << 32 {
+        block.push(f32::from_bits(bits as u32));
+        if block.len() == block.capacity() {
+            each(&block);
+            block.clear();
+        }
+        bits += step;
+    }
+    each(&block);
+}
+
+fn check_all(step: u64) {
+    let levels = supported();
+    for fun in &FUNS {
+        let mut max = worst(fun, Level::Scalar, &specials());
+        let mut same = true;
+        sample(step, |xs| {
+            let w = worst(fun, Level::Scalar, xs);
+            if w.0 > max.0 {
+                max = w;
+            }
+            let at = |l: Level| {
+                let mut out = vec![0f32; xs.len()];
+                Simd::new(l).unwrap().run(|| (fun.f)(xs, &mut out));
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let scalar = at(Level::Scalar);
+            same &= levels.iter().all(|&l| at(l) == scalar);
+        });
+        println!("{}: max {:.3} ulp at {:e}", fun.name, max.0, max.1);
+        assert!(
+            max.0 <= fun.bound,
+            "{}: {} ulp at {:e} ({:#x}), documented {}",
+            fun.name,
+            max.0,
+            max.1,
+            max.1.to_bits(),
+            fun.bound
+        );
+        assert!(same, "{}: the levels give different bits", fun.name);
+    }
+}
+
+#[test]
+fn every_function_is_within_its_documented_error_on_a_dense_sample() {
+    check_all(4099);
+}
+
+#[test]
+#[ignore = "all 2^32 arguments: minutes in release"]
+fn every_function_is_within_its_documented_error_everywhere() {
+    check_all(1);
+}
+
+#[test]
+fn special_values_come_out_as_libm_gives_them() {
+    let one = |f: fn(&[f32], &mut [f32]), x: f32| {
+        let mut o = [0f32];
+        f(&[x], &mut o);
+        o[0]
+    };
+    let inf = f32::INFINITY;
+    assert_eq!(one(exp, inf), inf);
+    assert_eq!(one(exp, -inf), 0.0);
+    assert_eq!(one(exp, 89.0), inf);
+    assert_eq!(one(exp, -0.0), 1.0);
+    assert_eq!(one(ln, 0.0), -inf);
+    assert_eq!(one(ln, -0.0), -inf);
+    assert!(one(ln, -1.0).is_nan());
+    assert_eq!(one(ln, inf), inf);
+    assert_eq!(one(ln, 1.0), 0.0);
+    assert_eq!(one(tanh, inf), 1.0);
+    assert_eq!(one(tanh, -inf), -1.0);
+    assert_eq!(one(sigmoid, inf), 1.0);
+    assert_eq!(one(sigmoid, -inf), 0.0);
+    assert_eq!(one(erf, inf), 1.0);
+    assert_eq!(one(erf, -inf), -1.0);
+    assert!(one(sin, inf).is_nan() && one(cos, -inf).is_nan());
+    assert_eq!(one(rsqrt, 0.0), inf);
+    assert!(one(rsqrt, -1.0).is_nan());
+    for f in [exp, ln, tanh, sigmoid, erf, sin, cos, rsqrt] {
+        assert!(one(f, f32::NAN).is_nan());
+    }
+    // Odd functions keep the sign of zero.
+    for f in [tanh, erf, sin] {
+        assert!(one(f, -0.0).is_sign_negative() && one(f, -0.0) == 0.0);
+        assert!(one(f, 0.0).is_sign_positive());
+    }
+    // Subnormal arguments keep their relative accuracy.
+    let tiny = f32::from_bits(3);
+    assert_eq!(one(tanh, tiny), tiny);
+    assert_eq!(one(sin, tiny), tiny);
+}
+
+#[test]
+fn the_error_measure_catches_what_it_should() {
+    assert_eq!(ulp_error(1.0, 1.0), 0.0);
+    assert_eq!(ulp_error(1.0 + f32::EPSILON, 1.0), 1.0);
+    assert_eq!(ulp_error(f32::INFINITY, 1e39), 0.0);
+    assert_eq!(ulp_error(f32::MAX, 1e39), f64::INFINITY);
+    assert_eq!(ulp_error(f32::NAN, 1.0), f64::INFINITY);
+    assert_eq!(ulp_error(f32::from_bits(2), 0.0), 2.0);
+}
+
+#[test]
+fn one_value_functions_give_the_bits_of_the_slice_functions() {
+    type Slice = fn(&[f32], &mut [f32]);
+    type One = fn(f32) -> f32;
+    let singles: [(Slice, One); 8] = [
+        (exp, expf),
+        (ln, lnf),
+        (tanh, tanhf),
+        (sigmoid, sigmoidf),
+        (erf, erff),
+        (sin, sinf),
+        (cos, cosf),
+        (rsqrt, rsqrtf),
+    ];
+    let mut xs = specials();
+    sample(1_000_003, |b| xs.extend_from_slice(b));
+    for (slice, one) in singles {
+        let mut out = vec![0f32; xs.len()];
+        slice(&xs, &mut out);
+        for (&x, &o) in xs.iter().zip(&out) {
+            assert_eq!(one(x).to_bits(), o.to_bits(), "at {x:e}");
+        }
+    }
+}
