@@ -216,6 +216,7 @@ impl Planning {
             None => Config::default(),
         };
         config.allow_tf32 |= self.allow_tf32;
+        switchyard_core::threads::configure(config.threads)?;
         Ok(config)
     }
 

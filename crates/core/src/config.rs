@@ -10,6 +10,7 @@
 //!
 //! hint_policy = "strict"  # or "prefer": hints that cannot be honoured warn
 //! allow_tf32 = false      # f32 matrix products on TF32 tensor cores (off: IEEE f32)
+//! threads = 4             # CPU kernel threads (default: one per core; SWITCHYARD_THREADS wins)
 //!
 //! [options.myexec]
 //! tile = 64
@@ -129,6 +130,10 @@ pub struct Config {
     /// overrides it). Off by default: f32 is computed as IEEE f32.
     #[serde(default)]
     pub allow_tf32: bool,
+    /// Threads the CPU kernels use (see [`crate::threads`]); absent: one
+    /// per core.
+    #[serde(default)]
+    pub threads: Option<usize>,
     /// `[[plugin]]`: executor plugins to load (shared libraries).
     #[serde(default)]
     pub plugin: Vec<PluginConfig>,

@@ -45,6 +45,7 @@ pub mod runtime;
 pub mod schedule;
 pub mod tensor;
 pub mod text;
+pub mod threads;
 
 pub use arena::OutputBuffer;
 pub use dtype::{DType, Element, Scalar};

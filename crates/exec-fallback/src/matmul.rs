@@ -62,6 +62,11 @@ impl GemmElem for f32 {}
 impl GemmElem for f64 {}
 impl GemmElem for f16 {}
 
+/// Multiply-adds below which a matrix product runs on the calling thread:
+/// waking the pool costs about 10 µs, what about 2^20 multiply-adds take
+/// on one core.
+const GEMM_PAR_MIN: usize = 1 << 20;
+
 fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
     let (m, n, k) = (l.m, l.n, l.k);
     let nb = l.a_offsets.len();
@@ -70,8 +75,11 @@ fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
         return out;
     }
     let threads = rayon::current_num_threads();
-    // Many small products: one per thread. Few large ones: gemm's own threads.
-    let per_batch_parallel = nb >= threads * 2 && m * n * k < (1 << 18);
+    let work = nb.saturating_mul(m * n * k);
+    // Many small products: one per thread. Few large ones: gemm's own
+    // threads. Little work in all: this thread alone, as handing work to
+    // the pool costs more (see GEMM_PAR_MIN).
+    let per_batch_parallel = nb >= threads * 2 && m * n * k < (1 << 18) && work >= GEMM_PAR_MIN;
     let one = |dst: &mut [T], i: usize, par: gemm::Parallelism| {
         // The offsets and strides come from tensors whose views were checked
         // against their buffers, so every element gemm reads lies inside `a`/`b`;
@@ -111,7 +119,7 @@ fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
             .enumerate()
             .for_each(|(i, dst)| one(dst, i, gemm::Parallelism::None));
     } else {
-        let par = if threads > 1 {
+        let par = if threads > 1 && m * n * k >= GEMM_PAR_MIN {
             gemm::Parallelism::Rayon(threads)
         } else {
             gemm::Parallelism::None
@@ -129,7 +137,7 @@ fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
     if n == 0 {
         return out;
     }
-    out.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
+    let row = |(row, dst): (usize, &mut [T])| {
         let (i, r) = (row / m.max(1), row % m.max(1));
         let ab = l.a_offsets[i] as isize + r as isize * l.a_rs;
         let bb = l.b_offsets[i] as isize;
@@ -140,7 +148,12 @@ fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
                 *d = d.wrapping_add(&av.wrapping_mul(&b[(brow + c as isize * l.b_cs) as usize]));
             }
         }
-    });
+    };
+    if l.a_offsets.len().saturating_mul(m * n * k) < GEMM_PAR_MIN {
+        out.chunks_mut(n).enumerate().for_each(row);
+    } else {
+        out.par_chunks_mut(n).enumerate().for_each(row);
+    }
     out
 }
 

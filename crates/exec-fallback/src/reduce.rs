@@ -154,10 +154,14 @@ where
             }
         };
         let c = chunk_len(n_out);
-        spare
-            .par_chunks_mut(c)
-            .enumerate()
-            .for_each(|(i, ch)| process(i * c, ch));
+        if c >= n_out {
+            process(0, spare);
+        } else {
+            spare
+                .par_chunks_mut(c)
+                .enumerate()
+                .for_each(|(i, ch)| process(i * c, ch));
+        }
     } else {
         // Outer strategy: the innermost kept dim is unit-stride; accumulate whole
         // rows of it across the reduced dims.
@@ -204,14 +208,19 @@ where
             }
         };
         let rows_per = chunk_len(rows);
-        spare
-            .par_chunks_mut(rows_per * inner)
-            .enumerate()
-            .for_each(|(i, ch)| {
-                for (r, o) in ch.chunks_mut(inner).enumerate() {
-                    process_row(i * rows_per + r, o);
-                }
-            });
+        let block = |i: usize, ch: &mut [MaybeUninit<T>]| {
+            for (r, o) in ch.chunks_mut(inner).enumerate() {
+                process_row(i * rows_per + r, o);
+            }
+        };
+        if rows_per >= rows {
+            block(0, spare);
+        } else {
+            spare
+                .par_chunks_mut(rows_per * inner)
+                .enumerate()
+                .for_each(|(i, ch)| block(i, ch));
+        }
     }
     // SAFETY: both strategies write every element of `spare[..n_out]`: the first
     // walks each chunk element by element, the second writes each row in full.

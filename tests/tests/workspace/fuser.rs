@@ -59,6 +59,19 @@ fn check(trace: &Trace, seed: u64) -> usize {
 }
 
 #[test]
+fn a_cat_along_rows_longer_than_a_tile_reads_each_part_where_it_lies() {
+    // Rows of 1500 split across tiles of 1024: a run cut by a tile's end
+    // may lie wholly before, inside or after a part's window.
+    for width in [1500, 700, 37] {
+        let src = format!(
+            "input x: f32[3, {width}]\na = slice(x, start=[0, 1], end=[3, {width}], step=[1, 1])\n\
+             b = slice(x, start=[0, 0], end=[3, 1], step=[1, 1])\nc = cat(a, b, dim=1)\ny = mul(c, 2.0)\noutput y\n"
+        );
+        assert!(check(&parse(&src).unwrap(), 3) >= 1, "{width}");
+    }
+}
+
+#[test]
 fn every_claimed_op_in_every_float_dtype() {
     let unary = [
         "neg",

@@ -451,6 +451,40 @@ fn config_files_choose_executors_and_cost_model() {
 }
 
 #[test]
+fn threads_come_from_the_environment_or_the_config() {
+    // One thread runs, and gives the bits of the default.
+    let one = ok(with_config("run", "threads = 1\n"));
+    let all = ok(bin().arg("run").arg(example("mlp.trace")).output().unwrap());
+    let outputs = |s: &str| s[s.find("outputs:").unwrap()..s.find("time:").unwrap()].to_string();
+    assert_eq!(outputs(&one), outputs(&all));
+    let e = fails(with_config("run", "threads = 0\n"));
+    assert!(e.contains("`threads`: must be at least 1"), "{e}");
+    let e = fails(
+        bin()
+            .arg("run")
+            .arg(example("mlp.trace"))
+            .env("SWITCHYARD_THREADS", "many")
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("`SWITCHYARD_THREADS`: \"many\" is not a thread count"),
+        "{e}"
+    );
+    // The variable wins over the config.
+    let cfg = scratch("zero-threads.toml");
+    std::fs::write(&cfg, "threads = 0\n").unwrap();
+    ok(bin()
+        .arg("run")
+        .arg(example("mlp.trace"))
+        .arg("--config")
+        .arg(&cfg)
+        .env("SWITCHYARD_THREADS", "2")
+        .output()
+        .unwrap());
+}
+
+#[test]
 fn calibrate_writes_a_profile_config_can_use() {
     let profile = scratch("cpu.toml");
     ok(bin()

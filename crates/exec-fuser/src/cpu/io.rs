@@ -189,8 +189,11 @@ impl Source<'_> {
         let at = |idx: &[usize; MAX_RANK]| -> isize {
             self.offset + (0..rank).map(|d| idx[d] as isize * self.walk[d]).sum::<isize>()
         };
-        let inside =
-            |idx: &[usize; MAX_RANK]| self.masks.iter().all(|&(d, lo, hi)| (lo..hi).contains(&idx[d]));
+        let inside_outer = |idx: &[usize; MAX_RANK]| {
+            self.masks
+                .iter()
+                .all(|&(d, lo, hi)| d + 1 == rank || (lo..hi).contains(&idx[d]))
+        };
         let inner = if rank == 0 { 1 } else { pshape[rank - 1] };
         let step = if rank == 0 { 0 } else { self.walk[rank - 1] };
         let mut k = 0;
@@ -204,21 +207,30 @@ impl Source<'_> {
             let off = at(&idx);
             let out = &mut dst[k..k + run];
             if self.masks.is_empty() {
-                for (j, d) in out.iter_mut().enumerate() {
-                    *d = data[(off + j as isize * step) as usize].get();
-                }
+                read_run(data, off, step, out);
             } else {
-                for (j, d) in out.iter_mut().enumerate() {
-                    let mut here = idx;
-                    if rank > 0 {
-                        here[rank - 1] += j;
-                    }
-                    *d = if inside(&here) {
-                        data[(off + j as isize * step) as usize].get()
-                    } else {
-                        C::zero()
-                    };
+                // Along the run only the innermost coordinate moves: masks on
+                // other dims hold for all of it or none, and those on the
+                // innermost dim leave one window of it to read.
+                let (mut lo, mut hi) = (0, run);
+                if !inside_outer(&idx) {
+                    hi = 0;
                 }
+                if rank > 0 {
+                    let c0 = idx[rank - 1];
+                    for &(d, mlo, mhi) in &self.masks {
+                        if d == rank - 1 {
+                            lo = lo.max(mlo.saturating_sub(c0));
+                            hi = hi.min(mhi.saturating_sub(c0));
+                        }
+                    }
+                }
+                // A run cut short by the tile's end may stop before the window.
+                let lo = lo.min(run);
+                let hi = hi.max(lo);
+                out[..lo].fill(C::zero());
+                read_run(data, off + lo as isize * step, step, &mut out[lo..hi]);
+                out[hi..].fill(C::zero());
             }
             k += run;
             // Carry into the outer dims.
@@ -231,6 +243,30 @@ impl Source<'_> {
                 idx[d] = 0;
                 d -= 1;
                 idx[d] += 1;
+            }
+        }
+    }
+}
+
+/// `out[j] = data[off + j * step]`: a copy when the run is contiguous, a
+/// fill when it is broadcast.
+#[inline(always)]
+fn read_run<T: Port, C: Arith>(data: &[T], off: isize, step: isize, out: &mut [C]) {
+    if out.is_empty() {
+        return;
+    }
+    let off = off as usize;
+    match step {
+        1 => {
+            let n = out.len();
+            for (d, &v) in out.iter_mut().zip(&data[off..off + n]) {
+                *d = v.get();
+            }
+        }
+        0 => out.fill(data[off].get()),
+        _ => {
+            for (j, d) in out.iter_mut().enumerate() {
+                *d = data[(off as isize + j as isize * step) as usize].get();
             }
         }
     }

@@ -194,15 +194,19 @@ pub(super) fn cat<'a, C: Arith>(
     dst: &mut [C],
 ) {
     let len = dst.len();
+    // The coordinate of the run holding `start`, then one run after another:
+    // no division per run.
+    let mut c = (start / inner) % size;
+    let mut r = start % inner;
     let mut pos = 0;
     while pos < len {
-        let global = start + pos;
-        let c = (global / inner) % size;
-        let end = ((global / inner + 1) * inner - start).min(len);
+        let end = (pos + inner - r).min(len);
         match ranges.iter().position(|(lo, hi, _)| (*lo..*hi).contains(&c)) {
             Some(j) => dst[pos..end].copy_from_slice(&part(j)[pos..end]),
             None => dst[pos..end].fill(C::zero()),
         }
         pos = end;
+        r = 0;
+        c = if c + 1 == size { 0 } else { c + 1 };
     }
 }
