@@ -4,7 +4,9 @@
 //! innermost one in memory, each output folds its own block with eight
 //! independent accumulators (vectorisable, and more accurate than one running
 //! sum); when the innermost dim is kept, whole rows are accumulated at once so
-//! memory is read in order. Outputs are split across threads either way.
+//! memory is read in order. Outputs are split across threads; where they
+//! are too few for that (a sum over dim 0 of a matrix), the reduced points
+//! are, each part into partials of its own, combined in a fixed order.
 
 use std::mem::MaybeUninit;
 
@@ -13,6 +15,7 @@ use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::{DType, Storage, Stored, Tensor};
+use switchyard_simd::Simd;
 
 use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min};
 use crate::walk::{PAR_MIN, collapse};
@@ -164,62 +167,103 @@ where
         }
     } else {
         // Outer strategy: the innermost kept dim is unit-stride; accumulate whole
-        // rows of it across the reduced dims.
+        // rows of it across the reduced dims, reading memory in order.
         let inner = *k_shape.last().expect("kept dims exist");
         let outer_shape = &k_shape[..k_shape.len() - 1];
         let outer_strides = &k_strides[..k_strides.len() - 1];
         let rows = n_out / inner.max(1);
-        let process_row = |row: usize, o: &mut [MaybeUninit<T>]| {
+        let simd = Simd::current();
+        // Adds reduced points `from..to` (flattened) of the row at `base` into `acc`.
+        let accumulate = |base: isize, from: usize, to: usize, acc: &mut [A]| {
+            let red_rank = r_shape.len();
+            let mut idx = vec![0usize; red_rank];
+            let mut rem = from;
+            let mut off = base;
+            for d in (0..red_rank).rev() {
+                idx[d] = rem % r_shape[d];
+                rem /= r_shape[d];
+                off += idx[d] as isize * r_strides[d];
+            }
+            for _ in from..to {
+                let s = off as usize;
+                simd.run(
+                    #[inline(always)]
+                    || {
+                        for (a, &v) in acc.iter_mut().zip(&data[s..s + inner]) {
+                            *a = (fd.comb)(*a, (fd.map)(v));
+                        }
+                    },
+                );
+                let mut d = red_rank;
+                while d > 0 {
+                    d -= 1;
+                    idx[d] += 1;
+                    off += r_strides[d];
+                    if idx[d] < r_shape[d] {
+                        break;
+                    }
+                    off -= r_strides[d] * r_shape[d] as isize;
+                    idx[d] = 0;
+                }
+            }
+        };
+        let row_base = |row: usize| {
             let mut rem = row;
             let mut base = offset;
             for d in (0..outer_shape.len()).rev() {
                 base += (rem % outer_shape[d]) as isize * outer_strides[d];
                 rem /= outer_shape[d];
             }
-            let mut acc = vec![fd.init; inner];
-            let red_rank = r_shape.len();
-            // Walk every reduced point, including the innermost reduced dim.
-            let mut idx = vec![0usize; red_rank];
-            let mut off = base;
-            loop {
-                let s = off as usize;
-                for (a, &v) in acc.iter_mut().zip(&data[s..s + inner]) {
-                    *a = (fd.comb)(*a, (fd.map)(v));
-                }
-                let mut d = red_rank;
-                let mut done = true;
-                while d > 0 {
-                    d -= 1;
-                    idx[d] += 1;
-                    off += r_strides[d];
-                    if idx[d] < r_shape[d] {
-                        done = false;
-                        break;
+            base
+        };
+        // Too few rows to share out: the reduced points are split into
+        // parts, each summed into partials of its own (in parallel), and the
+        // partials combined in order. The parts depend on the sizes only, so
+        // the result does not depend on the number of threads.
+        let parts = (work / (1 << 20)).clamp(1, 64).min(n_red);
+        if rows < 2 * rayon::current_num_threads() && parts > 1 {
+            for row in 0..rows {
+                let base = row_base(row);
+                let partials: Vec<Vec<A>> = (0..parts)
+                    .into_par_iter()
+                    .map(|p| {
+                        let mut acc = vec![fd.init; inner];
+                        accumulate(base, p * n_red / parts, (p + 1) * n_red / parts, &mut acc);
+                        acc
+                    })
+                    .collect();
+                let mut acc = partials[0].clone();
+                for part in &partials[1..] {
+                    for (a, &b) in acc.iter_mut().zip(part) {
+                        *a = (fd.comb)(*a, b);
                     }
-                    off -= r_strides[d] * r_shape[d] as isize;
-                    idx[d] = 0;
                 }
-                if done {
-                    break;
+                for (o, a) in spare[row * inner..(row + 1) * inner].iter_mut().zip(acc) {
+                    o.write((fd.fin)(a));
                 }
             }
-            for (o, a) in o.iter_mut().zip(acc) {
-                o.write((fd.fin)(a));
-            }
-        };
-        let rows_per = chunk_len(rows);
-        let block = |i: usize, ch: &mut [MaybeUninit<T>]| {
-            for (r, o) in ch.chunks_mut(inner).enumerate() {
-                process_row(i * rows_per + r, o);
-            }
-        };
-        if rows_per >= rows {
-            block(0, spare);
         } else {
-            spare
-                .par_chunks_mut(rows_per * inner)
-                .enumerate()
-                .for_each(|(i, ch)| block(i, ch));
+            let process_row = |row: usize, o: &mut [MaybeUninit<T>]| {
+                let mut acc = vec![fd.init; inner];
+                accumulate(row_base(row), 0, n_red, &mut acc);
+                for (o, a) in o.iter_mut().zip(acc) {
+                    o.write((fd.fin)(a));
+                }
+            };
+            let rows_per = chunk_len(rows);
+            let block = |i: usize, ch: &mut [MaybeUninit<T>]| {
+                for (r, o) in ch.chunks_mut(inner).enumerate() {
+                    process_row(i * rows_per + r, o);
+                }
+            };
+            if rows_per >= rows {
+                block(0, spare);
+            } else {
+                spare
+                    .par_chunks_mut(rows_per * inner)
+                    .enumerate()
+                    .for_each(|(i, ch)| block(i, ch));
+            }
         }
     }
     // SAFETY: both strategies write every element of `spare[..n_out]`: the first
@@ -294,5 +338,58 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage
         DType::I32 => int_reduce::<i32>(op, x, dims),
         DType::I64 => int_reduce::<i64>(op, x, dims),
         DType::Bool => Err(format!("{} is not defined on bool", op.name())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sums over the leading dims of tensors with few kept rows: the
+    /// reduced points are split into parts with partials of their own.
+    #[test]
+    fn few_rows_over_many_reduced_points_split_into_partials() {
+        for (shape, dims) in [
+            (vec![2048usize, 1024], vec![0usize]),
+            (vec![1024, 3, 1024], vec![0]),
+            (vec![64, 32, 1025], vec![0, 1]),
+        ] {
+            let n: usize = shape.iter().product();
+            let inner = *shape.last().unwrap();
+            // Integers small enough that every partial sum is exact in f64.
+            let v: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 - 500.0).collect();
+            let x = Tensor::from_vec(v.clone(), &shape).unwrap();
+            let kept: usize = (0..shape.len())
+                .filter(|d| !dims.contains(d))
+                .map(|d| shape[d])
+                .product();
+            let red = n / kept;
+            let rows = kept / inner;
+            assert!(n >= 1 << 21 && rows < 4, "the partials path");
+            let mut sum = vec![0f64; kept];
+            let mut max = vec![f64::NEG_INFINITY; kept];
+            for r in 0..red {
+                for k in 0..kept {
+                    // The kept dims are the last ones here.
+                    let i = r * kept + k;
+                    sum[k] += v[i];
+                    max[k] = max[k].max(v[i]);
+                }
+            }
+            let Storage::F64(s) = reduce(ReduceOp::Sum, &x, &dims).unwrap() else {
+                panic!()
+            };
+            assert_eq!(s, sum, "{shape:?}");
+            let Storage::F64(m) = reduce(ReduceOp::Amax, &x, &dims).unwrap() else {
+                panic!()
+            };
+            assert_eq!(m, max, "{shape:?}");
+            let Storage::F64(mean) = reduce(ReduceOp::Mean, &x, &dims).unwrap() else {
+                panic!()
+            };
+            for (a, b) in mean.iter().zip(&sum) {
+                assert!((a - b / red as f64).abs() < 1e-12, "{shape:?}");
+            }
+        }
     }
 }
