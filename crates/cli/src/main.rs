@@ -211,13 +211,7 @@ impl Planning {
     }
 
     fn config(&self) -> Result<Config> {
-        let mut config = match &self.config {
-            Some(p) => Config::from_file(p)?,
-            None => Config::default(),
-        };
-        config.allow_tf32 |= self.allow_tf32;
-        switchyard_core::threads::configure(config.threads)?;
-        Ok(config)
+        load_config(self.config.as_deref(), self.allow_tf32)
     }
 
     /// Loads the plugins (warning about those that cannot be), and returns
@@ -625,11 +619,20 @@ fn plan(args: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
-    let config = match &config {
+/// The config file (or the default), with `--allow-tf32`; sizes the
+/// kernels' thread pool from it (or `SWITCHYARD_THREADS`) before anything runs.
+fn load_config(path: Option<&std::path::Path>, allow_tf32: bool) -> Result<Config> {
+    let mut config = match path {
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
     };
+    config.allow_tf32 |= allow_tf32;
+    switchyard_core::threads::configure(config.threads)?;
+    Ok(config)
+}
+
+fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
+    let config = load_config(config.as_deref(), false)?;
     let loaded = load_plugins(&config, &plugins);
     println!(
         "{:<14} {:<9} {:<9} {:<10} {:<4} availability",
@@ -686,11 +689,7 @@ struct SetPlanner {
 }
 
 fn bench_command(args: BenchArgs) -> Result<()> {
-    let mut config = match &args.config {
-        Some(p) => Config::from_file(p)?,
-        None => Config::default(),
-    };
-    config.allow_tf32 |= args.allow_tf32;
+    let config = load_config(args.config.as_deref(), args.allow_tf32)?;
     let plugins = load_plugins(&config, &args.plugin);
     // A model's workload runs on its own weights.
     let mut weights = std::collections::HashMap::new();

@@ -118,6 +118,7 @@ where
             o.write((fd.fin)(fd.init));
         }
     } else if inner_unit || !kept_unit {
+        let simd = Simd::current();
         let inner = r_shape.last().copied().unwrap_or(1);
         let inner_stride = r_strides.last().copied().unwrap_or(0);
         let fold_one = |base: isize| -> A {
@@ -129,11 +130,16 @@ where
                     let run = &data[start..start + inner];
                     let chunks = run.chunks_exact(8);
                     let rest = chunks.remainder();
-                    for c in chunks {
-                        for l in 0..8 {
-                            lanes[l] = (fd.comb)(lanes[l], (fd.map)(c[l]));
-                        }
-                    }
+                    simd.run(
+                        #[inline(always)]
+                        || {
+                            for c in chunks {
+                                for l in 0..8 {
+                                    lanes[l] = (fd.comb)(lanes[l], (fd.map)(c[l]));
+                                }
+                            }
+                        },
+                    );
                     for &v in rest {
                         acc = (fd.comb)(acc, (fd.map)(v));
                     }
@@ -380,6 +386,54 @@ mod tests {
                 panic!()
             };
             assert_eq!(s, sum, "{shape:?}");
+            for level in switchyard_simd::supported() {
+                let at = Simd::new(level)
+                    .unwrap()
+                    .forced(|| reduce(ReduceOp::Sum, &x, &dims));
+                assert!(
+                    matches!(at, Ok(Storage::F64(v)) if v == sum),
+                    "{shape:?} at {level}"
+                );
+                // The inner strategy: the same sums with the reduced dims innermost.
+                let perm: Vec<usize> = (0..shape.len()).rev().collect();
+                let strides = x.strides();
+                let t = x
+                    .view(
+                        perm.iter().map(|&d| shape[d]).collect(),
+                        perm.iter().map(|&d| strides[d]).collect(),
+                        0,
+                    )
+                    .unwrap()
+                    .contiguous()
+                    .unwrap();
+                let tdims: Vec<usize> = dims.iter().map(|&d| shape.len() - 1 - d).collect();
+                let Ok(Storage::F64(v)) = Simd::new(level)
+                    .unwrap()
+                    .forced(|| reduce(ReduceOp::Sum, &t, &tdims))
+                else {
+                    panic!()
+                };
+                // Its kept dims come reversed: output i is sum's at the
+                // reversed multi-index.
+                let kshape: Vec<usize> = (0..shape.len())
+                    .filter(|d| !dims.contains(d))
+                    .map(|d| shape[d])
+                    .collect();
+                assert_eq!(v.len(), sum.len());
+                for (i, a) in v.iter().enumerate() {
+                    let mut rem = i;
+                    let digits: Vec<usize> = kshape
+                        .iter()
+                        .map(|&n| {
+                            let d = rem % n;
+                            rem /= n;
+                            d
+                        })
+                        .collect();
+                    let j = digits.iter().zip(&kshape).fold(0, |j, (&d, &n)| j * n + d);
+                    assert!((a - sum[j]).abs() < 1e-6, "{shape:?} at {level}: {a} {}", sum[j]);
+                }
+            }
             let Storage::F64(m) = reduce(ReduceOp::Amax, &x, &dims).unwrap() else {
                 panic!()
             };

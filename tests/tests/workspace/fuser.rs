@@ -240,6 +240,10 @@ fn reductions_over_each_dim_and_several_dims() {
         "input x: f32[3, 40000]\ny = softmax(x, dim=1)\noutput y\n",
         "input x: f32[300, 300]\ninput w: f32[300]\na = mul(x, w)\nm = mean(a, dims=[0, 1], keepdim=true)\nc = sub(a, m)\nq = mul(c, c)\nv = sum(q, dims=[0, 1])\nr = amax(c, dims=[0, 1], keepdim=false)\nz = mul(c, 0.5)\noutput z, v, r\n",
         "input x: f64[40000, 2]\ny = log_softmax(x, dim=0)\noutput y\n",
+        // Many rows of thousands of elements, each a tile.
+        "input x: f32[80, 3000]\ninput w: f32[3000]\ny = rms_norm(x, w)\noutput y\n",
+        "input x: f16[100, 2500]\ny = softmax(x, dim=1)\noutput y\n",
+        "input x: f32[70, 4100]\nm = mean(x, dims=[1], keepdim=true)\nc = sub(x, m)\nq = mul(c, c)\nv = mean(q, dims=[1], keepdim=true)\nr = amax(c, dims=[1], keepdim=true)\nd = sub(c, r)\ny = div(d, v)\noutput y\n",
     ] {
         let t = parse(src).unwrap();
         assert_eq!(regions(&t), (1, 0), "{src}");

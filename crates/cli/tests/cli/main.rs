@@ -457,8 +457,11 @@ fn threads_come_from_the_environment_or_the_config() {
     let all = ok(bin().arg("run").arg(example("mlp.trace")).output().unwrap());
     let outputs = |s: &str| s[s.find("outputs:").unwrap()..s.find("time:").unwrap()].to_string();
     assert_eq!(outputs(&one), outputs(&all));
-    let e = fails(with_config("run", "threads = 0\n"));
-    assert!(e.contains("`threads`: must be at least 1"), "{e}");
+    // Every command that runs kernels reads it, bench included.
+    for command in ["run", "bench"] {
+        let e = fails(with_config(command, "threads = 0\n"));
+        assert!(e.contains("`threads`: must be at least 1"), "{command}: {e}");
+    }
     let e = fails(
         bin()
             .arg("run")

@@ -60,6 +60,10 @@ pub(crate) struct CpuKernel {
     nslots: usize,
     /// How rows too long for a tile run, if they are.
     stream: Option<Stream>,
+    /// The strides of the walk's dims in a full output (dense in the
+    /// iteration shape), and whether the walk is that order.
+    out_strides: Vec<isize>,
+    identity: bool,
 }
 
 impl CpuKernel {
@@ -105,7 +109,10 @@ impl CpuKernel {
             dead.dedup();
             free.extend(dead.iter().map(|&r| slots[r]));
         }
+        let dense = contiguous_strides(&program.shape);
         CpuKernel {
+            out_strides: perm.iter().map(|&d| dense[d]).collect(),
+            identity: perm.iter().enumerate().all(|(k, &d)| k == d),
             program,
             perm,
             pshape,
@@ -143,7 +150,8 @@ impl CpuKernel {
         // An input whose run-time layout does not allow one of the region's
         // reshapes as a view (the plan expected another layout) is read from
         // a dense copy of the views before that reshape: slower, still right.
-        let mut copies: Vec<Option<(Tensor, usize)>> = vec![None; p.instrs.len()];
+        // (instruction, copy, views applied); empty, and not allocated, on the common path.
+        let mut copies: Vec<(usize, Tensor, usize)> = Vec::new();
         for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, .. } = ins {
                 let t = inputs[load.input];
@@ -154,15 +162,15 @@ impl CpuKernel {
                         .view(shape, strides, offset as usize)
                         .and_then(|v| v.contiguous())
                         .map_err(|e| e.to_string())?;
-                    copies[i] = Some((dense, k));
+                    copies.push((i, dense, k));
                 }
             }
         }
         let mut sources = vec![None; p.instrs.len()];
         for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, .. } = ins {
-                sources[i] = Some(match &copies[i] {
-                    Some((dense, k)) => self.source(dense, &load.views[*k..], &load.map)?,
+                sources[i] = Some(match copies.iter().find(|c| c.0 == i) {
+                    Some((_, dense, k)) => self.source(dense, &load.views[*k..], &load.map)?,
                     None => self.source(inputs[load.input], &load.views, &load.map)?,
                 });
             }
@@ -194,12 +202,10 @@ impl CpuKernel {
             })
             .collect::<Result<_, _>>()?;
         let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutPtr::of).collect::<Result<_, _>>()?;
-        // Full outputs are dense in the iteration shape; walk their strides in walk order.
-        let dense = contiguous_strides(&p.shape);
         let stores = Stores {
             ptrs: &out_ptrs,
-            strides: self.perm.iter().map(|&d| dense[d]).collect(),
-            identity: self.perm.iter().enumerate().all(|(k, &d)| k == d),
+            strides: &self.out_strides,
+            identity: self.identity,
         };
         if let Some(stream) = &self.stream {
             self.run_streamed::<C>(stream, simd, &sources, &stores)?;
@@ -262,7 +268,7 @@ impl CpuKernel {
                     }
                 }
                 Space::Full if stores.identity => o.write(tile.start, vals),
-                Space::Full => o.scatter(&self.pshape, &stores.strides, tile.start, vals),
+                Space::Full => o.scatter(&self.pshape, stores.strides, tile.start, vals),
             }
         }
     }
@@ -338,7 +344,7 @@ impl CpuKernel {
 /// walk's dims in them.
 struct Stores<'a> {
     ptrs: &'a [OutPtr],
-    strides: Vec<isize>,
+    strides: &'a [isize],
     /// Whether the walk is the outputs' own order.
     identity: bool,
 }
