@@ -129,13 +129,18 @@ pub fn numel(shape: &[usize]) -> usize {
 /// Row-major strides of a shape.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];
+    fill_contiguous_strides(shape, &mut strides);
+    strides
+}
+
+/// Writes the row-major strides of `shape` into `strides` (as long).
+pub(crate) fn fill_contiguous_strides(shape: &[usize], strides: &mut [isize]) {
     let mut acc = 1isize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
         // Wrapping: an absurd shape must reach the size check, not panic here.
         acc = acc.wrapping_mul(d.max(1) as isize);
     }
-    strides
 }
 
 /// Whether `strides` are row-major for `shape`; dimensions of size 1 may have

@@ -705,7 +705,8 @@ impl CompiledPlan {
                     }
                 }
             }
-            let args: Vec<&Tensor> = step
+            // Inline: a region rarely reads more than a few values.
+            let args: smallvec::SmallVec<[&Tensor; 8]> = step
                 .inputs
                 .iter()
                 .map(|v| {
@@ -740,6 +741,7 @@ impl CompiledPlan {
                 Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
                 other => self.kernel_error(i, other.to_string()),
             })?;
+            drop(args);
             if let Some(t0) = t0 {
                 // A device kernel returns once queued: time it to its end.
                 synchronize(step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;

@@ -7,12 +7,13 @@
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use smallvec::SmallVec;
 
 use crate::arena::ArenaBuf;
 use crate::device::DeviceBuffer;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::meta::{Device, ShapeDisplay, TensorMeta, contiguous_strides, is_contiguous, numel};
+use crate::meta::{Device, ShapeDisplay, TensorMeta, fill_contiguous_strides, is_contiguous, numel};
 
 /// A typed, dense buffer of elements.
 #[derive(Clone, Debug, PartialEq)]
@@ -290,12 +291,20 @@ float_stored!(f64, f64, |x| x, |c| c);
 float_stored!(f16, f32, |x: f16| x.to_f32(), f16::from_f32);
 float_stored!(bf16, f32, |x: bf16| x.to_f32(), bf16::from_f32);
 
+/// Row-major strides of `shape`, inline.
+fn dense_strides(shape: &[usize]) -> SmallVec<[isize; 4]> {
+    let mut strides: SmallVec<[isize; 4]> = SmallVec::from_elem(0, shape.len());
+    fill_contiguous_strides(shape, &mut strides);
+    strides
+}
+
 /// A strided view of a shared buffer.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     buffer: Buffer,
-    shape: Vec<usize>,
-    strides: Vec<isize>,
+    // Inline up to rank 4: cloning or making such a tensor allocates no dims.
+    shape: SmallVec<[usize; 4]>,
+    strides: SmallVec<[isize; 4]>,
     offset: usize,
 }
 
@@ -314,8 +323,8 @@ impl Tensor {
         }
         Ok(Tensor {
             buffer: Buffer::Host(Arc::new(storage)),
-            strides: contiguous_strides(shape),
-            shape: shape.to_vec(),
+            strides: dense_strides(shape),
+            shape: shape.into(),
             offset: 0,
         })
     }
@@ -334,8 +343,8 @@ impl Tensor {
         }
         Ok(Tensor {
             buffer: Buffer::Device(buffer),
-            strides: contiguous_strides(shape),
-            shape: shape.to_vec(),
+            strides: dense_strides(shape),
+            shape: shape.into(),
             offset: 0,
         })
     }
@@ -349,8 +358,8 @@ impl Tensor {
     pub fn scalar<T: Stored>(v: T) -> Tensor {
         Tensor {
             buffer: Buffer::Host(Arc::new(T::into_storage(vec![v]))),
-            shape: vec![],
-            strides: vec![],
+            shape: SmallVec::new(),
+            strides: SmallVec::new(),
             offset: 0,
         }
     }
@@ -383,8 +392,8 @@ impl Tensor {
         }
         Ok(Tensor {
             buffer: self.buffer.clone(),
-            shape,
-            strides,
+            shape: shape.into(),
+            strides: strides.into(),
             offset,
         })
     }
@@ -459,8 +468,8 @@ impl Tensor {
         debug_assert_eq!(buf.len(), numel(shape));
         Tensor {
             buffer: Buffer::Arena(buf),
-            strides: contiguous_strides(shape),
-            shape: shape.to_vec(),
+            strides: dense_strides(shape),
+            shape: shape.into(),
             offset: 0,
         }
     }
@@ -574,7 +583,7 @@ impl Tensor {
         });
         Ok(Tensor {
             buffer: Buffer::Host(Arc::new(storage)),
-            strides: contiguous_strides(&self.shape),
+            strides: dense_strides(&self.shape),
             shape: self.shape.clone(),
             offset: 0,
         })
@@ -582,7 +591,7 @@ impl Tensor {
 
     /// Checks dtype and shape against declared metadata.
     pub fn check_meta(&self, name: &str, meta: &TensorMeta) -> Result<()> {
-        if self.dtype() != meta.dtype || self.shape != meta.shape {
+        if self.dtype() != meta.dtype || self.shape[..] != meta.shape[..] {
             return Err(Error::Tensor {
                 name: name.to_string(),
                 message: format!(
