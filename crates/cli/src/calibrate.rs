@@ -14,7 +14,7 @@ use switchyard_core::cost::DeviceModel;
 use switchyard_core::io::random_inputs;
 use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
-use switchyard_core::{DType, text};
+use switchyard_core::{DType, text, threads};
 
 /// Median seconds of `reps` runs of a trace (after one warm-up run).
 fn time_trace(src: &str, reps: usize) -> Result<f64> {
@@ -39,6 +39,31 @@ fn time_trace(src: &str, reps: usize) -> Result<f64> {
         .collect::<Result<_, _>>()?;
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// The smallest size (elements) from which one elementwise op runs faster
+/// split across the pool than on one thread: doubling from 2^10 until it
+/// does (or 2^22, where it always should). Leaves the kernels' threshold as
+/// it found it.
+fn parallel_min(quick: bool, reps: usize) -> Result<usize> {
+    let before = threads::parallel_min();
+    let top = if quick { 1 << 16 } else { 1 << 22 };
+    let mut found = top;
+    let mut n = 1 << 10;
+    while n < top {
+        let src = format!("input x: f32[{n}]\ny = mul(x, 1.5)\noutput y\n");
+        threads::set_parallel_min(usize::MAX);
+        let one = time_trace(&src, reps);
+        threads::set_parallel_min(1);
+        let all = time_trace(&src, reps);
+        threads::set_parallel_min(before);
+        if all? < one? {
+            found = n;
+            break;
+        }
+        n *= 2;
+    }
+    Ok(found)
 }
 
 /// Measures the machine; `quick` uses smaller problems (for tests).
@@ -90,6 +115,7 @@ pub fn measure(quick: bool) -> Result<DeviceModel> {
         host_link_gb_s: DeviceModel::cpu_default().host_link_gb_s,
         tf32_gflops: None,
         graph_launch_ns: None,
+        parallel_min_elements: Some(parallel_min(quick, reps)?),
     };
     model
         .validate()

@@ -45,6 +45,12 @@ pub struct DeviceModel {
     /// overheads of a kernel called by the runtime. Absent: not replayed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph_launch_ns: Option<f64>,
+    /// For a CPU: elements from which a kernel splits its work across
+    /// threads; smaller work stays on one thread, where it is faster
+    /// (measured by `switchyard calibrate`; see [`crate::threads`]).
+    /// Absent: [`crate::threads::DEFAULT_PARALLEL_MIN`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_min_elements: Option<usize>,
 }
 
 fn default_host_link() -> f64 {
@@ -82,6 +88,7 @@ impl DeviceModel {
             host_link_gb_s: default_host_link(),
             tf32_gflops: None,
             graph_launch_ns: None,
+            parallel_min_elements: None,
         }
     }
 
@@ -106,6 +113,7 @@ impl DeviceModel {
             host_link_gb_s: 50.0,
             tf32_gflops: Some(494_700.0),
             graph_launch_ns: Some(GPU_GRAPH_LAUNCH_NS),
+            parallel_min_elements: None,
         }
     }
 
@@ -139,6 +147,7 @@ impl DeviceModel {
             host_link_gb_s: 25.0,
             tf32_gflops: Some(156_000.0),
             graph_launch_ns: Some(GPU_GRAPH_LAUNCH_NS),
+            parallel_min_elements: None,
         }
     }
 

@@ -222,6 +222,11 @@ impl CompiledPlan {
     /// is already in `cache` reuse its kernel.
     pub fn compile_with(plan: Plan, cache: &KernelCache) -> Result<CompiledPlan> {
         let start = Instant::now();
+        // A CPU model that measured where threads start to pay says so to
+        // the kernels (see [`crate::threads`]).
+        if let Some(n) = plan.device.parallel_min_elements {
+            crate::threads::set_parallel_min(n);
+        }
         let before = cache.stats();
         let mut kernels = Vec::with_capacity(plan.regions.len());
         let uses = plan.trace.uses();

@@ -1,12 +1,36 @@
-//! How many threads the CPU kernels use.
+//! How many threads the CPU kernels use, and from what size.
 //!
 //! Kernels run their parallel loops on rayon's global pool, one thread per
 //! core by default. `SWITCHYARD_THREADS=N` or the config's `threads = N`
 //! (the variable wins) limits it, e.g. to share a machine or to measure one
 //! core. The pool is made once per process: [`configure`] must come before
 //! the first parallel kernel, and a later call may only confirm the count.
+//!
+//! Below [`parallel_min`] elements a kernel stays on the calling thread:
+//! waking the pool costs microseconds, more than small work takes. The
+//! threshold is part of the CPU cost model
+//! (`DeviceModel::parallel_min_elements`, measured by `switchyard
+//! calibrate`); compiling a plan for a model that has one sets it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
+
+/// The threshold until a cost model sets one: about where two threads
+/// start to win on the machines switchyard is developed on.
+pub const DEFAULT_PARALLEL_MIN: usize = 1 << 15;
+
+static PARALLEL_MIN: AtomicUsize = AtomicUsize::new(DEFAULT_PARALLEL_MIN);
+
+/// Elements from which a CPU kernel splits its work across the pool.
+pub fn parallel_min() -> usize {
+    PARALLEL_MIN.load(Ordering::Relaxed)
+}
+
+/// Sets [`parallel_min`] for the kernels run from now on (at least 1).
+pub fn set_parallel_min(elements: usize) {
+    PARALLEL_MIN.store(elements.max(1), Ordering::Relaxed);
+}
 
 /// The environment variable that sets the thread count.
 pub const ENV: &str = "SWITCHYARD_THREADS";
@@ -67,5 +91,15 @@ mod tests {
         }
         let e = configure(Some(0)).unwrap_err().to_string();
         assert!(e.contains("`threads`: must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn the_parallel_threshold_is_set_and_never_zero() {
+        let before = parallel_min();
+        set_parallel_min(4096);
+        assert_eq!(parallel_min(), 4096);
+        set_parallel_min(0);
+        assert_eq!(parallel_min(), 1);
+        set_parallel_min(before);
     }
 }

@@ -4,12 +4,12 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use switchyard_core::{DType, Element, Scalar, Storage, Stored, rng};
 
-use crate::walk::PAR_MIN;
+use crate::walk::parallel_min;
 
 fn fill<T: Stored>(n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Storage {
     // Small tensors stay on this thread: handing work to the pool costs
     // microseconds.
-    if n < PAR_MIN {
+    if n < parallel_min() {
         return T::into_storage((0..n).map(f).collect());
     }
     T::into_storage((0..n).into_par_iter().map(f).collect())

@@ -18,7 +18,7 @@ use switchyard_core::{DType, Storage, Stored, Tensor};
 use switchyard_simd::Simd;
 
 use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min};
-use crate::walk::{PAR_MIN, collapse};
+use crate::walk::{collapse, parallel_min};
 
 /// How to fold elements of `T` through an accumulator `A`.
 struct Fold<T, A, M, C, F> {
@@ -102,7 +102,7 @@ where
     let spare = &mut out.spare_capacity_mut()[..n_out];
     let work = n_out.saturating_mul(n_red.max(1));
     let chunk_len = |n: usize| {
-        if work < PAR_MIN {
+        if work < parallel_min() {
             n.max(1)
         } else {
             n.div_ceil(rayon::current_num_threads() * 4).max(1)

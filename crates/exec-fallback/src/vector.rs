@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use switchyard_core::ir::{BinaryOp, UnaryOp};
 use switchyard_simd::{Simd, math};
 
-use crate::walk::PAR_MIN;
+use crate::walk::parallel_min;
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
@@ -17,7 +17,7 @@ const CHUNK: usize = 1 << 14;
 /// `out = f(a, out)` over `n` elements, in parallel chunks when large.
 fn chunked(n: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
     let mut out = vec![0f32; n];
-    if n < PAR_MIN {
+    if n < parallel_min() {
         f(0, &mut out);
     } else {
         out.par_chunks_mut(CHUNK)

@@ -8,10 +8,7 @@
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
-
-/// Outputs smaller than this run on the calling thread: below it, waking other
-/// threads costs more than it saves.
-pub(crate) const PAR_MIN: usize = 1 << 15;
+pub(crate) use switchyard_core::threads::parallel_min;
 
 /// Merges adjacent dims that are contiguous for every operand and drops size-1 dims.
 pub(crate) fn collapse<const N: usize>(
@@ -111,11 +108,12 @@ pub(crate) fn fill<const N: usize, O: Send>(
             }
         }
     };
-    if total < PAR_MIN {
+    let par_min = parallel_min();
+    if total < par_min {
         process(0, spare);
     } else {
         let threads = rayon::current_num_threads().max(1);
-        let chunk = total.div_ceil(threads * 4).max(PAR_MIN / 4);
+        let chunk = total.div_ceil(threads * 4).max(par_min / 4);
         spare
             .par_chunks_mut(chunk)
             .enumerate()

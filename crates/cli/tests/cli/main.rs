@@ -498,6 +498,8 @@ fn calibrate_writes_a_profile_config_can_use() {
     let m = switchyard_core::cost::DeviceModel::load(profile.to_str().unwrap()).unwrap();
     assert_eq!(m.name, "cpu-calibrated");
     assert!(m.bandwidth_gb_s > 0.0 && m.gflops["f32"] > 0.0);
+    let p = m.parallel_min_elements.expect("where threads start to pay");
+    assert!((1 << 10..=1 << 16).contains(&p), "{p}");
     let cfg = scratch("cal.toml");
     std::fs::write(
         &cfg,

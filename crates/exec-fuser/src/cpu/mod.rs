@@ -21,6 +21,7 @@ mod stream;
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::meta::contiguous_strides;
+use switchyard_core::threads::parallel_min;
 use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 use switchyard_simd::Simd;
 
@@ -33,8 +34,6 @@ use stream::Stream;
 
 /// Elements per tile of an elementwise program: its slots stay in L1/L2.
 const TILE: usize = 1024;
-/// Below this many elements, one thread does it all.
-const PAR_MIN: usize = 1 << 15;
 
 /// Elements a parallel task covers at least.
 const PAR_GRAIN: usize = 1 << 14;
@@ -240,7 +239,7 @@ impl CpuKernel {
                 )
             })
         };
-        if n < PAR_MIN {
+        if n < parallel_min() {
             (0..tiles).for_each(tile);
         } else {
             // Tasks of several tiles, so that a task's cost dwarfs its

@@ -7,7 +7,7 @@ use switchyard_simd::Simd;
 
 use super::io::Source;
 use super::math::Arith;
-use super::{CHUNK, CpuKernel, PAR_MIN, Stores, Tile, ops};
+use super::{CHUNK, CpuKernel, Stores, Tile, ops};
 use crate::program::{Action, Instr, Passes, Program, Space};
 
 /// How a program whose rows are longer than a tile runs: its [`Passes`],
@@ -114,7 +114,7 @@ impl CpuKernel {
                 }
             }
         };
-        let par = rows * row_len >= PAR_MIN;
+        let par = rows * row_len >= switchyard_core::threads::parallel_min();
         for (ph, (actions, reduces)) in stream.passes.phases.iter().enumerate() {
             run_rows(&stream.passes.row_instrs[ph], &mut rowvals);
             let partial = |item: usize| chunk(item, actions, &rowvals, reduces);
