@@ -30,6 +30,7 @@ use io::{OutPtr, Source};
 
 use crate::layout::apply_views;
 use math::Arith;
+use ops::Splat;
 use stream::Stream;
 
 /// Elements per tile of an elementwise program: its slots stay in L1/L2.
@@ -59,6 +60,9 @@ pub(crate) struct CpuKernel {
     nslots: usize,
     /// How rows too long for a tile run, if they are.
     stream: Option<Stream>,
+    /// For each register, its value if it is a constant every reader takes
+    /// as a scalar (binary operands): no tile is filled with it.
+    scalar: Vec<Option<f64>>,
     /// The strides of the walk's dims in a full output (dense in the
     /// iteration shape), and whether the walk is that order.
     out_strides: Vec<isize>,
@@ -108,8 +112,26 @@ impl CpuKernel {
             dead.dedup();
             free.extend(dead.iter().map(|&r| slots[r]));
         }
+        let mut scalar: Vec<Option<f64>> = vec![None; n];
+        for ins in &program.instrs {
+            if let Instr::Const { value, dst } = *ins {
+                scalar[dst] = Some(value);
+            }
+        }
+        // A constant read other than as a binary operand, or stored, is filled.
+        for ins in &program.instrs {
+            if !matches!(ins, Instr::Binary { .. }) {
+                for r in ins.reads() {
+                    scalar[r] = None;
+                }
+            }
+        }
+        for o in &program.outputs {
+            scalar[o.reg] = None;
+        }
         let dense = contiguous_strides(&program.shape);
         CpuKernel {
+            scalar,
             out_strides: perm.iter().map(|&d| dense[d]).collect(),
             identity: perm.iter().enumerate().all(|(k, &d)| k == d),
             program,
@@ -309,9 +331,19 @@ impl CpuKernel {
                 let src = sources[i].as_ref().expect("every load has a source");
                 src.load(&self.pshape, tile.start, dst);
             }
+            Instr::Const { .. } if self.scalar[d].is_some() => {}
             Instr::Const { value, .. } => dst.fill(C::from_f64(*value)),
             Instr::Unary { op, a, .. } => ops::unary(*op, rd(*a), dst),
-            Instr::Binary { op, a, b, .. } => ops::binary(*op, rd(*a), rd(*b), dst),
+            // A constant operand is read as a scalar (its tile is never filled).
+            Instr::Binary { op, a, b, .. } => {
+                let (sa, sb) = (self.scalar[*a].map(C::from_f64), self.scalar[*b].map(C::from_f64));
+                match (sa, sb) {
+                    (None, None) => ops::binary(*op, rd(*a), rd(*b), dst),
+                    (None, Some(y)) => ops::binary(*op, rd(*a), Splat(y), dst),
+                    (Some(x), None) => ops::binary(*op, Splat(x), rd(*b), dst),
+                    (Some(x), Some(y)) => ops::binary(*op, Splat(x), Splat(y), dst),
+                }
+            }
             Instr::Where { cond, a, b, .. } => ops::select(rd(*cond), rd(*a), rd(*b), dst),
             Instr::Cast { to, a, .. } => ops::cast(*to, rd(*a), dst),
             Instr::Reduce { op, a, .. } => {

@@ -8,6 +8,40 @@ use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
 
 use super::math::Arith;
 
+/// A binary operand: a tile, or a constant read as a scalar (which then
+/// needs no tile of its own).
+pub(super) trait Operand<C>: Copy {
+    /// The first `n` elements.
+    fn prefix(self, n: usize) -> Self;
+    fn get(self, i: usize) -> C;
+}
+
+impl<C: Copy> Operand<C> for &[C] {
+    #[inline(always)]
+    fn prefix(self, n: usize) -> Self {
+        &self[..n]
+    }
+    #[inline(always)]
+    fn get(self, i: usize) -> C {
+        self[i]
+    }
+}
+
+/// A scalar as an operand of every element.
+#[derive(Clone, Copy)]
+pub(super) struct Splat<C>(pub(super) C);
+
+impl<C: Copy> Operand<C> for Splat<C> {
+    #[inline(always)]
+    fn prefix(self, _: usize) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn get(self, _: usize) -> C {
+        self.0
+    }
+}
+
 /// `dst[i] = f(a[i])`.
 #[inline(always)]
 fn map<C: Copy>(a: &[C], dst: &mut [C], f: impl Fn(C) -> C) {
@@ -50,41 +84,44 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
 }
 
 #[inline(always)]
-pub(super) fn binary<C: Arith>(op: BinaryOp, a: &[C], b: &[C], dst: &mut [C]) {
+pub(super) fn binary<C: Arith>(op: BinaryOp, a: impl Operand<C>, b: impl Operand<C>, dst: &mut [C]) {
     let zero = C::zero();
-    let it = dst.iter_mut().zip(a.iter().zip(b));
+    let n = dst.len();
+    // Cut to the tile's length, so that indexing needs no checks and vectorises.
+    let (a, b) = (a.prefix(n), b.prefix(n));
+    let it = dst.iter_mut().enumerate().map(|(i, d)| (d, (a.get(i), b.get(i))));
     match op {
-        BinaryOp::Add => it.for_each(|(d, (&x, &y))| *d = x + y),
-        BinaryOp::Sub => it.for_each(|(d, (&x, &y))| *d = x - y),
-        BinaryOp::Mul => it.for_each(|(d, (&x, &y))| *d = x * y),
-        BinaryOp::Div => it.for_each(|(d, (&x, &y))| *d = x / y),
-        BinaryOp::Pow => it.for_each(|(d, (&x, &y))| *d = x.powf(y)),
+        BinaryOp::Add => it.for_each(|(d, (x, y))| *d = x + y),
+        BinaryOp::Sub => it.for_each(|(d, (x, y))| *d = x - y),
+        BinaryOp::Mul => it.for_each(|(d, (x, y))| *d = x * y),
+        BinaryOp::Div => it.for_each(|(d, (x, y))| *d = x / y),
+        BinaryOp::Pow => it.for_each(|(d, (x, y))| *d = x.powf(y)),
         // NaN from either side propagates, as in the fallback.
-        BinaryOp::Maximum => it.for_each(|(d, (&x, &y))| {
+        BinaryOp::Maximum => it.for_each(|(d, (x, y))| {
             *d = if x.is_nan() || y.is_nan() {
                 C::nan()
             } else {
                 x.max(y)
             }
         }),
-        BinaryOp::Minimum => it.for_each(|(d, (&x, &y))| {
+        BinaryOp::Minimum => it.for_each(|(d, (x, y))| {
             *d = if x.is_nan() || y.is_nan() {
                 C::nan()
             } else {
                 x.min(y)
             }
         }),
-        BinaryOp::Eq => it.for_each(|(d, (&x, &y))| *d = truth(x == y)),
-        BinaryOp::Ne => it.for_each(|(d, (&x, &y))| *d = truth(x != y)),
-        BinaryOp::Lt => it.for_each(|(d, (&x, &y))| *d = truth(x < y)),
-        BinaryOp::Le => it.for_each(|(d, (&x, &y))| *d = truth(x <= y)),
-        BinaryOp::Gt => it.for_each(|(d, (&x, &y))| *d = truth(x > y)),
-        BinaryOp::Ge => it.for_each(|(d, (&x, &y))| *d = truth(x >= y)),
-        BinaryOp::LogicalAnd => it.for_each(|(d, (&x, &y))| *d = truth(x != zero && y != zero)),
-        BinaryOp::LogicalOr => it.for_each(|(d, (&x, &y))| *d = truth(x != zero || y != zero)),
-        BinaryOp::Fmod => it.for_each(|(d, (&x, &y))| *d = x % y),
+        BinaryOp::Eq => it.for_each(|(d, (x, y))| *d = truth(x == y)),
+        BinaryOp::Ne => it.for_each(|(d, (x, y))| *d = truth(x != y)),
+        BinaryOp::Lt => it.for_each(|(d, (x, y))| *d = truth(x < y)),
+        BinaryOp::Le => it.for_each(|(d, (x, y))| *d = truth(x <= y)),
+        BinaryOp::Gt => it.for_each(|(d, (x, y))| *d = truth(x > y)),
+        BinaryOp::Ge => it.for_each(|(d, (x, y))| *d = truth(x >= y)),
+        BinaryOp::LogicalAnd => it.for_each(|(d, (x, y))| *d = truth(x != zero && y != zero)),
+        BinaryOp::LogicalOr => it.for_each(|(d, (x, y))| *d = truth(x != zero || y != zero)),
+        BinaryOp::Fmod => it.for_each(|(d, (x, y))| *d = x % y),
         // The truncated remainder moved to the divisor's sign.
-        BinaryOp::Remainder => it.for_each(|(d, (&x, &y))| {
+        BinaryOp::Remainder => it.for_each(|(d, (x, y))| {
             let r = x % y;
             *d = if r != zero && ((r < zero) != (y < zero)) {
                 r + y

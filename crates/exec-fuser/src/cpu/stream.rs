@@ -107,7 +107,7 @@ impl CpuKernel {
                 match ins {
                     Instr::Const { value, .. } => dst.fill(C::from_f64(*value)),
                     Instr::Unary { op, .. } => ops::unary(*op, &args[0], dst),
-                    Instr::Binary { op, .. } => ops::binary(*op, &args[0], &args[1], dst),
+                    Instr::Binary { op, .. } => ops::binary(*op, &args[0][..], &args[1][..], dst),
                     Instr::Where { .. } => ops::select(&args[0], &args[1], &args[2], dst),
                     Instr::Cast { to, .. } => ops::cast(*to, &args[0], dst),
                     _ => {}
