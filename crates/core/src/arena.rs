@@ -11,7 +11,6 @@
 //! overlaps it, so a shared slice of one buffer and the mutable slice of a
 //! kernel's output never alias, whatever a kernel does with its tensors.
 
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::device::{DeviceBuffer, Transfer};
@@ -123,7 +122,8 @@ impl ArenaBuf {
 #[derive(Debug)]
 pub struct OutputBuffer {
     mem: Mem,
-    shape: Vec<usize>,
+    // Inline up to rank 4, as a tensor's.
+    shape: smallvec::SmallVec<[usize; 4]>,
 }
 
 #[derive(Debug)]
@@ -144,7 +144,7 @@ impl OutputBuffer {
                 len,
                 own: true,
             })),
-            shape: shape.to_vec(),
+            shape: shape.into(),
         }
     }
 
@@ -153,7 +153,7 @@ impl OutputBuffer {
     /// compiled plan takes back outputs it handed out ([`crate::runtime::CompiledPlan::recycle`]).
     /// Its elements are the old values until written.
     pub fn reclaim(t: Tensor) -> std::result::Result<OutputBuffer, Tensor> {
-        let shape = t.shape().to_vec();
+        let shape: smallvec::SmallVec<[usize; 4]> = t.shape().into();
         let mut buf = t.into_arena()?;
         // Exclusive only if nothing else refers to the buffer (an arena
         // keeps weak references to what it handed out) or its block (an
@@ -183,7 +183,7 @@ impl OutputBuffer {
     /// The same buffer seen as `shape`, which has as many elements.
     pub(crate) fn reshaped(mut self, shape: &[usize]) -> OutputBuffer {
         debug_assert_eq!(numel(shape), self.len());
-        self.shape = shape.to_vec();
+        self.shape = shape.into();
         self
     }
 
@@ -202,7 +202,7 @@ impl OutputBuffer {
         }
         Ok(OutputBuffer {
             mem: Mem::Device(buf),
-            shape: shape.to_vec(),
+            shape: shape.into(),
         })
     }
 
@@ -266,7 +266,7 @@ impl OutputBuffer {
     /// Copies `t`'s elements in, in logical order. `t` must have this
     /// buffer's dtype and shape, and both be in host memory.
     pub fn copy_from(&mut self, t: &Tensor) -> Result<()> {
-        if t.dtype() != self.dtype() || t.shape() != self.shape {
+        if t.dtype() != self.dtype() || *t.shape() != *self.shape {
             return Err(Error::Tensor {
                 name: "<output>".into(),
                 message: format!(
@@ -391,7 +391,7 @@ impl Arena {
         self.handed.push(offset, end, &buf);
         Some(OutputBuffer {
             mem: Mem::Host(buf),
-            shape: shape.to_vec(),
+            shape: shape.into(),
         })
     }
 
@@ -480,39 +480,37 @@ impl Idle for DeviceArena {
     }
 }
 
-/// One arena kept between runs, taken and given back without a lock: a run
-/// takes it if it is there, and gives it back if the slot is empty (a run in
-/// flight at the same time as another makes its own, freed after it).
+/// One arena kept between runs: a run takes it if it is there, and gives
+/// it back if the slot is empty (a run in flight at the same time as
+/// another makes its own, freed after it). The lock is held only to move
+/// the arena in or out, and nothing is allocated to keep it.
 pub(crate) struct ArenaSlot<A> {
-    slot: AtomicPtr<A>,
+    slot: std::sync::Mutex<Option<A>>,
 }
 
 impl<A> Default for ArenaSlot<A> {
     fn default() -> Self {
         ArenaSlot {
-            slot: AtomicPtr::new(std::ptr::null_mut()),
+            slot: std::sync::Mutex::new(None),
         }
     }
 }
 
 impl<A> ArenaSlot<A> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<A>> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The kept arena, if there is one.
     pub(crate) fn take(&self) -> Option<A> {
-        let p = self.slot.swap(std::ptr::null_mut(), Ordering::Acquire);
-        // SAFETY: a non-null pointer in the slot came from `Box::into_raw`
-        // in `put`, and the swap made this call its only owner.
-        (!p.is_null()).then(|| *unsafe { Box::from_raw(p) })
+        self.slot().take()
     }
 
     /// Keeps `arena` for the next run, unless one is kept already.
     pub(crate) fn put(&self, arena: A) {
-        let p = Box::into_raw(Box::new(arena));
-        let kept = self
-            .slot
-            .compare_exchange(std::ptr::null_mut(), p, Ordering::Release, Ordering::Relaxed);
-        if kept.is_err() {
-            // SAFETY: `p` was not stored, so it is still ours alone.
-            drop(unsafe { Box::from_raw(p) });
+        let mut slot = self.slot();
+        if slot.is_none() {
+            *slot = Some(arena);
         }
     }
 
@@ -531,12 +529,6 @@ impl<A> ArenaSlot<A> {
             tracing::warn!("a tensor in the arena outlived its run; the next run allocates a new arena");
             false
         }
-    }
-}
-
-impl<A> Drop for ArenaSlot<A> {
-    fn drop(&mut self) {
-        drop(self.take());
     }
 }
 

@@ -66,22 +66,22 @@ impl OutputPool {
 /// One run's output buffers, by trace output: the caller's, or from the
 /// pool; and which outputs ended up in one.
 pub(crate) struct RunOutputs {
-    given: Vec<Option<OutputBuffer>>,
+    /// Per output: the buffer given for it, and the identity of the buffer
+    /// handed to its kernel.
+    slots: Vec<(Option<OutputBuffer>, Option<usize>)>,
     /// Whether to take buffers from the pool.
     pool: bool,
-    /// The identity of the buffer handed to the kernel of each output.
-    handed: Vec<Option<usize>>,
     pub(crate) reused: Vec<bool>,
 }
 
 impl RunOutputs {
     /// For a run with `n` outputs, `given` buffers, taking from the pool or not.
-    pub(crate) fn new(mut given: Vec<Option<OutputBuffer>>, n: usize, pool: bool) -> RunOutputs {
-        given.resize_with(n, || None);
+    pub(crate) fn new(given: Vec<Option<OutputBuffer>>, n: usize, pool: bool) -> RunOutputs {
+        let mut slots: Vec<_> = given.into_iter().map(|b| (b, None)).collect();
+        slots.resize_with(n, || (None, None));
         RunOutputs {
-            given,
+            slots,
             pool,
-            handed: vec![None; n],
             reused: vec![false; n],
         }
     }
@@ -93,18 +93,18 @@ impl RunOutputs {
         meta: &TensorMeta,
         pool: &OutputPool,
     ) -> Option<OutputBuffer> {
-        let b = match self.given[k].take() {
+        let b = match self.slots[k].0.take() {
             Some(b) => b,
             None if self.pool => pool.take(meta.dtype, &meta.shape)?,
             None => return None,
         };
-        self.handed[k] = Some(b.id());
+        self.slots[k].1 = Some(b.id());
         Some(b)
     }
 
     /// Notes that the kernel returned `t` for output `k`.
     pub(crate) fn written(&mut self, k: usize, t: &Tensor) {
-        self.reused[k] = self.handed[k] == Some(t.storage_id());
+        self.reused[k] = self.slots[k].1 == Some(t.storage_id());
     }
 }
 

@@ -19,6 +19,7 @@ mod ops;
 mod stream;
 
 use rayon::prelude::*;
+use smallvec::SmallVec;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::meta::contiguous_strides;
 use switchyard_core::threads::parallel_min;
@@ -187,7 +188,8 @@ impl CpuKernel {
                 }
             }
         }
-        let mut sources = vec![None; p.instrs.len()];
+        // Inline for programs of a few instructions, as most are.
+        let mut sources: SmallVec<[Option<Source>; 16]> = smallvec::smallvec![None; p.instrs.len()];
         for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, .. } = ins {
                 sources[i] = Some(match copies.iter().find(|c| c.0 == i) {
@@ -198,7 +200,7 @@ impl CpuKernel {
         }
         let n = p.numel();
         given.resize_with(p.outputs.len(), || None);
-        let mut outs: Vec<OutputBuffer> = p
+        let mut outs: SmallVec<[OutputBuffer; 4]> = p
             .outputs
             .iter()
             .zip(given)
@@ -222,7 +224,7 @@ impl CpuKernel {
                 }
             })
             .collect::<Result<_, _>>()?;
-        let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(OutPtr::of).collect::<Result<_, _>>()?;
+        let out_ptrs: SmallVec<[OutPtr; 4]> = outs.iter_mut().map(OutPtr::of).collect::<Result<_, _>>()?;
         let stores = Stores {
             ptrs: &out_ptrs,
             strides: &self.out_strides,
