@@ -14,7 +14,11 @@
 //! assigns every op to an executor by cost (a [`cost`] model of the device) and
 //! cuts the lowered trace into regions, explaining each choice; the
 //! [`runtime`] compiles each region once and runs the plan many times, freeing
-//! each value after its last use and measuring peak memory. Device layers
+//! each value after its last use and measuring peak memory; it writes
+//! intermediates into an arena kept between runs and outputs into buffers
+//! the caller hands back or gives ([`runtime::CompiledPlan::recycle`],
+//! [`runtime::CompiledPlan::run_into`]), large ones on huge pages
+//! ([`pages`]). [`threads`] sizes the CPU kernels' thread pool. Device layers
 //! plug in through [`device`].
 #![deny(missing_docs)]
 

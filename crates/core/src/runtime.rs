@@ -408,7 +408,7 @@ impl CompiledPlan {
     }
 
     /// Takes back the outputs of an earlier run that the caller is done
-    /// with, for later runs to write into (see [`crate::outputs`]). Only a
+    /// with, for later runs to write into. Only a
     /// tensor that is the last reference to a whole output buffer is kept,
     /// at most one per output of the plan; the rest are dropped. Returns
     /// how many were kept.
