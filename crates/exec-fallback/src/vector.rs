@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 use switchyard_core::ir::{BinaryOp, UnaryOp};
-use switchyard_simd::{Simd, math};
+use switchyard_simd::{Simd, map, math};
 
 use crate::walk::parallel_min;
 
@@ -78,13 +78,6 @@ pub(crate) fn binary(op: BinaryOp, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
             },
         )
     }))
-}
-
-#[inline(always)]
-fn map(a: &[f32], o: &mut [f32], f: impl Fn(f32) -> f32) {
-    for (o, &x) in o.iter_mut().zip(a) {
-        *o = f(x);
-    }
 }
 
 #[inline(always)]

@@ -26,6 +26,15 @@ pub mod math;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
+/// `out[i] = f(a[i])`: the elementwise loop the kernels compile at every
+/// level (it inlines, so it vectorises at the level of its caller).
+#[inline(always)]
+pub fn map<T: Copy, U>(a: &[T], out: &mut [U], f: impl Fn(T) -> U) {
+    for (o, &x) in out.iter_mut().zip(a) {
+        *o = f(x);
+    }
+}
+
 /// An instruction-set level a kernel can be compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Level {

@@ -30,6 +30,8 @@
 //! Polynomial coefficients were fitted for these ranges by least squares on
 //! Chebyshev nodes against 40-digit references.
 
+use crate::map;
+
 /// Maximum error of [`expf`] in ulp.
 pub const EXP_ULP: f64 = 1.5;
 /// Maximum error of [`lnf`] in ulp.
@@ -293,14 +295,6 @@ pub fn cosf(x: f32) -> f32 {
         libm::cosf(x)
     } else {
         sincos_near(x, 1)
-    }
-}
-
-/// `out[i] = f(a[i])`; `out` and `a` have the same length.
-#[inline(always)]
-fn map(a: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
-    for (o, &x) in out.iter_mut().zip(a) {
-        *o = f(x);
     }
 }
 

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 
 use num_traits::Float;
+use switchyard_simd::map;
 use switchyard_simd::math as vm;
 
 /// The type a program computes in.
@@ -21,34 +22,32 @@ pub(crate) trait Arith: Float + Send + Sync + 'static {
     /// `switchyard_simd::math`.
     #[inline(always)]
     fn exp_tile(a: &[Self], dst: &mut [Self]) {
-        dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.exp());
+        map(a, dst, |x| x.exp());
     }
     #[inline(always)]
     fn tanh_tile(a: &[Self], dst: &mut [Self]) {
-        dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.tanh());
+        map(a, dst, |x| x.tanh());
     }
     #[inline(always)]
     fn sigmoid_tile(a: &[Self], dst: &mut [Self]) {
         let one = Self::one();
-        dst.iter_mut()
-            .zip(a)
-            .for_each(|(d, &x)| *d = one / (one + (-x).exp()));
+        map(a, dst, |x| one / (one + (-x).exp()));
     }
     #[inline(always)]
     fn ln_tile(a: &[Self], dst: &mut [Self]) {
-        dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.ln());
+        map(a, dst, |x| x.ln());
     }
     #[inline(always)]
     fn erf_tile(a: &[Self], dst: &mut [Self]) {
-        dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.erf());
+        map(a, dst, |x| x.erf());
     }
     #[inline(always)]
     fn sin_tile(a: &[Self], dst: &mut [Self]) {
-        dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.sin());
+        map(a, dst, |x| x.sin());
     }
     #[inline(always)]
     fn cos_tile(a: &[Self], dst: &mut [Self]) {
-        dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.cos());
+        map(a, dst, |x| x.cos());
     }
 }
 

@@ -5,6 +5,7 @@
 use half::{bf16, f16};
 use switchyard_core::DType;
 use switchyard_core::ir::{BinaryOp, ReduceOp, UnaryOp};
+use switchyard_simd::map;
 
 use super::math::Arith;
 
@@ -42,14 +43,6 @@ impl<C: Copy> Operand<C> for Splat<C> {
     }
 }
 
-/// `dst[i] = f(a[i])`.
-#[inline(always)]
-fn map<C: Copy>(a: &[C], dst: &mut [C], f: impl Fn(C) -> C) {
-    for (d, &x) in dst.iter_mut().zip(a) {
-        *d = f(x);
-    }
-}
-
 #[inline(always)]
 fn truth<C: Arith>(b: bool) -> C {
     if b { C::one() } else { C::zero() }
@@ -60,19 +53,19 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
     let zero = C::zero();
     let one = C::one();
     match op {
-        UnaryOp::Neg => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = -x),
-        UnaryOp::Abs => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.abs()),
+        UnaryOp::Neg => map(a, dst, |x| -x),
+        UnaryOp::Abs => map(a, dst, |x| x.abs()),
         UnaryOp::Relu => dst
             .iter_mut()
             .zip(a)
             .for_each(|(d, &x)| *d = if x < zero { zero } else { x }),
-        UnaryOp::Reciprocal => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = one / x),
+        UnaryOp::Reciprocal => map(a, dst, |x| one / x),
         UnaryOp::Exp => C::exp_tile(a, dst),
         UnaryOp::Tanh => C::tanh_tile(a, dst),
         UnaryOp::Sigmoid => C::sigmoid_tile(a, dst),
         UnaryOp::Log => C::ln_tile(a, dst),
-        UnaryOp::Sqrt => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = x.sqrt()),
-        UnaryOp::Rsqrt => dst.iter_mut().zip(a).for_each(|(d, &x)| *d = one / x.sqrt()),
+        UnaryOp::Sqrt => map(a, dst, |x| x.sqrt()),
+        UnaryOp::Rsqrt => map(a, dst, |x| one / x.sqrt()),
         UnaryOp::Sin => C::sin_tile(a, dst),
         UnaryOp::Cos => C::cos_tile(a, dst),
         UnaryOp::Erf => C::erf_tile(a, dst),
