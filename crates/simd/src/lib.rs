@@ -23,6 +23,9 @@
 
 pub mod math;
 
+/// The explicit vector types [`Simd::vectorize`] hands its kernels.
+pub use pulp;
+
 use std::cell::Cell;
 use std::sync::OnceLock;
 
@@ -177,6 +180,31 @@ impl Simd {
             #[cfg(target_arch = "x86_64")]
             Level::Avx2 => unsafe { x86::avx2(f) },
             _ => f(),
+        }
+    }
+
+    /// Runs `op` with `pulp`'s explicit vector types for this level
+    /// (AVX-512: `V4`, AVX2: `V3`, scalar: one lane), for kernels that keep
+    /// values in vector registers, which autovectorised loops over memory
+    /// do not. `op` and what it inlines are compiled for the level as with
+    /// [`Simd::run`].
+    #[inline(always)]
+    pub fn vectorize<Op: pulp::WithSimd>(self, op: Op) -> Op::Output {
+        match self.level {
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => match pulp::x86::V4::try_new() {
+                Some(s) => pulp::Simd::vectorize(s, op),
+                // AVX-512 without the CD extension pulp's V4 wants.
+                None => Simd { level: Level::Avx2 }.vectorize(op),
+            },
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => match pulp::x86::V3::try_new() {
+                Some(s) => pulp::Simd::vectorize(s, op),
+                None => pulp::Simd::vectorize(pulp::Scalar, op),
+            },
+            #[cfg(target_arch = "aarch64")]
+            Level::Neon => pulp::Arch::new().dispatch(op),
+            _ => pulp::Simd::vectorize(pulp::Scalar, op),
         }
     }
 }

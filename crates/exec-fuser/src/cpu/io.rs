@@ -160,6 +160,23 @@ pub(super) struct Source<'a> {
 }
 
 impl Source<'_> {
+    /// Where element 0 of the walk is, if the load is a plain dense read of
+    /// elements of the compute type `C`, which the kernel can then use in place.
+    pub(super) fn direct<C: Arith>(&self) -> Option<*const C> {
+        if !self.dense {
+            return None;
+        }
+        let at = |p: *const u8| {
+            // `offset` is in the buffer, which the walk stays inside.
+            p.cast::<C>().wrapping_offset(self.offset)
+        };
+        match self.data {
+            Data::F32(d) if same::<C, f32>() => Some(at(d.as_ptr().cast())),
+            Data::F64(d) if same::<C, f64>() => Some(at(d.as_ptr().cast())),
+            _ => None,
+        }
+    }
+
     #[inline(always)]
     pub(super) fn load<C: Arith>(&self, pshape: &[usize], start: usize, dst: &mut [C]) {
         match self.data {
@@ -302,7 +319,22 @@ impl OutPtr {
     }
 }
 
+/// Whether `A` and `B` are one type.
+fn same<A: 'static, B: 'static>() -> bool {
+    std::any::TypeId::of::<A>() == std::any::TypeId::of::<B>()
+}
+
 impl OutPtr {
+    /// The elements, if they are of the compute type `C`, which the kernel
+    /// can then write in place.
+    pub(super) fn direct<C: Arith>(self) -> Option<*mut C> {
+        match self {
+            OutPtr::F32(p) if same::<C, f32>() => Some(p.cast()),
+            OutPtr::F64(p) if same::<C, f64>() => Some(p.cast()),
+            _ => None,
+        }
+    }
+
     /// Writes `vals` at element `at` onwards.
     #[inline(always)]
     pub(super) fn write<C: Arith>(self, at: usize, vals: &[C]) {

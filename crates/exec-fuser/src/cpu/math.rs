@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use num_traits::Float;
 use switchyard_simd::map;
 use switchyard_simd::math as vm;
+use switchyard_simd::pulp::Simd;
 
 /// The type a program computes in.
 pub(crate) trait Arith: Float + Send + Sync + 'static {
@@ -17,6 +18,20 @@ pub(crate) trait Arith: Float + Send + Sync + 'static {
     /// Rounded to the nearest integer, halves to even.
     fn round_even(self) -> Self;
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
+
+    /// A vector of this type for the instruction set of `S`.
+    type V<S: Simd>: Copy;
+    /// The whole vectors `xs` begins with.
+    fn vectors<S: Simd>(xs: &[Self]) -> &[Self::V<S>];
+    fn vectors_mut<S: Simd>(xs: &mut [Self]) -> &mut [Self::V<S>];
+    fn splat<S: Simd>(s: S, x: Self) -> Self::V<S>;
+    fn vadd<S: Simd>(s: S, a: Self::V<S>, b: Self::V<S>) -> Self::V<S>;
+    fn vsub<S: Simd>(s: S, a: Self::V<S>, b: Self::V<S>) -> Self::V<S>;
+    fn vmul<S: Simd>(s: S, a: Self::V<S>, b: Self::V<S>) -> Self::V<S>;
+    fn vdiv<S: Simd>(s: S, a: Self::V<S>, b: Self::V<S>) -> Self::V<S>;
+    fn vsqrt<S: Simd>(s: S, a: Self::V<S>) -> Self::V<S>;
+    fn vabs<S: Simd>(s: S, a: Self::V<S>) -> Self::V<S>;
+    fn vneg<S: Simd>(s: S, a: Self::V<S>) -> Self::V<S>;
     /// `dst = exp(a)`, `tanh(a)`, ... over a tile. By default through libm,
     /// one call per element; f32 overrides them with the vector math of
     /// `switchyard_simd::math`.
@@ -128,6 +143,48 @@ impl Arith for f32 {
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         grown(&SCRATCH_F32, len, f)
     }
+
+    type V<S: Simd> = S::f32s;
+    #[inline(always)]
+    fn vectors<S: Simd>(xs: &[f32]) -> &[S::f32s] {
+        S::as_simd_f32s(xs).0
+    }
+    #[inline(always)]
+    fn vectors_mut<S: Simd>(xs: &mut [f32]) -> &mut [S::f32s] {
+        S::as_mut_simd_f32s(xs).0
+    }
+    #[inline(always)]
+    fn splat<S: Simd>(s: S, x: f32) -> S::f32s {
+        s.splat_f32s(x)
+    }
+    #[inline(always)]
+    fn vadd<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
+        s.add_f32s(a, b)
+    }
+    #[inline(always)]
+    fn vsub<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
+        s.sub_f32s(a, b)
+    }
+    #[inline(always)]
+    fn vmul<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
+        s.mul_f32s(a, b)
+    }
+    #[inline(always)]
+    fn vdiv<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
+        s.div_f32s(a, b)
+    }
+    #[inline(always)]
+    fn vsqrt<S: Simd>(s: S, a: S::f32s) -> S::f32s {
+        s.sqrt_f32s(a)
+    }
+    #[inline(always)]
+    fn vabs<S: Simd>(s: S, a: S::f32s) -> S::f32s {
+        s.abs_f32s(a)
+    }
+    #[inline(always)]
+    fn vneg<S: Simd>(s: S, a: S::f32s) -> S::f32s {
+        s.neg_f32s(a)
+    }
 }
 
 impl Arith for f64 {
@@ -157,5 +214,47 @@ impl Arith for f64 {
     }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         grown(&SCRATCH_F64, len, f)
+    }
+
+    type V<S: Simd> = S::f64s;
+    #[inline(always)]
+    fn vectors<S: Simd>(xs: &[f64]) -> &[S::f64s] {
+        S::as_simd_f64s(xs).0
+    }
+    #[inline(always)]
+    fn vectors_mut<S: Simd>(xs: &mut [f64]) -> &mut [S::f64s] {
+        S::as_mut_simd_f64s(xs).0
+    }
+    #[inline(always)]
+    fn splat<S: Simd>(s: S, x: f64) -> S::f64s {
+        s.splat_f64s(x)
+    }
+    #[inline(always)]
+    fn vadd<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
+        s.add_f64s(a, b)
+    }
+    #[inline(always)]
+    fn vsub<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
+        s.sub_f64s(a, b)
+    }
+    #[inline(always)]
+    fn vmul<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
+        s.mul_f64s(a, b)
+    }
+    #[inline(always)]
+    fn vdiv<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
+        s.div_f64s(a, b)
+    }
+    #[inline(always)]
+    fn vsqrt<S: Simd>(s: S, a: S::f64s) -> S::f64s {
+        s.sqrt_f64s(a)
+    }
+    #[inline(always)]
+    fn vabs<S: Simd>(s: S, a: S::f64s) -> S::f64s {
+        s.abs_f64s(a)
+    }
+    #[inline(always)]
+    fn vneg<S: Simd>(s: S, a: S::f64s) -> S::f64s {
+        s.neg_f64s(a)
     }
 }

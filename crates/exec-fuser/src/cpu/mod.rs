@@ -7,12 +7,22 @@
 //! Registers are mapped onto a few slots, reused once their value is dead;
 //! each thread keeps its slots (slots × tile elements) across calls, so
 //! intermediates never reach DRAM and a call allocates only its outputs.
-//! Rows longer than [`ROW_MAX`] are streamed instead (see [`Stream`]).
+//! Inputs read densely in the compute type are used in place, and outputs
+//! written so are written in place (see [`CpuKernel::homes`]): no copy
+//! through a slot. Runs of elementwise instructions each feeding only the
+//! next run as one [`chain`], a block of elements at a time in vector
+//! registers. Rows longer than [`ROW_MAX`] are streamed instead (see
+//! [`Stream`]).
 //!
 //! A tile's instructions run inside [`Simd::run`], so the loops of [`ops`],
 //! [`io`] and [`math`] (all `#[inline(always)]`) are compiled for AVX2 and
-//! AVX-512 as well as the baseline, and the machine's best one runs.
+//! AVX-512 as well as the baseline, and the machine's best one runs; chains
+//! run inside [`Simd::vectorize`], with that level's vector types. The loops
+//! are plain `for` loops: iterator adaptors such as `for_each` go through
+//! `fold`, which LLVM may leave uninlined in a kernel this large, and an
+//! uninlined function is compiled for the baseline.
 
+mod chain;
 mod io;
 mod math;
 mod ops;
@@ -30,6 +40,7 @@ use crate::program::{Instr, Program, Space};
 use io::{OutPtr, Source};
 
 use crate::layout::apply_views;
+use chain::Item;
 use math::Arith;
 use ops::Splat;
 use stream::Stream;
@@ -56,6 +67,8 @@ pub(crate) struct CpuKernel {
     row_len: usize,
     /// Rows per tile.
     tile_rows: usize,
+    /// What a tile runs, in order.
+    items: Vec<Item>,
     /// The slot of each register.
     slots: Vec<usize>,
     nslots: usize,
@@ -71,8 +84,15 @@ pub(crate) struct CpuKernel {
 }
 
 impl CpuKernel {
-    /// Orders the walk, assigns slots, and plans the passes of long rows.
+    /// Orders the walk, finds chains, assigns slots, and plans the passes
+    /// of long rows.
     pub(crate) fn new(program: Program) -> CpuKernel {
+        CpuKernel::with_chains(program, true)
+    }
+
+    /// As [`CpuKernel::new`], running chains as one (see [`chain`]) or,
+    /// without `chains`, every instruction by itself.
+    pub(crate) fn with_chains(program: Program, chains: bool) -> CpuKernel {
         let rank = program.shape.len();
         let mut perm: Vec<usize> = (0..rank).filter(|d| !program.reduced.contains(d)).collect();
         perm.extend(&program.reduced);
@@ -83,36 +103,7 @@ impl CpuKernel {
         // gives each row its identity (0 for sum, 1 for prod, ...).
         let rows: usize = pshape[..rank - program.reduced.len()].iter().product();
         let tile_rows = (TILE / row_len.max(1)).max(1);
-        // Linear scan: a slot frees after its register's last read; the
-        // destination is taken before the operands free, so an instruction
-        // never writes a slot it reads.
         let n = program.spaces.len();
-        let mut last = vec![None::<usize>; n];
-        for (i, ins) in program.instrs.iter().enumerate() {
-            for r in ins.reads() {
-                last[r] = Some(i);
-            }
-        }
-        for o in &program.outputs {
-            last[o.reg] = Some(usize::MAX);
-        }
-        let mut slots = vec![usize::MAX; n];
-        let mut free: Vec<usize> = Vec::new();
-        let mut nslots = 0;
-        for (i, ins) in program.instrs.iter().enumerate() {
-            let dst = ins.dst();
-            slots[dst] = free.pop().unwrap_or_else(|| {
-                nslots += 1;
-                nslots - 1
-            });
-            let mut dead: Vec<usize> = ins.reads().into_iter().filter(|&r| last[r] == Some(i)).collect();
-            if last[dst].is_none() {
-                dead.push(dst);
-            }
-            dead.sort_unstable();
-            dead.dedup();
-            free.extend(dead.iter().map(|&r| slots[r]));
-        }
         let mut scalar: Vec<Option<f64>> = vec![None; n];
         for ins in &program.instrs {
             if let Instr::Const { value, dst } = *ins {
@@ -130,8 +121,47 @@ impl CpuKernel {
         for o in &program.outputs {
             scalar[o.reg] = None;
         }
+        // Streamed passes run instructions one by one.
+        let items = match (&stream, chains) {
+            (None, true) => chain::items(&program, &scalar),
+            _ => (0..program.instrs.len()).map(Item::Exec).collect(),
+        };
+        // Linear scan: a slot frees after its register's last read; the
+        // destination is taken before the operands free, so an item never
+        // writes a slot it reads. A chain's inner values get none.
+        let mut last = vec![None::<usize>; n];
+        for (i, item) in items.iter().enumerate() {
+            for r in item.reads(&program) {
+                last[r] = Some(i);
+            }
+        }
+        for o in &program.outputs {
+            last[o.reg] = Some(usize::MAX);
+        }
+        let mut slots = vec![usize::MAX; n];
+        let mut free: Vec<usize> = Vec::new();
+        let mut nslots = 0;
+        for (i, item) in items.iter().enumerate() {
+            let dst = item.dst(&program);
+            slots[dst] = free.pop().unwrap_or_else(|| {
+                nslots += 1;
+                nslots - 1
+            });
+            let mut dead: Vec<usize> = item
+                .reads(&program)
+                .into_iter()
+                .filter(|&r| last[r] == Some(i))
+                .collect();
+            if last[dst].is_none() {
+                dead.push(dst);
+            }
+            dead.sort_unstable();
+            dead.dedup();
+            free.extend(dead.iter().map(|&r| slots[r]));
+        }
         let dense = contiguous_strides(&program.shape);
         CpuKernel {
+            items,
             scalar,
             out_strides: perm.iter().map(|&d| dense[d]).collect(),
             identity: perm.iter().enumerate().all(|(k, &d)| k == d),
@@ -225,13 +255,15 @@ impl CpuKernel {
             })
             .collect::<Result<_, _>>()?;
         let out_ptrs: SmallVec<[OutPtr; 4]> = outs.iter_mut().map(OutPtr::of).collect::<Result<_, _>>()?;
+        let (homes, direct) = self.homes::<C>(&sources, &out_ptrs);
         let stores = Stores {
             ptrs: &out_ptrs,
             strides: &self.out_strides,
             identity: self.identity,
+            direct: &direct,
         };
         if let Some(stream) = &self.stream {
-            self.run_streamed::<C>(stream, simd, &sources, &stores)?;
+            self.run_streamed::<C>(stream, simd, &sources, &stores, &homes)?;
             return Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect());
         }
         let slot_len = self.tile_rows * self.row_len.max(1);
@@ -244,6 +276,7 @@ impl CpuKernel {
             C::with_scratch(self.nslots * slot_len, |scratch| {
                 let tile = Tile {
                     base: scratch.as_mut_ptr(),
+                    homes: &homes,
                     slot_len,
                     start,
                     len,
@@ -253,10 +286,13 @@ impl CpuKernel {
                 simd.run(
                     #[inline(always)]
                     || {
-                        for i in 0..p.instrs.len() {
+                        for item in &self.items {
                             // SAFETY: every slot holds `slot_len >= len >= nr`
                             // elements of the scratch.
-                            unsafe { self.step(i, &sources, &tile, false) };
+                            match item {
+                                Item::Exec(i) => unsafe { self.step(*i, &sources, &tile, false) },
+                                Item::Chain(c) => unsafe { self.chain(simd, c, &tile) },
+                            }
                         }
                         self.store(&stores, &tile, Some(r0));
                     },
@@ -276,12 +312,49 @@ impl CpuKernel {
         Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect())
     }
 
+    /// Where each register lives during a call: in place in an input or
+    /// output where that one is dense in the compute type, so that a
+    /// kernel reads its inputs and writes its outputs without copying
+    /// them through a slot; else in its slot. Also, for each output,
+    /// whether it is written in place (and so needs no store).
+    fn homes<C: Arith>(
+        &self,
+        sources: &[Option<Source>],
+        outs: &[OutPtr],
+    ) -> (SmallVec<[Home<C>; 16]>, SmallVec<[bool; 4]>) {
+        let p = &self.program;
+        let mut homes: SmallVec<[Home<C>; 16]> = smallvec::smallvec![Home::Slot; p.spaces.len()];
+        for (i, ins) in p.instrs.iter().enumerate() {
+            if let (Instr::Load { dst, .. }, Some(src)) = (ins, &sources[i])
+                && p.spaces[*dst] == Space::Full
+                && let Some(at) = src.direct::<C>()
+            {
+                homes[*dst] = Home::Input(at);
+            }
+        }
+        let mut direct: SmallVec<[bool; 4]> = smallvec::smallvec![false; outs.len()];
+        for (k, (o, s)) in outs.iter().zip(&p.outputs).enumerate() {
+            if self.identity
+                && p.spaces[s.reg] == Space::Full
+                && matches!(homes[s.reg], Home::Slot)
+                && let Some(at) = o.direct::<C>()
+            {
+                homes[s.reg] = Home::Output(at);
+                direct[k] = true;
+            }
+        }
+        (homes, direct)
+    }
+
     /// Stores the tile's outputs; row outputs only when its first row `r0`
     /// is given.
     #[inline(always)]
     fn store<C: Arith>(&self, stores: &Stores, tile: &Tile<C>, r0: Option<usize>) {
         let p = &self.program;
-        for (o, s) in stores.ptrs.iter().zip(&p.outputs) {
+        for (k, (o, s)) in stores.ptrs.iter().zip(&p.outputs).enumerate() {
+            if stores.direct[k] {
+                continue;
+            }
             // SAFETY: the tile's slots lie in its scratch.
             let vals = unsafe { self.rd(tile, s.reg) };
             match p.spaces[s.reg] {
@@ -299,15 +372,38 @@ impl CpuKernel {
     /// Register `r`'s elements in `tile`.
     ///
     /// # Safety
-    /// The tile's scratch holds `nslots * slot_len` elements, `slot_len >= len >= nr`.
+    /// The tile's scratch holds `nslots * slot_len` elements, `slot_len >= len >= nr`,
+    /// and its homes in place hold the tile's elements.
     #[inline(always)]
     unsafe fn rd<'t, C>(&self, tile: &'t Tile<C>, r: usize) -> &'t [C] {
-        let n = match self.program.spaces[r] {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.at(tile, r), self.len(tile, r)) }
+    }
+
+    /// Elements of register `r` in `tile`.
+    #[inline(always)]
+    fn len<C>(&self, tile: &Tile<C>, r: usize) -> usize {
+        match self.program.spaces[r] {
             Space::Full => tile.len,
             Space::Row => tile.nr,
-        };
-        // SAFETY: the slot lies within the scratch (the caller's promise).
-        unsafe { std::slice::from_raw_parts(tile.base.add(self.slots[r] * tile.slot_len), n) }
+        }
+    }
+
+    /// Where register `r`'s elements of `tile` start.
+    ///
+    /// # Safety
+    /// As [`Self::rd`].
+    #[inline(always)]
+    unsafe fn at<C>(&self, tile: &Tile<C>, r: usize) -> *mut C {
+        // SAFETY: the slot lies within the scratch, and an input or output
+        // home holds every element of the walk (the caller's promise).
+        unsafe {
+            match tile.homes[r] {
+                Home::Slot => tile.base.add(self.slots[r] * tile.slot_len),
+                Home::Input(p) => p.add(tile.start).cast_mut(),
+                Home::Output(p) => p.add(tile.start),
+            }
+        }
     }
 
     /// Runs instruction `i` on `tile`. With `partial`, a mean sums (the
@@ -321,12 +417,13 @@ impl CpuKernel {
     unsafe fn step<C: Arith>(&self, i: usize, sources: &[Option<Source>], tile: &Tile<C>, partial: bool) {
         let ins = &self.program.instrs[i];
         let d = ins.dst();
-        let n = match self.program.spaces[d] {
-            Space::Full => tile.len,
-            Space::Row => tile.nr,
-        };
-        // SAFETY: see above.
-        let dst = unsafe { std::slice::from_raw_parts_mut(tile.base.add(self.slots[d] * tile.slot_len), n) };
+        // Read in place: nothing to load.
+        if let Home::Input(_) = tile.homes[d] {
+            return;
+        }
+        // SAFETY: see above; only a load defines a register homed in an
+        // input, so `dst` is a slot or an output no other thread writes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.at(tile, d), self.len(tile, d)) };
         let rd = |r: usize| unsafe { self.rd(tile, r) };
         match ins {
             Instr::Load { .. } => {
@@ -380,12 +477,31 @@ struct Stores<'a> {
     strides: &'a [isize],
     /// Whether the walk is the outputs' own order.
     identity: bool,
+    /// Per output, whether it is written in place (see [`CpuKernel::homes`]).
+    direct: &'a [bool],
 }
+
+/// Where a register's elements live during one call.
+#[derive(Clone, Copy)]
+enum Home<C> {
+    /// In its slot of the tile's scratch.
+    Slot,
+    /// In place in a dense input: element `k` of the walk at `p + k`.
+    Input(*const C),
+    /// In place in a dense output, in walk order.
+    Output(*mut C),
+}
+// SAFETY: threads read inputs, which nobody writes during a call, and
+// write disjoint tiles of the outputs.
+unsafe impl<C: Send> Send for Home<C> {}
+// SAFETY: as above; the pointers themselves are never mutated.
+unsafe impl<C: Sync> Sync for Home<C> {}
 
 /// One tile being computed: the scratch its slots live in, and which
 /// elements of the walk its full registers hold.
-struct Tile<C> {
+struct Tile<'a, C> {
     base: *mut C,
+    homes: &'a [Home<C>],
     slot_len: usize,
     /// Walk index of the first element.
     start: usize,

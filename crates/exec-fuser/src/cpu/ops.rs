@@ -55,10 +55,7 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
     match op {
         UnaryOp::Neg => map(a, dst, |x| -x),
         UnaryOp::Abs => map(a, dst, |x| x.abs()),
-        UnaryOp::Relu => dst
-            .iter_mut()
-            .zip(a)
-            .for_each(|(d, &x)| *d = if x < zero { zero } else { x }),
+        UnaryOp::Relu => map(a, dst, |x| if x < zero { zero } else { x }),
         UnaryOp::Reciprocal => map(a, dst, |x| one / x),
         UnaryOp::Exp => C::exp_tile(a, dst),
         UnaryOp::Tanh => C::tanh_tile(a, dst),
@@ -82,46 +79,55 @@ pub(super) fn binary<C: Arith>(op: BinaryOp, a: impl Operand<C>, b: impl Operand
     let n = dst.len();
     // Cut to the tile's length, so that indexing needs no checks and vectorises.
     let (a, b) = (a.prefix(n), b.prefix(n));
-    let it = dst.iter_mut().enumerate().map(|(i, d)| (d, (a.get(i), b.get(i))));
     match op {
-        BinaryOp::Add => it.for_each(|(d, (x, y))| *d = x + y),
-        BinaryOp::Sub => it.for_each(|(d, (x, y))| *d = x - y),
-        BinaryOp::Mul => it.for_each(|(d, (x, y))| *d = x * y),
-        BinaryOp::Div => it.for_each(|(d, (x, y))| *d = x / y),
-        BinaryOp::Pow => it.for_each(|(d, (x, y))| *d = x.powf(y)),
+        BinaryOp::Add => zip(a, b, dst, |x, y| x + y),
+        BinaryOp::Sub => zip(a, b, dst, |x, y| x - y),
+        BinaryOp::Mul => zip(a, b, dst, |x, y| x * y),
+        BinaryOp::Div => zip(a, b, dst, |x, y| x / y),
+        BinaryOp::Pow => zip(a, b, dst, |x, y| x.powf(y)),
         // NaN from either side propagates, as in the fallback.
-        BinaryOp::Maximum => it.for_each(|(d, (x, y))| {
-            *d = if x.is_nan() || y.is_nan() {
+        BinaryOp::Maximum => zip(a, b, dst, |x, y| {
+            if x.is_nan() || y.is_nan() {
                 C::nan()
             } else {
                 x.max(y)
             }
         }),
-        BinaryOp::Minimum => it.for_each(|(d, (x, y))| {
-            *d = if x.is_nan() || y.is_nan() {
+        BinaryOp::Minimum => zip(a, b, dst, |x, y| {
+            if x.is_nan() || y.is_nan() {
                 C::nan()
             } else {
                 x.min(y)
             }
         }),
-        BinaryOp::Eq => it.for_each(|(d, (x, y))| *d = truth(x == y)),
-        BinaryOp::Ne => it.for_each(|(d, (x, y))| *d = truth(x != y)),
-        BinaryOp::Lt => it.for_each(|(d, (x, y))| *d = truth(x < y)),
-        BinaryOp::Le => it.for_each(|(d, (x, y))| *d = truth(x <= y)),
-        BinaryOp::Gt => it.for_each(|(d, (x, y))| *d = truth(x > y)),
-        BinaryOp::Ge => it.for_each(|(d, (x, y))| *d = truth(x >= y)),
-        BinaryOp::LogicalAnd => it.for_each(|(d, (x, y))| *d = truth(x != zero && y != zero)),
-        BinaryOp::LogicalOr => it.for_each(|(d, (x, y))| *d = truth(x != zero || y != zero)),
-        BinaryOp::Fmod => it.for_each(|(d, (x, y))| *d = x % y),
+        BinaryOp::Eq => zip(a, b, dst, |x, y| truth(x == y)),
+        BinaryOp::Ne => zip(a, b, dst, |x, y| truth(x != y)),
+        BinaryOp::Lt => zip(a, b, dst, |x, y| truth(x < y)),
+        BinaryOp::Le => zip(a, b, dst, |x, y| truth(x <= y)),
+        BinaryOp::Gt => zip(a, b, dst, |x, y| truth(x > y)),
+        BinaryOp::Ge => zip(a, b, dst, |x, y| truth(x >= y)),
+        BinaryOp::LogicalAnd => zip(a, b, dst, |x, y| truth(x != zero && y != zero)),
+        BinaryOp::LogicalOr => zip(a, b, dst, |x, y| truth(x != zero || y != zero)),
+        BinaryOp::Fmod => zip(a, b, dst, |x, y| x % y),
         // The truncated remainder moved to the divisor's sign.
-        BinaryOp::Remainder => it.for_each(|(d, (x, y))| {
+        BinaryOp::Remainder => zip(a, b, dst, |x, y| {
             let r = x % y;
-            *d = if r != zero && ((r < zero) != (y < zero)) {
+            if r != zero && ((r < zero) != (y < zero)) {
                 r + y
             } else {
                 r
-            };
+            }
         }),
+    }
+}
+
+/// `dst[i] = f(a[i], b[i])`, as a plain loop: `for_each` goes through
+/// `fold`, which LLVM may leave uninlined, and so compiled for the
+/// baseline, in a large kernel.
+#[inline(always)]
+fn zip<C: Copy>(a: impl Operand<C>, b: impl Operand<C>, dst: &mut [C], f: impl Fn(C, C) -> C) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = f(a.get(i), b.get(i));
     }
 }
 

@@ -7,7 +7,7 @@ use switchyard_simd::Simd;
 
 use super::io::Source;
 use super::math::Arith;
-use super::{CHUNK, CpuKernel, Stores, Tile, ops};
+use super::{CHUNK, CpuKernel, Home, Stores, Tile, ops};
 use crate::program::{Action, Instr, Passes, Program, Space};
 
 /// How a program whose rows are longer than a tile runs: its [`Passes`],
@@ -46,6 +46,7 @@ impl CpuKernel {
         simd: Simd,
         sources: &[Option<Source>],
         stores: &Stores,
+        homes: &[Home<C>],
     ) -> Result<(), String> {
         let p = &self.program;
         let rows = self.rows;
@@ -65,6 +66,7 @@ impl CpuKernel {
             C::with_scratch(self.nslots * CHUNK, |scratch| {
                 let tile = Tile {
                     base: scratch.as_mut_ptr(),
+                    homes,
                     slot_len: CHUNK,
                     start: row * row_len + c0,
                     len,
