@@ -53,6 +53,10 @@ pub(super) enum With {
     Scalar(f64),
     /// A register's elements.
     Reg(Reg),
+    /// The value of a row register, broadcast over the row: in a tile of
+    /// one row, a scalar (the `expand` that would fill a register with it
+    /// does not run).
+    Row(Reg),
 }
 
 impl Chain {
@@ -61,7 +65,8 @@ impl Chain {
         let mut r = vec![self.first];
         r.extend(self.steps.iter().filter_map(|s| match s {
             Step::Binary {
-                with: With::Reg(w), ..
+                with: With::Reg(w) | With::Row(w),
+                ..
             } => Some(*w),
             _ => None,
         }));
@@ -96,8 +101,10 @@ impl Item {
 
 /// The items of `p`: its instructions, with each chain of two or more
 /// found greedily in program order run as one. `scalar[r]` is register
-/// `r`'s value where it is a constant read as a scalar.
-pub(super) fn items(p: &Program, scalar: &[Option<f64>]) -> Vec<Item> {
+/// `r`'s value where it is a constant read as a scalar; with `one_row`
+/// (each tile is one row), a chain reads an expanded row value as a scalar
+/// too, and an `expand` only chains read so is dropped.
+pub(super) fn items(p: &Program, scalar: &[Option<f64>], one_row: bool) -> Vec<Item> {
     let n = p.spaces.len();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, ins) in p.instrs.iter().enumerate() {
@@ -110,15 +117,23 @@ pub(super) fn items(p: &Program, scalar: &[Option<f64>]) -> Vec<Item> {
         stored[o.reg] = true;
     }
     let full = |r: Reg| p.spaces[r] == Space::Full;
+    // The row register each expanded register broadcasts.
+    let mut expanded: Vec<Option<Reg>> = vec![None; n];
+    for ins in &p.instrs {
+        if let Instr::Expand { a, dst } = *ins {
+            expanded[dst] = Some(a);
+        }
+    }
     // The step instruction `i` makes of `v` (the running value), if it is one.
     let step_of = |i: usize, v: Option<Reg>| -> Option<(Reg, Step)> {
         let ins = &p.instrs[i];
         if !full(ins.dst()) {
             return None;
         }
-        let operand = |r: Reg| match scalar[r] {
-            Some(c) => Some(With::Scalar(c)),
-            None => full(r).then_some(With::Reg(r)),
+        let operand = |r: Reg| match (scalar[r], expanded[r]) {
+            (Some(c), _) => Some(With::Scalar(c)),
+            (None, Some(row)) if one_row => Some(With::Row(row)),
+            (None, _) => full(r).then_some(With::Reg(r)),
         };
         match *ins {
             Instr::Unary { op, a, .. } if v.is_none_or(|v| v == a) => full(a).then_some((a, Step::Unary(op))),
@@ -173,12 +188,33 @@ pub(super) fn items(p: &Program, scalar: &[Option<f64>]) -> Vec<Item> {
             ends[last] = Some(chain);
         }
     }
+    // An expand whose every reader is a chain reading the row: unneeded.
+    let mut needed = stored.clone();
+    for (i, ins) in p.instrs.iter().enumerate() {
+        if !taken[i] {
+            for r in ins.reads() {
+                needed[r] = true;
+            }
+        }
+    }
+    for c in ends.iter().flatten() {
+        for s in &c.steps {
+            if let Step::Binary {
+                with: With::Reg(w), ..
+            } = s
+            {
+                needed[*w] = true;
+            }
+        }
+        needed[c.first] = true;
+    }
     let mut items = Vec::with_capacity(p.instrs.len());
     for (i, end) in ends.into_iter().enumerate() {
         match end {
             Some(c) => items.push(Item::Chain(c)),
-            None if !taken[i] => items.push(Item::Exec(i)),
-            None => {}
+            None if taken[i] => {}
+            None if matches!(p.instrs[i], Instr::Expand { dst, .. } if !needed[dst]) => {}
+            None => items.push(Item::Exec(i)),
         }
     }
     items
@@ -211,8 +247,45 @@ impl CpuKernel {
                 _ => &[],
             })
             .collect();
+        // A row value is a scalar in a tile of one row (exact through f64);
+        // the steps are copied only for that.
+        let has_row = |s: &Step| {
+            matches!(
+                s,
+                Step::Binary {
+                    with: With::Row(_),
+                    ..
+                }
+            )
+        };
+        if !chain.steps.iter().any(has_row) {
+            simd.vectorize(Blocks {
+                steps: &chain.steps,
+                first,
+                with: &with,
+                dst,
+            });
+            return;
+        }
+        let steps: SmallVec<[Step; 8]> = chain
+            .steps
+            .iter()
+            .map(|&s| match s {
+                Step::Binary {
+                    op,
+                    with: With::Row(r),
+                    left,
+                } => Step::Binary {
+                    op,
+                    // SAFETY: as above; a row register holds the tile's one row.
+                    with: With::Scalar(unsafe { self.rd(tile, r) }[0].to_f64()),
+                    left,
+                },
+                s => s,
+            })
+            .collect();
         simd.vectorize(Blocks {
-            steps: &chain.steps,
+            steps: &steps,
             first,
             with: &with,
             dst,
@@ -340,7 +413,7 @@ fn binary<S: Simd, C: Arith>(
                 v[j] = g(v[j], w[j]);
             }
         }
-        (With::Reg(_), None) => return false,
+        (With::Reg(_), None) | (With::Row(_), _) => return false,
     }
     true
 }
@@ -362,7 +435,9 @@ fn apply<C: Arith>(step: Step, v: &mut [C], w: Option<&[C]>) {
             (With::Scalar(c), _) => ops::binary(op, Splat(C::from_f64(c)), a, v),
             (With::Reg(_), Some(w)) if left => ops::binary(op, a, w, v),
             (With::Reg(_), Some(w)) => ops::binary(op, w, a, v),
-            (With::Reg(_), None) => unreachable!("a register operand has its elements"),
+            (With::Reg(_), None) | (With::Row(_), _) => {
+                unreachable!("a register operand has its elements, a row one is a scalar by now")
+            }
         },
     }
 }
@@ -442,7 +517,7 @@ mod tests {
         scalar[8] = Some(2.0);
         let chain = |first, steps, dst| Item::Chain(Chain { first, steps, dst });
         assert_eq!(
-            items(&p, &scalar),
+            items(&p, &scalar, false),
             vec![
                 Item::Exec(0),
                 Item::Exec(1),
@@ -472,13 +547,29 @@ mod tests {
         );
     }
 
-    /// A random elementwise program over inputs x and y of `n` elements:
-    /// each of `ops` is (kind, operand, operand, constant).
+    /// A random program over x of [3, n] elements and y of [n] broadcast
+    /// over its rows, reducing rows: each of `ops` is (kind, operand,
+    /// operand, constant).
     fn random(ops: &[(usize, usize, usize, f64)], n: usize, compute: DType) -> Program {
-        let mut instrs = vec![load(0), load(1)];
-        if let Instr::Load { load, .. } = &mut instrs[1] {
-            load.input = 1;
-        }
+        let load2 = |input: usize, dst: Reg| Instr::Load {
+            load: Load {
+                input,
+                views: vec![],
+                map: IndexMap {
+                    axes: (input..2)
+                        .map(|dim| Axis::Iter {
+                            dim,
+                            scale: 1,
+                            offset: 0,
+                        })
+                        .collect(),
+                    masks: vec![],
+                },
+            },
+            dst,
+        };
+        let mut instrs = vec![load2(0, 0), load2(1, 1)];
+        let mut spaces = vec![Space::Full; 2];
         let unary = [
             UnaryOp::Neg,
             UnaryOp::Abs,
@@ -498,39 +589,57 @@ mod tests {
             BinaryOp::Lt,
         ];
         for &(k, i, j, c) in ops {
-            // Mostly the latest value, so that chains form.
+            // Mostly the latest full value, so that chains form.
             let regs = instrs.len();
-            let p = if i % 4 == 0 { i % regs } else { regs - 1 };
-            let q = j % regs;
+            let latest = (0..regs).rev().find(|&r| spaces[r] == Space::Full).unwrap_or(0);
+            let pick = |x: usize| {
+                let r = x % regs;
+                if spaces[r] == Space::Full { r } else { latest }
+            };
+            let p = if i % 4 == 0 { pick(i) } else { latest };
+            let q = pick(j);
             let dst = regs;
-            instrs.push(match k % 4 {
+            let ins = match k % 5 {
                 0 => un(unary[i % unary.len()], p, dst),
                 1 => bin(binary[j % binary.len()], p, q, dst),
                 2 => Instr::Const { value: c, dst },
-                _ => Instr::Cast {
+                3 => Instr::Cast {
                     to: DType::F16,
                     a: p,
                     dst,
                 },
-            });
+                // A row sum broadcast back: then an op reading it.
+                _ => {
+                    instrs.push(Instr::Reduce {
+                        op: switchyard_core::ir::ReduceOp::Sum,
+                        a: p,
+                        dst,
+                    });
+                    spaces.push(Space::Row);
+                    instrs.push(Instr::Expand { a: dst, dst: dst + 1 });
+                    spaces.push(Space::Full);
+                    bin(binary[j % binary.len()], p, dst + 1, dst + 2)
+                }
+            };
+            instrs.push(ins);
+            spaces.push(Space::Full);
         }
         let last = instrs.len() - 1;
         let mut p = program(instrs, last);
-        p.shape = vec![n];
+        p.spaces = spaces;
+        p.shape = vec![3, n];
+        p.reduced = vec![1];
         p.compute = compute;
         p.inputs = vec![compute; 2];
-        p.outputs = vec![Store {
-            reg: last,
+        let store = |reg| Store {
+            reg,
             dtype: compute,
-            shape: vec![n],
-        }];
+            shape: vec![3, n],
+        };
+        p.outputs = vec![store(last)];
         // A second output inside the program ends a chain there.
-        if last > 4 {
-            p.outputs.push(Store {
-                reg: last - 2,
-                dtype: compute,
-                shape: vec![n],
-            });
+        if last > 4 && p.spaces[last - 2] == Space::Full {
+            p.outputs.push(store(last - 2));
         }
         p
     }
@@ -565,14 +674,15 @@ mod tests {
         ) {
             let compute = if f64s { DType::F64 } else { DType::F32 };
             let p = random(&ops, n, compute);
-            let values = |seed: u64| -> Vec<f64> {
-                (0..n as u64).map(|i| ((i * 7919 + seed * 104729) % 2003) as f64 / 500.0 - 2.0).collect()
+                        let values = |seed: u64| -> Vec<f64> {
+                (0..3 * n as u64).map(|i| ((i * 7919 + seed * 104729) % 2003) as f64 / 500.0 - 2.0).collect()
             };
             let tensor = |v: Vec<f64>| match compute {
-                DType::F64 => switchyard_core::Tensor::from_vec(v, &[n]).unwrap(),
-                _ => switchyard_core::Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<f32>>(), &[n]).unwrap(),
+                DType::F64 => switchyard_core::Tensor::from_vec(v, &[3, n]).unwrap(),
+                _ => switchyard_core::Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<f32>>(), &[3, n]).unwrap(),
             };
-            let (x, y) = (tensor(values(1)), tensor(values(2)));
+                        let (x, y) = (tensor(values(1)), tensor(values(2)));
+            let y = y.view(vec![n], vec![1], 0).unwrap().contiguous().unwrap();
             let want = bits(&p, false, &[&x, &y]);
             let got = bits(&p, true, &[&x, &y]);
             proptest::prop_assert_eq!(got, want);

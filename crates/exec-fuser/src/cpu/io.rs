@@ -177,6 +177,32 @@ impl Source<'_> {
         }
     }
 
+    /// Where element 0 of the walk's innermost run would be, if the load
+    /// reads each such run contiguously (a broadcast weight, say: strides
+    /// 0 and 1) in elements of the compute type `C`; a tile that lies in
+    /// one run is then read in place from [`Source::run_at`].
+    pub(super) fn runs_direct<C: Arith>(&self, pshape: &[usize]) -> Option<*const C> {
+        let rank = pshape.len();
+        if rank == 0 || !self.masks.is_empty() || self.walk[rank - 1] != 1 {
+            return None;
+        }
+        match self.data {
+            Data::F32(d) if same::<C, f32>() => Some(d.as_ptr().cast()),
+            Data::F64(d) if same::<C, f64>() => Some(d.as_ptr().cast()),
+            _ => None,
+        }
+    }
+
+    /// The buffer index of walk element `start`.
+    #[inline(always)]
+    pub(super) fn run_at(&self, pshape: &[usize], start: usize) -> isize {
+        let idx = unravel(pshape, start);
+        self.offset
+            + (0..pshape.len())
+                .map(|d| idx[d] as isize * self.walk[d])
+                .sum::<isize>()
+    }
+
     #[inline(always)]
     pub(super) fn load<C: Arith>(&self, pshape: &[usize], start: usize, dst: &mut [C]) {
         match self.data {

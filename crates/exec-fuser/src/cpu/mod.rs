@@ -123,7 +123,7 @@ impl CpuKernel {
         }
         // Streamed passes run instructions one by one.
         let items = match (&stream, chains) {
-            (None, true) => chain::items(&program, &scalar),
+            (None, true) => chain::items(&program, &scalar, tile_rows == 1),
             _ => (0..program.instrs.len()).map(Item::Exec).collect(),
         };
         // Linear scan: a slot frees after its register's last read; the
@@ -277,6 +277,7 @@ impl CpuKernel {
                 let tile = Tile {
                     base: scratch.as_mut_ptr(),
                     homes: &homes,
+                    sources: &sources,
                     slot_len,
                     start,
                     len,
@@ -324,12 +325,22 @@ impl CpuKernel {
     ) -> (SmallVec<[Home<C>; 16]>, SmallVec<[bool; 4]>) {
         let p = &self.program;
         let mut homes: SmallVec<[Home<C>; 16]> = smallvec::smallvec![Home::Slot; p.spaces.len()];
+        // A tile lies in one innermost run of the walk when tiles are whole
+        // runs or divide them (streamed chunks need not).
+        let in_runs = self.stream.is_none()
+            && self
+                .pshape
+                .last()
+                .is_some_and(|&inner| inner % (self.tile_rows * self.row_len).max(1) == 0);
         for (i, ins) in p.instrs.iter().enumerate() {
             if let (Instr::Load { dst, .. }, Some(src)) = (ins, &sources[i])
                 && p.spaces[*dst] == Space::Full
-                && let Some(at) = src.direct::<C>()
             {
-                homes[*dst] = Home::Input(at);
+                if let Some(at) = src.direct::<C>() {
+                    homes[*dst] = Home::Input(at);
+                } else if in_runs && let Some(base) = src.runs_direct::<C>(&self.pshape) {
+                    homes[*dst] = Home::Run(base, i);
+                }
             }
         }
         let mut direct: SmallVec<[bool; 4]> = smallvec::smallvec![false; outs.len()];
@@ -401,6 +412,12 @@ impl CpuKernel {
             match tile.homes[r] {
                 Home::Slot => tile.base.add(self.slots[r] * tile.slot_len),
                 Home::Input(p) => p.add(tile.start).cast_mut(),
+                Home::Run(p, i) => {
+                    let src = tile.sources[i]
+                        .as_ref()
+                        .expect("a load homed in its input has a source");
+                    p.offset(src.run_at(&self.pshape, tile.start)).cast_mut()
+                }
                 Home::Output(p) => p.add(tile.start),
             }
         }
@@ -418,7 +435,7 @@ impl CpuKernel {
         let ins = &self.program.instrs[i];
         let d = ins.dst();
         // Read in place: nothing to load.
-        if let Home::Input(_) = tile.homes[d] {
+        if let Home::Input(_) | Home::Run(..) = tile.homes[d] {
             return;
         }
         // SAFETY: see above; only a load defines a register homed in an
@@ -488,6 +505,10 @@ enum Home<C> {
     Slot,
     /// In place in a dense input: element `k` of the walk at `p + k`.
     Input(*const C),
+    /// In place in an input whose innermost runs are contiguous, each tile
+    /// in one run: the input's elements at `p`, instruction `i`'s source
+    /// says where the tile starts.
+    Run(*const C, usize),
     /// In place in a dense output, in walk order.
     Output(*mut C),
 }
@@ -502,6 +523,7 @@ unsafe impl<C: Sync> Sync for Home<C> {}
 struct Tile<'a, C> {
     base: *mut C,
     homes: &'a [Home<C>],
+    sources: &'a [Option<Source<'a>>],
     slot_len: usize,
     /// Walk index of the first element.
     start: usize,
@@ -562,6 +584,67 @@ mod tests {
             e.contains("the buffer given for output 0 holds 6 f64, expected 6 f32"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn inputs_contiguous_along_rows_are_read_in_place_tile_by_tile() {
+        // x[2, 4096] + w[4096], w a view at an offset: tiles of 1024
+        // elements, four to a row, each reading its own stretch of w.
+        let (rows, cols) = (2usize, 4096usize);
+        let x: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let buf: Vec<f32> = (0..cols + 3).map(|i| (i * 1000) as f32).collect();
+        let w = Tensor::from_vec(buf, &[cols + 3])
+            .unwrap()
+            .view(vec![cols], vec![1], 3)
+            .unwrap();
+        let load = |input: usize, dims: std::ops::Range<usize>, dst: usize| Instr::Load {
+            load: Load {
+                input,
+                views: vec![],
+                map: IndexMap {
+                    axes: dims
+                        .map(|dim| Axis::Iter {
+                            dim,
+                            scale: 1,
+                            offset: 0,
+                        })
+                        .collect(),
+                    masks: vec![],
+                },
+            },
+            dst,
+        };
+        let program = Program {
+            shape: vec![rows, cols],
+            reduced: vec![],
+            compute: DType::F32,
+            inputs: vec![DType::F32; 2],
+            instrs: vec![
+                load(0, 0..2, 0),
+                load(1, 1..2, 1),
+                Instr::Binary {
+                    op: switchyard_core::ir::BinaryOp::Add,
+                    a: 0,
+                    b: 1,
+                    dst: 2,
+                },
+            ],
+            spaces: vec![Space::Full; 3],
+            outputs: vec![Store {
+                reg: 2,
+                dtype: DType::F32,
+                shape: vec![rows, cols],
+            }],
+        };
+        let kernel = CpuKernel::new(program);
+        let xt = Tensor::from_vec(x.clone(), &[rows, cols]).unwrap();
+        let out = kernel.run(&[&xt, &w], vec![]).unwrap();
+        let want: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + ((i % cols + 3) * 1000) as f32)
+            .collect();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
     }
 
     /// Transposes then flattens a [2, 3] input: not a view of its buffer.

@@ -67,6 +67,7 @@ impl CpuKernel {
                 let tile = Tile {
                     base: scratch.as_mut_ptr(),
                     homes,
+                    sources,
                     slot_len: CHUNK,
                     start: row * row_len + c0,
                     len,
