@@ -10,7 +10,11 @@ like with like. switchyard runs with the fuser (and the fallback for what the
 fuser does not claim, such as matmul).
 
     python3 benches/peers/peers.py [--switchyard target/release/switchyard]
-                                   [--only NAME,...] [--json FILE]
+                                   [--only NAME,...] [--rounds N] [--json FILE]
+
+With --rounds N every figure is measured N times, in N rounds that each run
+everything once, and its median is printed: on a shared machine the load
+changes over a run, and alternating the contestants spreads that over all.
 
 PyTorch is optional for switchyard; this script needs it (`pip install
 torch`). It uses every core PyTorch sees, as switchyard's bench does.
@@ -134,6 +138,7 @@ def main():
     ap.add_argument("--switchyard", default="target/release/switchyard")
     ap.add_argument("--only", help="comma-separated workload names")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1, help="measure everything this many times; print medians")
     ap.add_argument("--json", help="write every figure to this file")
     args = ap.parse_args()
     try:
@@ -147,15 +152,22 @@ def main():
     if not os.path.exists(args.switchyard):
         sys.exit(f"{args.switchyard} not found: cargo build --release -p switchyard-cli")
     torch.set_num_threads(os.cpu_count())
-    ours = switchyard_times(args.switchyard, names, args.repeat)
-    bandwidth = copy_bandwidth(torch)
+    rounds = []
+    for _ in range(max(args.rounds, 1)):
+        ours = switchyard_times(args.switchyard, names, args.repeat)
+        figures = {"copy_gb_s": copy_bandwidth(torch)}
+        for name in names:
+            _, shapes, f = WORKLOADS[name]
+            figures[name] = {"switchyard": ours[name], **torch_times(torch, name, shapes, f)}
+        rounds.append(figures)
+    bandwidth = statistics.median(r["copy_gb_s"] for r in rounds)
     rows = []
     for name in names:
-        _, shapes, f = WORKLOADS[name]
-        t = torch_times(torch, name, shapes, f)
-        rows.append({"workload": name, "switchyard": ours[name], **t})
+        cells = rounds[0][name].keys()
+        rows.append({"workload": name, **{c: statistics.median(r[name][c] for r in rounds) for c in cells}})
     print(f"copy bandwidth (bytes read + written, 64 MiB into a touched buffer): {bandwidth:.1f} GB/s; "
-          f"{torch.get_num_threads()} threads; torch {torch.__version__}")
+          f"{torch.get_num_threads()} threads; torch {torch.__version__}; "
+          f"median of {len(rounds)} round{'s' if len(rounds) > 1 else ''}")
     print(f"{'workload':<13}{'switchyard':>12}{'eager':>12}{'compile':>12}{'compile_into':>14}"
           f"{'ours/compile':>14}{'ours/into':>11}")
     for r in rows:
@@ -166,7 +178,7 @@ def main():
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"copy_gb_s": bandwidth, "threads": torch.get_num_threads(),
-                       "torch": torch.__version__, "results": rows}, fh, indent=2)
+                       "torch": torch.__version__, "results": rows, "rounds": rounds}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -192,13 +192,13 @@ impl Simd {
     pub fn vectorize<Op: pulp::WithSimd>(self, op: Op) -> Op::Output {
         match self.level {
             #[cfg(target_arch = "x86_64")]
-            Level::Avx512 => match pulp::x86::V4::try_new() {
+            Level::Avx512 => match x86::v4() {
                 Some(s) => pulp::Simd::vectorize(s, op),
                 // AVX-512 without the CD extension pulp's V4 wants.
                 None => Simd { level: Level::Avx2 }.vectorize(op),
             },
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => match pulp::x86::V3::try_new() {
+            Level::Avx2 => match x86::v3() {
                 Some(s) => pulp::Simd::vectorize(s, op),
                 None => pulp::Simd::vectorize(pulp::Scalar, op),
             },
@@ -240,6 +240,19 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
         f()
+    }
+
+    /// pulp's AVX-512 token, detected once: detecting it checks some twenty
+    /// features, too slow for every tile.
+    pub(super) fn v4() -> Option<pulp::x86::V4> {
+        static V4: std::sync::OnceLock<Option<pulp::x86::V4>> = std::sync::OnceLock::new();
+        *V4.get_or_init(pulp::x86::V4::try_new)
+    }
+
+    /// pulp's AVX2 token, detected once.
+    pub(super) fn v3() -> Option<pulp::x86::V3> {
+        static V3: std::sync::OnceLock<Option<pulp::x86::V3>> = std::sync::OnceLock::new();
+        *V3.get_or_init(pulp::x86::V3::try_new)
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! The iteration space is walked with the reduced dims innermost, so a tile
 //! holds whole rows: a reduction and everything that uses its result happen
-//! while the row is in cache. Without reductions a tile is [`TILE`] elements.
+//! while the row is in cache. Without reductions a tile is [`TILE`] to
+//! [`TILE_MAX`] elements, as many as its slots allow.
 //! Registers are mapped onto a few slots, reused once their value is dead;
 //! each thread keeps its slots (slots × tile elements) across calls, so
 //! intermediates never reach DRAM and a call allocates only its outputs.
@@ -45,8 +46,14 @@ use math::Arith;
 use ops::Splat;
 use stream::Stream;
 
-/// Elements per tile of an elementwise program: its slots stay in L1/L2.
+/// The fewest elements per tile; rows at least this long are a tile each.
 const TILE: usize = 1024;
+/// The most elements per tile: a kernel with few slots (inputs and outputs
+/// in place, chains in registers) takes longer tiles, so that per-tile
+/// work is amortised; its slots still fit [`SLOTS_BYTES`].
+const TILE_MAX: usize = 4096;
+/// What a tile's slots may take, about the L1 data cache.
+const SLOTS_BYTES: usize = 32 << 10;
 
 /// Elements a parallel task covers at least.
 const PAR_GRAIN: usize = 1 << 14;
@@ -102,7 +109,7 @@ impl CpuKernel {
         // Counted from the kept dims, so that reducing an empty dim still
         // gives each row its identity (0 for sum, 1 for prod, ...).
         let rows: usize = pshape[..rank - program.reduced.len()].iter().product();
-        let tile_rows = (TILE / row_len.max(1)).max(1);
+        let one_row = row_len >= TILE;
         let n = program.spaces.len();
         let mut scalar: Vec<Option<f64>> = vec![None; n];
         for ins in &program.instrs {
@@ -123,7 +130,7 @@ impl CpuKernel {
         }
         // Streamed passes run instructions one by one.
         let items = match (&stream, chains) {
-            (None, true) => chain::items(&program, &scalar, tile_rows == 1),
+            (None, true) => chain::items(&program, &scalar, one_row),
             _ => (0..program.instrs.len()).map(Item::Exec).collect(),
         };
         // Linear scan: a slot frees after its register's last read; the
@@ -159,6 +166,29 @@ impl CpuKernel {
             dead.dedup();
             free.extend(dead.iter().map(|&r| slots[r]));
         }
+        // The slots a tile touches: not those of scalar constants, which are
+        // never filled, nor (mostly) of loads, which inputs laid out as the
+        // plan expects are read in place.
+        let mut touched: Vec<usize> = items
+            .iter()
+            .filter(|item| match item {
+                Item::Exec(i) => match program.instrs[*i] {
+                    Instr::Load { .. } => false,
+                    Instr::Const { dst, .. } => scalar[dst].is_none(),
+                    _ => true,
+                },
+                Item::Chain(_) => true,
+            })
+            .map(|item| slots[item.dst(&program)])
+            .collect();
+        touched.sort_unstable();
+        touched.dedup();
+        let tile = (SLOTS_BYTES / (touched.len().max(1) * std::mem::size_of::<f32>())).clamp(TILE, TILE_MAX);
+        let tile_rows = if one_row {
+            1
+        } else {
+            (tile / row_len.max(1)).max(1)
+        };
         let dense = contiguous_strides(&program.shape);
         CpuKernel {
             items,
