@@ -3,25 +3,27 @@
 //! stride per iteration dim. Shared by the backends, which walk the
 //! iteration space in their own orders.
 
+use smallvec::SmallVec;
 use switchyard_core::Tensor;
 use switchyard_core::meta::{broadcast_strides, reshape_strides};
 
 use crate::lower::MAX_RANK;
 use crate::program::{Axis, IndexMap, View};
 
-/// A layout: shape, strides and offset in elements.
-pub(crate) type Layout = (Vec<usize>, Vec<isize>, isize);
+/// A layout: shape, strides and offset in elements; inline up to
+/// [`MAX_RANK`] dims, so that resolving a load allocates nothing.
+pub(crate) type Layout = (SmallVec<[usize; MAX_RANK]>, SmallVec<[isize; MAX_RANK]>, isize);
 
 /// `t`'s layout once `views` apply, or the index of the first reshape its
 /// layout does not allow as a view.
 pub(crate) fn apply_views(t: &Tensor, views: &[View]) -> Result<Layout, usize> {
-    let (mut shape, mut strides, mut offset) =
-        (t.shape().to_vec(), t.strides().to_vec(), t.offset() as isize);
+    let (mut shape, mut strides, mut offset): Layout =
+        (t.shape().into(), t.strides().into(), t.offset() as isize);
     for (k, v) in views.iter().enumerate() {
         match v {
             View::Reshape(to) => {
-                strides = reshape_strides(&shape, &strides, to).ok_or(k)?;
-                shape = to.clone();
+                strides = reshape_strides(&shape, &strides, to).ok_or(k)?.into();
+                shape = to.as_slice().into();
             }
             View::Transpose(perm) => {
                 shape = perm.iter().map(|&q| shape[q]).collect();
@@ -37,8 +39,8 @@ pub(crate) fn apply_views(t: &Tensor, views: &[View]) -> Result<Layout, usize> {
                 }
             }
             View::Broadcast(to) => {
-                strides = broadcast_strides(&shape, &strides, to);
-                shape = to.clone();
+                strides = broadcast_strides(&shape, &strides, to).into();
+                shape = to.as_slice().into();
             }
         }
     }

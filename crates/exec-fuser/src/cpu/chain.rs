@@ -318,6 +318,8 @@ impl<C: Arith> WithSimd for Blocks<'_, C> {
         let first = C::vectors::<S>(self.first);
         let with: SmallVec<[&[C::V<S>]; 8]> = self.with.iter().map(|w| C::vectors::<S>(w)).collect();
         let dst = C::vectors_mut::<S>(self.dst);
+        // Where steps without a vector instruction run, through memory.
+        let (mut src, mut out) = ([C::zero(); BLOCK], [C::zero(); BLOCK]);
         for b in 0..blocks {
             let at = b * K;
             let mut v: [C::V<S>; K] = std::array::from_fn(|j| first[at + j]);
@@ -325,12 +327,10 @@ impl<C: Arith> WithSimd for Blocks<'_, C> {
                 let w = (!with[i].is_empty()).then(|| &with[i][at..at + K]);
                 if !in_registers::<S, C>(s, step, &mut v, w) {
                     // Through memory, as the instruction runs alone.
-                    let mut block = [C::zero(); BLOCK];
-                    let block = &mut block[..span];
-                    C::vectors_mut::<S>(block).copy_from_slice(&v);
+                    C::vectors_mut::<S>(&mut src[..span]).copy_from_slice(&v);
                     let w = (!self.with[i].is_empty()).then(|| &self.with[i][b * span..(b + 1) * span]);
-                    apply(step, block, w);
-                    v.copy_from_slice(C::vectors::<S>(block));
+                    apply(step, &src[..span], w, &mut out[..span]);
+                    v.copy_from_slice(C::vectors::<S>(&out[..span]));
                 }
             }
             dst[at..at + K].copy_from_slice(&v);
@@ -350,7 +350,8 @@ impl<C: Arith> WithSimd for Blocks<'_, C> {
         let mut v = padded(self.first);
         for (&step, w) in self.steps.iter().zip(self.with) {
             let w = (!w.is_empty()).then(|| padded(w));
-            apply(step, &mut v, w.as_ref().map(|w| &w[..]));
+            let a = v;
+            apply(step, &a, w.as_ref().map(|w| &w[..]), &mut v);
         }
         self.dst[done..].copy_from_slice(&v[..m]);
     }
@@ -418,14 +419,10 @@ fn binary<S: Simd, C: Arith>(
     true
 }
 
-/// One step on the elements `v`, through the instruction's own loops; `w`
+/// One step from the elements `a` into `v`, through the instruction's own loops; `w`
 /// is the register operand's elements, if it has one.
 #[inline(always)]
-fn apply<C: Arith>(step: Step, v: &mut [C], w: Option<&[C]>) {
-    let mut copy = [C::zero(); BLOCK];
-    let a = &mut copy[..v.len()];
-    a.copy_from_slice(v);
-    let a = &*a;
+fn apply<C: Arith>(step: Step, a: &[C], w: Option<&[C]>, v: &mut [C]) {
     match step {
         Step::Unary(op) => ops::unary(op, a, v),
         Step::Cast(to) => ops::cast(to, a, v),

@@ -2,7 +2,6 @@
 //! the edges of a kernel, typed by the stored dtype.
 
 use half::{bf16, f16};
-use switchyard_core::meta::contiguous_strides;
 use switchyard_core::{DType, HostDataMut, OutputBuffer, Stored, Tensor};
 
 use super::CpuKernel;
@@ -38,7 +37,7 @@ impl CpuKernel {
                 )
             })
             .collect();
-        let dense_walk = contiguous_strides(&self.pshape);
+        let dense_walk = &self.walk_dense;
         let dense = masks.is_empty()
             && self
                 .pshape

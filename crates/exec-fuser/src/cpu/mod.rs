@@ -70,6 +70,8 @@ pub(crate) struct CpuKernel {
     perm: Vec<usize>,
     /// The iteration shape in walk order.
     pshape: Vec<usize>,
+    /// Its dense strides: a load walking these reads its input in place.
+    walk_dense: Vec<isize>,
     rows: usize,
     row_len: usize,
     /// Rows per tile.
@@ -191,6 +193,7 @@ impl CpuKernel {
         };
         let dense = contiguous_strides(&program.shape);
         CpuKernel {
+            walk_dense: contiguous_strides(&pshape),
             items,
             scalar,
             out_strides: perm.iter().map(|&d| dense[d]).collect(),
@@ -241,7 +244,7 @@ impl CpuKernel {
                     let (shape, strides, offset) = apply_views(t, &load.views[..k])
                         .map_err(|_| "views before a reshape fail".to_string())?;
                     let dense = t
-                        .view(shape, strides, offset as usize)
+                        .view(shape.to_vec(), strides.to_vec(), offset as usize)
                         .and_then(|v| v.contiguous())
                         .map_err(|e| e.to_string())?;
                     copies.push((i, dense, k));

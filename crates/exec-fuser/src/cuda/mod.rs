@@ -42,7 +42,7 @@ fn copy_program(t: &Tensor, views: &[View]) -> Result<Program, String> {
         })
         .collect();
     Ok(Program {
-        shape: shape.clone(),
+        shape: shape.to_vec(),
         reduced: vec![],
         compute: if dtype == DType::F64 {
             DType::F64
@@ -59,7 +59,11 @@ fn copy_program(t: &Tensor, views: &[View]) -> Result<Program, String> {
             dst: 0,
         }],
         spaces: vec![Space::Full],
-        outputs: vec![Store { reg: 0, dtype, shape }],
+        outputs: vec![Store {
+            reg: 0,
+            dtype,
+            shape: shape.to_vec(),
+        }],
     })
 }
 
