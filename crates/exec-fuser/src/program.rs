@@ -429,3 +429,30 @@ impl Program {
         }
     }
 }
+
+/// Axes that are iteration dims `dims`, in order, unscaled and unshifted.
+pub(crate) fn plain_axes(dims: std::ops::Range<usize>) -> Vec<Axis> {
+    dims.map(|dim| Axis::Iter {
+        dim,
+        scale: 1,
+        offset: 0,
+    })
+    .collect()
+}
+
+/// A load of input `input` whose dims are iteration dims `dims`: a plain
+/// read of it, broadcast over the other dims.
+#[cfg(test)]
+pub(crate) fn plain_load(input: usize, dims: std::ops::Range<usize>, dst: Reg) -> Instr {
+    Instr::Load {
+        load: Load {
+            input,
+            views: vec![],
+            map: IndexMap {
+                axes: plain_axes(dims),
+                masks: vec![],
+            },
+        },
+        dst,
+    }
+}

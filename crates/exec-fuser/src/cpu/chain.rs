@@ -442,7 +442,7 @@ fn apply<C: Arith>(step: Step, a: &[C], w: Option<&[C]>, v: &mut [C]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::{Axis, IndexMap, Load, Store};
+    use crate::program::{Store, plain_load};
 
     /// A program over f32[6] of `instrs`, storing `out`.
     fn program(instrs: Vec<Instr>, out: Reg) -> Program {
@@ -462,21 +462,7 @@ mod tests {
     }
 
     fn load(dst: Reg) -> Instr {
-        Instr::Load {
-            load: Load {
-                input: 0,
-                views: vec![],
-                map: IndexMap {
-                    axes: vec![Axis::Iter {
-                        dim: 0,
-                        scale: 1,
-                        offset: 0,
-                    }],
-                    masks: vec![],
-                },
-            },
-            dst,
-        }
+        plain_load(0, 0..1, dst)
     }
 
     fn un(op: UnaryOp, a: Reg, dst: Reg) -> Instr {
@@ -548,24 +534,7 @@ mod tests {
     /// over its rows, reducing rows: each of `ops` is (kind, operand,
     /// operand, constant).
     fn random(ops: &[(usize, usize, usize, f64)], n: usize, compute: DType) -> Program {
-        let load2 = |input: usize, dst: Reg| Instr::Load {
-            load: Load {
-                input,
-                views: vec![],
-                map: IndexMap {
-                    axes: (input..2)
-                        .map(|dim| Axis::Iter {
-                            dim,
-                            scale: 1,
-                            offset: 0,
-                        })
-                        .collect(),
-                    masks: vec![],
-                },
-            },
-            dst,
-        };
-        let mut instrs = vec![load2(0, 0), load2(1, 1)];
+        let mut instrs = vec![plain_load(0, 0..2, 0), plain_load(1, 1..2, 1)];
         let mut spaces = vec![Space::Full; 2];
         let unary = [
             UnaryOp::Neg,

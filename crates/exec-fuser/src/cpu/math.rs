@@ -87,6 +87,54 @@ fn grown<C: Copy + Default + 'static, R>(
     })
 }
 
+/// The vector members of [`Arith`], through pulp's vector type `$v` and
+/// its methods for it.
+macro_rules! vector_ops {
+    ($v:ident, $as:ident, $as_mut:ident, $splat:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident, $abs:ident, $neg:ident) => {
+        type V<S: Simd> = S::$v;
+        #[inline(always)]
+        fn vectors<S: Simd>(xs: &[Self]) -> &[S::$v] {
+            S::$as(xs).0
+        }
+        #[inline(always)]
+        fn vectors_mut<S: Simd>(xs: &mut [Self]) -> &mut [S::$v] {
+            S::$as_mut(xs).0
+        }
+        #[inline(always)]
+        fn splat<S: Simd>(s: S, x: Self) -> S::$v {
+            s.$splat(x)
+        }
+        #[inline(always)]
+        fn vadd<S: Simd>(s: S, a: S::$v, b: S::$v) -> S::$v {
+            s.$add(a, b)
+        }
+        #[inline(always)]
+        fn vsub<S: Simd>(s: S, a: S::$v, b: S::$v) -> S::$v {
+            s.$sub(a, b)
+        }
+        #[inline(always)]
+        fn vmul<S: Simd>(s: S, a: S::$v, b: S::$v) -> S::$v {
+            s.$mul(a, b)
+        }
+        #[inline(always)]
+        fn vdiv<S: Simd>(s: S, a: S::$v, b: S::$v) -> S::$v {
+            s.$div(a, b)
+        }
+        #[inline(always)]
+        fn vsqrt<S: Simd>(s: S, a: S::$v) -> S::$v {
+            s.$sqrt(a)
+        }
+        #[inline(always)]
+        fn vabs<S: Simd>(s: S, a: S::$v) -> S::$v {
+            s.$abs(a)
+        }
+        #[inline(always)]
+        fn vneg<S: Simd>(s: S, a: S::$v) -> S::$v {
+            s.$neg(a)
+        }
+    };
+}
+
 impl Arith for f32 {
     #[inline(always)]
     fn round_even(self) -> Self {
@@ -144,47 +192,19 @@ impl Arith for f32 {
         grown(&SCRATCH_F32, len, f)
     }
 
-    type V<S: Simd> = S::f32s;
-    #[inline(always)]
-    fn vectors<S: Simd>(xs: &[f32]) -> &[S::f32s] {
-        S::as_simd_f32s(xs).0
-    }
-    #[inline(always)]
-    fn vectors_mut<S: Simd>(xs: &mut [f32]) -> &mut [S::f32s] {
-        S::as_mut_simd_f32s(xs).0
-    }
-    #[inline(always)]
-    fn splat<S: Simd>(s: S, x: f32) -> S::f32s {
-        s.splat_f32s(x)
-    }
-    #[inline(always)]
-    fn vadd<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
-        s.add_f32s(a, b)
-    }
-    #[inline(always)]
-    fn vsub<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
-        s.sub_f32s(a, b)
-    }
-    #[inline(always)]
-    fn vmul<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
-        s.mul_f32s(a, b)
-    }
-    #[inline(always)]
-    fn vdiv<S: Simd>(s: S, a: S::f32s, b: S::f32s) -> S::f32s {
-        s.div_f32s(a, b)
-    }
-    #[inline(always)]
-    fn vsqrt<S: Simd>(s: S, a: S::f32s) -> S::f32s {
-        s.sqrt_f32s(a)
-    }
-    #[inline(always)]
-    fn vabs<S: Simd>(s: S, a: S::f32s) -> S::f32s {
-        s.abs_f32s(a)
-    }
-    #[inline(always)]
-    fn vneg<S: Simd>(s: S, a: S::f32s) -> S::f32s {
-        s.neg_f32s(a)
-    }
+    vector_ops!(
+        f32s,
+        as_simd_f32s,
+        as_mut_simd_f32s,
+        splat_f32s,
+        add_f32s,
+        sub_f32s,
+        mul_f32s,
+        div_f32s,
+        sqrt_f32s,
+        abs_f32s,
+        neg_f32s
+    );
 }
 
 impl Arith for f64 {
@@ -216,45 +236,17 @@ impl Arith for f64 {
         grown(&SCRATCH_F64, len, f)
     }
 
-    type V<S: Simd> = S::f64s;
-    #[inline(always)]
-    fn vectors<S: Simd>(xs: &[f64]) -> &[S::f64s] {
-        S::as_simd_f64s(xs).0
-    }
-    #[inline(always)]
-    fn vectors_mut<S: Simd>(xs: &mut [f64]) -> &mut [S::f64s] {
-        S::as_mut_simd_f64s(xs).0
-    }
-    #[inline(always)]
-    fn splat<S: Simd>(s: S, x: f64) -> S::f64s {
-        s.splat_f64s(x)
-    }
-    #[inline(always)]
-    fn vadd<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
-        s.add_f64s(a, b)
-    }
-    #[inline(always)]
-    fn vsub<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
-        s.sub_f64s(a, b)
-    }
-    #[inline(always)]
-    fn vmul<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
-        s.mul_f64s(a, b)
-    }
-    #[inline(always)]
-    fn vdiv<S: Simd>(s: S, a: S::f64s, b: S::f64s) -> S::f64s {
-        s.div_f64s(a, b)
-    }
-    #[inline(always)]
-    fn vsqrt<S: Simd>(s: S, a: S::f64s) -> S::f64s {
-        s.sqrt_f64s(a)
-    }
-    #[inline(always)]
-    fn vabs<S: Simd>(s: S, a: S::f64s) -> S::f64s {
-        s.abs_f64s(a)
-    }
-    #[inline(always)]
-    fn vneg<S: Simd>(s: S, a: S::f64s) -> S::f64s {
-        s.neg_f64s(a)
-    }
+    vector_ops!(
+        f64s,
+        as_simd_f64s,
+        as_mut_simd_f64s,
+        splat_f64s,
+        add_f64s,
+        sub_f64s,
+        mul_f64s,
+        div_f64s,
+        sqrt_f64s,
+        abs_f64s,
+        neg_f64s
+    );
 }

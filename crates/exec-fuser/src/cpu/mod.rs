@@ -630,23 +630,7 @@ mod tests {
             .unwrap()
             .view(vec![cols], vec![1], 3)
             .unwrap();
-        let load = |input: usize, dims: std::ops::Range<usize>, dst: usize| Instr::Load {
-            load: Load {
-                input,
-                views: vec![],
-                map: IndexMap {
-                    axes: dims
-                        .map(|dim| Axis::Iter {
-                            dim,
-                            scale: 1,
-                            offset: 0,
-                        })
-                        .collect(),
-                    masks: vec![],
-                },
-            },
-            dst,
-        };
+        let load = crate::program::plain_load;
         let program = Program {
             shape: vec![rows, cols],
             reduced: vec![],

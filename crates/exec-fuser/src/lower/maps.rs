@@ -43,13 +43,7 @@ pub(super) fn op_shape(trace: &Trace, id: OpId) -> Result<Option<Shape>, String>
 pub(super) fn identity(shape: &[usize]) -> IndexMap {
     normalise(
         IndexMap {
-            axes: (0..shape.len())
-                .map(|dim| Axis::Iter {
-                    dim,
-                    scale: 1,
-                    offset: 0,
-                })
-                .collect(),
+            axes: crate::program::plain_axes(0..shape.len()),
             masks: vec![],
         },
         shape,
