@@ -67,12 +67,19 @@ pub(crate) fn resolve(
     map: &IndexMap,
     space: &[usize],
 ) -> Result<Resolved, String> {
-    let (shape, strides, mut offset) = apply_views(t, views).map_err(|k| {
-        format!(
-            "view {k} of an input (a reshape) needs a copy of its layout {:?}",
-            t.strides()
-        )
-    })?;
+    // Without views, the tensor's own layout, borrowed.
+    let owned;
+    let (shape, strides, mut offset): (&[usize], &[isize], isize) = if views.is_empty() {
+        (t.shape(), t.strides(), t.offset() as isize)
+    } else {
+        owned = apply_views(t, views).map_err(|k| {
+            format!(
+                "view {k} of an input (a reshape) needs a copy of its layout {:?}",
+                t.strides()
+            )
+        })?;
+        (&owned.0, &owned.1, owned.2)
+    };
     if map.axes.len() != shape.len() {
         return Err(format!(
             "a load maps {} dims onto an input of rank {}",
@@ -81,7 +88,7 @@ pub(crate) fn resolve(
         ));
     }
     let mut it = [0isize; MAX_RANK];
-    for (a, &s) in map.axes.iter().zip(&strides) {
+    for (a, &s) in map.axes.iter().zip(strides) {
         match *a {
             Axis::Iter {
                 dim,
