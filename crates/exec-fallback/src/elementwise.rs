@@ -72,7 +72,7 @@ impl Real for f64 {
         v
     }
     fn exp_(self) -> Self {
-        self.exp()
+        vm::exp64(self)
     }
     fn ln_(self) -> Self {
         self.ln()
@@ -81,7 +81,7 @@ impl Real for f64 {
         self.tanh()
     }
     fn sigmoid(self) -> Self {
-        1.0 / (1.0 + (-self).exp())
+        vm::sigmoid64(self)
     }
     fn sin_(self) -> Self {
         self.sin()
@@ -215,7 +215,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
             Some(v) => Ok(Storage::F32(v)),
             None => float_unary::<f32>(op, x, &shape),
         },
-        DType::F64 => float_unary::<f64>(op, x, &shape),
+        DType::F64 => match x.contiguous_data::<f64>().and_then(|d| vector::unary_f64(op, d)) {
+            Some(v) => Ok(Storage::F64(v)),
+            None => float_unary::<f64>(op, x, &shape),
+        },
         DType::F16 => float_unary::<f16>(op, x, &shape),
         DType::BF16 => float_unary::<bf16>(op, x, &shape),
         DType::I32 => int_unary::<i32>(op, x, &shape),

@@ -1,4 +1,4 @@
-//! Dense f32 elementwise ops through `switchyard_simd`: the vector math
+//! Dense f32 (and f64 exp and sigmoid) elementwise ops through `switchyard_simd`: the vector math
 //! and plain arithmetic, compiled for each SIMD level and run at the
 //! machine's, in parallel chunks. The general walk (`crate::walk`) calls
 //! an op per element through a function pointer, which nothing vectorises;
@@ -15,8 +15,8 @@ use crate::walk::parallel_min;
 const CHUNK: usize = 1 << 14;
 
 /// `out = f(a, out)` over `n` elements, in parallel chunks when large.
-fn chunked(n: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
-    let mut out = vec![0f32; n];
+fn chunked<T: Copy + Default + Send>(n: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Vec<T> {
+    let mut out = vec![T::default(); n];
     if n < parallel_min() {
         f(0, &mut out);
     } else {
@@ -54,6 +54,24 @@ pub(crate) fn unary(op: UnaryOp, a: &[f32]) -> Option<Vec<f32>> {
                 Neg => map(a, o, |x| -x),
                 Abs => map(a, o, f32::abs),
                 _ => map(a, o, |x| 1.0 / x),
+            },
+        )
+    }))
+}
+
+/// `op(a)` in f64, if `op` is one this path has (those with f64 vector math).
+pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
+    if !matches!(op, UnaryOp::Exp | UnaryOp::Sigmoid) {
+        return None;
+    }
+    let simd = Simd::current();
+    Some(chunked(a.len(), |at, o| {
+        let a = &a[at..at + o.len()];
+        simd.run(
+            #[inline(always)]
+            || match op {
+                UnaryOp::Exp => math::exp_f64(a, o),
+                _ => math::sigmoid_f64(a, o),
             },
         )
     }))
@@ -146,6 +164,39 @@ mod tests {
                     .forced(|| elementwise::unary(op, &dense))
                     .unwrap();
                 assert_eq!(bits(&got), want, "{op:?} at {level}");
+            }
+        }
+        // f64 exp and sigmoid, on the same values.
+        let wide = |t: &Tensor| {
+            let v: Vec<f64> = t.to_f64_vec().unwrap();
+            Tensor::from_vec(v, t.shape()).unwrap()
+        };
+        let dense64 = wide(&dense);
+        let strided64 = {
+            let t = wide(&strided);
+            let (n, v) = (t.shape()[0], t.to_f64_vec().unwrap());
+            let mut tr = vec![0f64; 2 * n];
+            for i in 0..n {
+                tr[i] = v[2 * i];
+                tr[n + i] = v[2 * i + 1];
+            }
+            Tensor::from_vec(tr, &[2, n])
+                .unwrap()
+                .view(vec![n, 2], vec![1, n as isize], 0)
+                .unwrap()
+        };
+        let bits64 = |s: &switchyard_core::Storage| match s {
+            switchyard_core::Storage::F64(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>(),
+            other => panic!("{other:?}"),
+        };
+        for op in [Exp, Sigmoid] {
+            let want = bits64(&elementwise::unary(op, &strided64).unwrap());
+            for level in supported() {
+                let got = Simd::new(level)
+                    .unwrap()
+                    .forced(|| elementwise::unary(op, &dense64))
+                    .unwrap();
+                assert_eq!(bits64(&got), want, "f64 {op:?} at {level}");
             }
         }
         use BinaryOp::*;
