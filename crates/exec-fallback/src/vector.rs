@@ -36,27 +36,39 @@ pub(crate) fn unary(op: UnaryOp, a: &[f32]) -> Option<Vec<f32>> {
     ) {
         return None;
     }
+    Some(unary_chunks(
+        a,
+        #[inline(always)]
+        |a, o| match op {
+            Exp => math::exp(a, o),
+            Log => math::ln(a, o),
+            Tanh => math::tanh(a, o),
+            Sigmoid => math::sigmoid(a, o),
+            Erf => math::erf(a, o),
+            Sin => math::sin(a, o),
+            Cos => math::cos(a, o),
+            Rsqrt => math::rsqrt(a, o),
+            Sqrt => map(a, o, f32::sqrt),
+            Neg => map(a, o, |x| -x),
+            Abs => map(a, o, f32::abs),
+            _ => map(a, o, |x| 1.0 / x),
+        },
+    ))
+}
+
+/// `f(a, out)` over chunks of `a`, in parallel when large, each compiled
+/// for and run at the machine's SIMD level (`f` must inline: give it
+/// `#[inline(always)]`).
+#[inline(always)]
+fn unary_chunks<T: Copy + Default + Send + Sync>(a: &[T], f: impl Fn(&[T], &mut [T]) + Sync) -> Vec<T> {
     let simd = Simd::current();
-    Some(chunked(a.len(), |at, o| {
+    chunked(a.len(), |at, o| {
         let a = &a[at..at + o.len()];
         simd.run(
             #[inline(always)]
-            || match op {
-                Exp => math::exp(a, o),
-                Log => math::ln(a, o),
-                Tanh => math::tanh(a, o),
-                Sigmoid => math::sigmoid(a, o),
-                Erf => math::erf(a, o),
-                Sin => math::sin(a, o),
-                Cos => math::cos(a, o),
-                Rsqrt => math::rsqrt(a, o),
-                Sqrt => map(a, o, f32::sqrt),
-                Neg => map(a, o, |x| -x),
-                Abs => map(a, o, f32::abs),
-                _ => map(a, o, |x| 1.0 / x),
-            },
+            || f(a, o),
         )
-    }))
+    })
 }
 
 /// `op(a)` in f64, if `op` is one this path has (those with f64 vector math).
@@ -64,17 +76,14 @@ pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
     if !matches!(op, UnaryOp::Exp | UnaryOp::Sigmoid) {
         return None;
     }
-    let simd = Simd::current();
-    Some(chunked(a.len(), |at, o| {
-        let a = &a[at..at + o.len()];
-        simd.run(
-            #[inline(always)]
-            || match op {
-                UnaryOp::Exp => math::exp_f64(a, o),
-                _ => math::sigmoid_f64(a, o),
-            },
-        )
-    }))
+    Some(unary_chunks(
+        a,
+        #[inline(always)]
+        |a, o| match op {
+            UnaryOp::Exp => math::exp_f64(a, o),
+            _ => math::sigmoid_f64(a, o),
+        },
+    ))
 }
 
 /// `op(a, b)` for operands of one shape, if `op` is one this path has.
