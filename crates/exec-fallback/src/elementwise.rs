@@ -75,7 +75,7 @@ impl Real for f64 {
         vm::exp64(self)
     }
     fn ln_(self) -> Self {
-        self.ln()
+        vm::ln64(self)
     }
     fn tanh_(self) -> Self {
         self.tanh()

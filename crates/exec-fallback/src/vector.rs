@@ -1,4 +1,4 @@
-//! Dense f32 (and f64 exp and sigmoid) elementwise ops through `switchyard_simd`: the vector math
+//! Dense f32 (and f64 exp, ln and sigmoid) elementwise ops through `switchyard_simd`: the vector math
 //! and plain arithmetic, compiled for each SIMD level and run at the
 //! machine's, in parallel chunks. The general walk (`crate::walk`) calls
 //! an op per element through a function pointer, which nothing vectorises;
@@ -73,7 +73,7 @@ fn unary_chunks<T: Copy + Default + Send + Sync>(a: &[T], f: impl Fn(&[T], &mut 
 
 /// `op(a)` in f64, if `op` is one this path has (those with f64 vector math).
 pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
-    if !matches!(op, UnaryOp::Exp | UnaryOp::Sigmoid) {
+    if !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sigmoid) {
         return None;
     }
     Some(unary_chunks(
@@ -81,6 +81,7 @@ pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
         #[inline(always)]
         |a, o| match op {
             UnaryOp::Exp => math::exp_f64(a, o),
+            UnaryOp::Log => math::ln_f64(a, o),
             _ => math::sigmoid_f64(a, o),
         },
     ))
@@ -198,7 +199,7 @@ mod tests {
             switchyard_core::Storage::F64(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>(),
             other => panic!("{other:?}"),
         };
-        for op in [Exp, Sigmoid] {
+        for op in [Exp, Log, Sigmoid] {
             let want = bits64(&elementwise::unary(op, &strided64).unwrap());
             for level in supported() {
                 let got = Simd::new(level)
