@@ -78,7 +78,7 @@ impl Real for f64 {
         vm::ln64(self)
     }
     fn tanh_(self) -> Self {
-        self.tanh()
+        vm::tanh64(self)
     }
     fn sigmoid(self) -> Self {
         vm::sigmoid64(self)

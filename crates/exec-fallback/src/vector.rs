@@ -1,4 +1,4 @@
-//! Dense f32 (and f64 exp, ln and sigmoid) elementwise ops through `switchyard_simd`: the vector math
+//! Dense f32 (and f64 exp, ln, tanh and sigmoid) elementwise ops through `switchyard_simd`: the vector math
 //! and plain arithmetic, compiled for each SIMD level and run at the
 //! machine's, in parallel chunks. The general walk (`crate::walk`) calls
 //! an op per element through a function pointer, which nothing vectorises;
@@ -73,7 +73,7 @@ fn unary_chunks<T: Copy + Default + Send + Sync>(a: &[T], f: impl Fn(&[T], &mut 
 
 /// `op(a)` in f64, if `op` is one this path has (those with f64 vector math).
 pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
-    if !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sigmoid) {
+    if !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid) {
         return None;
     }
     Some(unary_chunks(
@@ -82,6 +82,7 @@ pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
         |a, o| match op {
             UnaryOp::Exp => math::exp_f64(a, o),
             UnaryOp::Log => math::ln_f64(a, o),
+            UnaryOp::Tanh => math::tanh_f64(a, o),
             _ => math::sigmoid_f64(a, o),
         },
     ))
@@ -154,7 +155,17 @@ mod tests {
 
     fn bits(s: &switchyard_core::Storage) -> Vec<u32> {
         match s {
-            switchyard_core::Storage::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+            // Every NaN as one (IEEE 754 leaves open which NaN passes on).
+            switchyard_core::Storage::F32(v) => v
+                .iter()
+                .map(|x| {
+                    if x.is_nan() {
+                        f32::NAN.to_bits()
+                    } else {
+                        x.to_bits()
+                    }
+                })
+                .collect(),
             other => panic!("{other:?}"),
         }
     }
@@ -196,10 +207,19 @@ mod tests {
                 .unwrap()
         };
         let bits64 = |s: &switchyard_core::Storage| match s {
-            switchyard_core::Storage::F64(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>(),
+            switchyard_core::Storage::F64(v) => v
+                .iter()
+                .map(|x| {
+                    if x.is_nan() {
+                        f64::NAN.to_bits()
+                    } else {
+                        x.to_bits()
+                    }
+                })
+                .collect::<Vec<u64>>(),
             other => panic!("{other:?}"),
         };
-        for op in [Exp, Log, Sigmoid] {
+        for op in [Exp, Log, Tanh, Sigmoid] {
             let want = bits64(&elementwise::unary(op, &strided64).unwrap());
             for level in supported() {
                 let got = Simd::new(level)

@@ -34,7 +34,7 @@ pub(crate) trait Arith: Float + Send + Sync + 'static {
     fn vneg<S: Simd>(s: S, a: Self::V<S>) -> Self::V<S>;
     /// `dst = exp(a)`, `tanh(a)`, ... over a tile. By default through libm,
     /// one call per element; f32 overrides them with the vector math of
-    /// `switchyard_simd::math`, f64 exp, ln and sigmoid.
+    /// `switchyard_simd::math`, f64 exp, ln, tanh and sigmoid.
     #[inline(always)]
     fn exp_tile(a: &[Self], dst: &mut [Self]) {
         map(a, dst, |x| x.exp());
@@ -219,6 +219,10 @@ impl Arith for f64 {
     #[inline(always)]
     fn ln_tile(a: &[f64], dst: &mut [f64]) {
         vm::ln_f64(a, dst)
+    }
+    #[inline(always)]
+    fn tanh_tile(a: &[f64], dst: &mut [f64]) {
+        vm::tanh_f64(a, dst)
     }
     #[inline(always)]
     fn round_even(self) -> Self {

@@ -442,7 +442,7 @@ fn arguments64() -> Vec<f64> {
 type Fun64<'a> = (&'a str, fn(&[f64], &mut [f64]), &'a dyn Fn(f64) -> Dd, f64);
 
 #[test]
-fn f64_exp_ln_and_sigmoid_are_within_their_documented_error_at_every_level() {
+fn f64_exp_ln_tanh_and_sigmoid_are_within_their_documented_error_at_every_level() {
     let (xs, positive) = (arguments64(), positive64());
     let sigmoid_reference = |x: f64| {
         // e^−|x| / (1 + e^−|x|) below 0, 1 / (1 + e^−|x|) above, from the
@@ -455,9 +455,27 @@ fn f64_exp_ln_and_sigmoid_are_within_their_documented_error_at_every_level() {
         let rel = if num == 0.0 { 0.0 } else { num_lo / num } - d.1 / d.0;
         Dd(q, q * rel)
     };
-    let funs: [Fun64; 3] = [
+    let tanh_reference = |x: f64| {
+        // (e^{2|x|} − 1)/(e^{2|x|} + 1) in double-double, signed; below
+        // 10⁻⁸ x − x³/3, whose next term is below an ulp.
+        let ax = x.abs();
+        if ax < 1e-8 {
+            return Dd(x - x * x * x / 3.0, 0.0);
+        }
+        if ax > 40.0 {
+            return Dd(1.0f64.copysign(x), 0.0);
+        }
+        let e = exp_reference(2.0 * ax);
+        let num = e.add(Dd(-1.0, 0.0));
+        let den = e.add(Dd(1.0, 0.0));
+        let q = num.0 / den.0;
+        let q = Dd(q, q * (num.1 / num.0 - den.1 / den.0));
+        if x < 0.0 { Dd(-q.0, -q.1) } else { q }
+    };
+    let funs: [Fun64; 4] = [
         ("exp", exp_f64, &exp_reference, EXP64_ULP),
         ("ln", ln_f64, &ln_reference, LN64_ULP),
+        ("tanh", tanh_f64, &tanh_reference, TANH64_ULP),
         ("sigmoid", sigmoid_f64, &sigmoid_reference, SIGMOID64_ULP),
     ];
     for (name, f, reference, bound) in funs {
