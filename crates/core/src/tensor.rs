@@ -556,6 +556,24 @@ impl Tensor {
         Ok(with_storage!(self.host()?, data, T => self.offsets().map(|o| data[o].to_f64()).collect()))
     }
 
+    /// The bits of the elements as f64, in logical order, every NaN as one:
+    /// for comparing results bit for bit, as IEEE 754 leaves open which NaN
+    /// an operation passes on (on x86, the operand order the compiler picks
+    /// for a commutative instruction decides it).
+    pub fn bits_nan_as_one(&self) -> Result<Vec<u64>> {
+        Ok(self
+            .to_f64_vec()?
+            .into_iter()
+            .map(|v| {
+                if v.is_nan() {
+                    f64::NAN.to_bits()
+                } else {
+                    v.to_bits()
+                }
+            })
+            .collect())
+    }
+
     /// A dense host copy, or this tensor if it already is one whole host buffer.
     pub fn contiguous(&self) -> Result<Tensor> {
         let host = self.host()?;

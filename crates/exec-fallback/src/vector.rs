@@ -153,21 +153,17 @@ mod tests {
         (dense, strided)
     }
 
-    fn bits(s: &switchyard_core::Storage) -> Vec<u32> {
-        match s {
-            // Every NaN as one (IEEE 754 leaves open which NaN passes on).
-            switchyard_core::Storage::F32(v) => v
-                .iter()
-                .map(|x| {
-                    if x.is_nan() {
-                        f32::NAN.to_bits()
-                    } else {
-                        x.to_bits()
-                    }
-                })
-                .collect(),
+    /// The result's bits, every NaN as one.
+    fn bits(s: &switchyard_core::Storage) -> Vec<u64> {
+        let n = match s {
+            switchyard_core::Storage::F32(v) => v.len(),
+            switchyard_core::Storage::F64(v) => v.len(),
             other => panic!("{other:?}"),
-        }
+        };
+        Tensor::from_storage(s.clone(), &[n])
+            .unwrap()
+            .bits_nan_as_one()
+            .unwrap()
     }
 
     #[test]
@@ -206,27 +202,14 @@ mod tests {
                 .view(vec![n, 2], vec![1, n as isize], 0)
                 .unwrap()
         };
-        let bits64 = |s: &switchyard_core::Storage| match s {
-            switchyard_core::Storage::F64(v) => v
-                .iter()
-                .map(|x| {
-                    if x.is_nan() {
-                        f64::NAN.to_bits()
-                    } else {
-                        x.to_bits()
-                    }
-                })
-                .collect::<Vec<u64>>(),
-            other => panic!("{other:?}"),
-        };
         for op in [Exp, Log, Tanh, Sigmoid] {
-            let want = bits64(&elementwise::unary(op, &strided64).unwrap());
+            let want = bits(&elementwise::unary(op, &strided64).unwrap());
             for level in supported() {
                 let got = Simd::new(level)
                     .unwrap()
                     .forced(|| elementwise::unary(op, &dense64))
                     .unwrap();
-                assert_eq!(bits64(&got), want, "f64 {op:?} at {level}");
+                assert_eq!(bits(&got), want, "f64 {op:?} at {level}");
             }
         }
         use BinaryOp::*;

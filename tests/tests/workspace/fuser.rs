@@ -45,25 +45,7 @@ fn check(trace: &Trace, seed: u64) -> usize {
         for (g, w) in got.outputs.iter().zip(&want.outputs) {
             assert_close(g, &w.to_f64_vec().unwrap(), tolerance(g.dtype()));
         }
-        // Every NaN as one: IEEE 754 leaves open which NaN an operation
-        // passes on, and on x86 the operand order LLVM picks decides it.
-        let bits: Vec<Vec<u64>> = got
-            .outputs
-            .iter()
-            .map(|t| {
-                t.to_f64_vec()
-                    .unwrap()
-                    .iter()
-                    .map(|x| {
-                        if x.is_nan() {
-                            f64::NAN.to_bits()
-                        } else {
-                            x.to_bits()
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+        let bits: Vec<Vec<u64>> = got.outputs.iter().map(|t| t.bits_nan_as_one().unwrap()).collect();
         match &first {
             None => first = Some(bits),
             Some(f) => assert!(*f == bits, "SIMD level {level} gives other bits than scalar"),

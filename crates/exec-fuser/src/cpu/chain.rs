@@ -618,19 +618,9 @@ mod tests {
                 .unwrap()
                 .forced(|| kernel.run(inputs, vec![]))
                 .unwrap();
-            // Every NaN as one: which NaN an operation passes on (its sign
-            // and payload) IEEE 754 leaves open, and the order LLVM gives a
-            // commutative instruction's operands decides it on x86.
             levels.push(
                 out.iter()
-                    .flat_map(|t| t.to_f64_vec().unwrap())
-                    .map(|v| {
-                        if v.is_nan() {
-                            f64::NAN.to_bits()
-                        } else {
-                            v.to_bits()
-                        }
-                    })
+                    .flat_map(|t| t.bits_nan_as_one().unwrap())
                     .collect::<Vec<u64>>(),
             );
         }
