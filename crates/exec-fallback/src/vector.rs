@@ -124,9 +124,9 @@ mod tests {
     use super::*;
     use crate::elementwise;
 
-    /// Values over every range the functions care about, as a dense
-    /// [n, 2] tensor and as the transpose of a dense [2, n] one.
-    fn operands() -> (Tensor, Tensor) {
+    /// Values over every range the functions care about, in `T`, as a
+    /// dense [n, 2] tensor and as the transpose of a dense [2, n] one.
+    fn operands<T: switchyard_core::Stored + Copy + Default>(of: fn(f32) -> T) -> (Tensor, Tensor) {
         let mut v: Vec<f32> = (0..4000).map(|i| (i as f32 - 2000.0) * 0.0731).collect();
         v.extend([
             0.0,
@@ -141,15 +141,16 @@ mod tests {
             -104.5,
         ]);
         let n = v.len() / 2;
-        let v = v[..2 * n].to_vec();
+        let v: Vec<T> = v[..2 * n].iter().map(|&x| of(x)).collect();
         let dense = Tensor::from_vec(v.clone(), &[n, 2]).unwrap();
-        let mut t = vec![0f32; 2 * n];
+        let mut t = vec![T::default(); 2 * n];
         for i in 0..n {
             t[i] = v[2 * i];
             t[n + i] = v[2 * i + 1];
         }
         let strided = Tensor::from_vec(t, &[2, n]).unwrap();
         let strided = strided.view(vec![n, 2], vec![1, n as isize], 0).unwrap();
+        assert!(!strided.is_contiguous(), "the general walk");
         (dense, strided)
     }
 
@@ -166,63 +167,45 @@ mod tests {
             .unwrap()
     }
 
+    /// Checks that `run` gives the bits of `want` at every level.
+    fn at_every_level(
+        what: String,
+        want: Result<switchyard_core::Storage, String>,
+        run: impl Fn() -> Result<switchyard_core::Storage, String>,
+    ) {
+        let want = bits(&want.unwrap());
+        for level in supported() {
+            let got = Simd::new(level).unwrap().forced(&run).unwrap();
+            assert_eq!(bits(&got), want, "{what} at {level}");
+        }
+    }
+
     #[test]
     fn the_dense_path_gives_the_general_walks_bits_at_every_level() {
         use UnaryOp::*;
-        let (dense, strided) = operands();
-        assert!(strided.contiguous_data::<f32>().is_none(), "the general walk");
+        let (dense, strided) = operands(|x| x);
         for op in [
             Exp, Log, Tanh, Sigmoid, Erf, Sin, Cos, Rsqrt, Sqrt, Neg, Abs, Reciprocal,
         ] {
-            let want = bits(&elementwise::unary(op, &strided).unwrap());
-            for level in supported() {
-                let got = Simd::new(level)
-                    .unwrap()
-                    .forced(|| elementwise::unary(op, &dense))
-                    .unwrap();
-                assert_eq!(bits(&got), want, "{op:?} at {level}");
-            }
+            at_every_level(format!("{op:?}"), elementwise::unary(op, &strided), || {
+                elementwise::unary(op, &dense)
+            });
         }
-        // f64 exp and sigmoid, on the same values.
-        let wide = |t: &Tensor| {
-            let v: Vec<f64> = t.to_f64_vec().unwrap();
-            Tensor::from_vec(v, t.shape()).unwrap()
-        };
-        let dense64 = wide(&dense);
-        let strided64 = {
-            let t = wide(&strided);
-            let (n, v) = (t.shape()[0], t.to_f64_vec().unwrap());
-            let mut tr = vec![0f64; 2 * n];
-            for i in 0..n {
-                tr[i] = v[2 * i];
-                tr[n + i] = v[2 * i + 1];
-            }
-            Tensor::from_vec(tr, &[2, n])
-                .unwrap()
-                .view(vec![n, 2], vec![1, n as isize], 0)
-                .unwrap()
-        };
+        // The f64 functions the dense path has, on the same values.
+        let (dense64, strided64) = operands(f64::from);
         for op in [Exp, Log, Tanh, Sigmoid] {
-            let want = bits(&elementwise::unary(op, &strided64).unwrap());
-            for level in supported() {
-                let got = Simd::new(level)
-                    .unwrap()
-                    .forced(|| elementwise::unary(op, &dense64))
-                    .unwrap();
-                assert_eq!(bits(&got), want, "f64 {op:?} at {level}");
-            }
+            at_every_level(format!("f64 {op:?}"), elementwise::unary(op, &strided64), || {
+                elementwise::unary(op, &dense64)
+            });
         }
         use BinaryOp::*;
         let shape = dense.shape().to_vec();
         for op in [Add, Sub, Mul, Div] {
-            let want = bits(&elementwise::binary(op, &strided, &dense, &shape).unwrap());
-            for level in supported() {
-                let got = Simd::new(level)
-                    .unwrap()
-                    .forced(|| elementwise::binary(op, &dense, &dense, &shape))
-                    .unwrap();
-                assert_eq!(bits(&got), want, "{op:?} at {level}");
-            }
+            at_every_level(
+                format!("{op:?}"),
+                elementwise::binary(op, &strided, &dense, &shape),
+                || elementwise::binary(op, &dense, &dense, &shape),
+            );
         }
     }
 }

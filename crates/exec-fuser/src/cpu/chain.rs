@@ -197,16 +197,9 @@ pub(super) fn items(p: &Program, scalar: &[Option<f64>], one_row: bool) -> Vec<I
             }
         }
     }
-    for c in ends.iter().flatten() {
-        for s in &c.steps {
-            if let Step::Binary {
-                with: With::Reg(w), ..
-            } = s
-            {
-                needed[*w] = true;
-            }
-        }
-        needed[c.first] = true;
+    // A chain reads a row register (`With::Row`), never the expand of it.
+    for r in ends.iter().flatten().flat_map(Chain::reads) {
+        needed[r] = true;
     }
     let mut items = Vec::with_capacity(p.instrs.len());
     for (i, end) in ends.into_iter().enumerate() {
@@ -258,34 +251,31 @@ impl CpuKernel {
                 }
             )
         };
-        if !chain.steps.iter().any(has_row) {
-            simd.vectorize(Blocks {
-                steps: &chain.steps,
-                first,
-                with: &with,
-                dst,
-            });
-            return;
-        }
-        let steps: SmallVec<[Step; 8]> = chain
-            .steps
-            .iter()
-            .map(|&s| match s {
-                Step::Binary {
-                    op,
-                    with: With::Row(r),
-                    left,
-                } => Step::Binary {
-                    op,
-                    // SAFETY: as above; a row register holds the tile's one row.
-                    with: With::Scalar(unsafe { self.rd(tile, r) }[0].to_f64()),
-                    left,
-                },
-                s => s,
-            })
-            .collect();
+        let resolved: SmallVec<[Step; 8]>;
+        let steps: &[Step] = if chain.steps.iter().any(has_row) {
+            resolved = chain
+                .steps
+                .iter()
+                .map(|&s| match s {
+                    Step::Binary {
+                        op,
+                        with: With::Row(r),
+                        left,
+                    } => Step::Binary {
+                        op,
+                        // SAFETY: as above; a row register holds the tile's one row.
+                        with: With::Scalar(unsafe { self.rd(tile, r) }[0].to_f64()),
+                        left,
+                    },
+                    s => s,
+                })
+                .collect();
+            &resolved
+        } else {
+            &chain.steps
+        };
         simd.vectorize(Blocks {
-            steps: &steps,
+            steps,
             first,
             with: &with,
             dst,

@@ -77,6 +77,15 @@ pub(super) enum Data<'a> {
 }
 
 impl<'a> Data<'a> {
+    /// The elements, if they are of the compute type `C`.
+    fn elements<C: Arith>(&self) -> Option<*const C> {
+        match self {
+            Data::F32(d) if same::<C, f32>() => Some(d.as_ptr().cast()),
+            Data::F64(d) if same::<C, f64>() => Some(d.as_ptr().cast()),
+            _ => None,
+        }
+    }
+
     fn of(t: &'a Tensor) -> Result<Data<'a>, String> {
         let missing = || format!("an input is {}, which the fuser does not read", t.dtype());
         Ok(match t.dtype() {
@@ -165,15 +174,8 @@ impl Source<'_> {
         if !self.dense {
             return None;
         }
-        let at = |p: *const u8| {
-            // `offset` is in the buffer, which the walk stays inside.
-            p.cast::<C>().wrapping_offset(self.offset)
-        };
-        match self.data {
-            Data::F32(d) if same::<C, f32>() => Some(at(d.as_ptr().cast())),
-            Data::F64(d) if same::<C, f64>() => Some(at(d.as_ptr().cast())),
-            _ => None,
-        }
+        // `offset` is in the buffer, which the walk stays inside.
+        self.data.elements::<C>().map(|p| p.wrapping_offset(self.offset))
     }
 
     /// Where element 0 of the walk's innermost run would be, if the load
@@ -185,11 +187,7 @@ impl Source<'_> {
         if rank == 0 || !self.masks.is_empty() || self.walk[rank - 1] != 1 {
             return None;
         }
-        match self.data {
-            Data::F32(d) if same::<C, f32>() => Some(d.as_ptr().cast()),
-            Data::F64(d) if same::<C, f64>() => Some(d.as_ptr().cast()),
-            _ => None,
-        }
+        self.data.elements::<C>()
     }
 
     /// The buffer index of walk element `start`.
