@@ -70,11 +70,11 @@ fn a_steady_state_one_op_run_allocates_little() {
     compiled.recycle(last.outputs);
     let r = compiled.run(&inputs, RunOptions::default()).unwrap();
     let n = counted() - before;
-    assert_eq!(r.outputs_reused, vec![true]);
+    assert_eq!(r.outputs_reused.as_slice(), [true]);
     assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), vec![2f32; 256]);
     println!("{n} allocations per run");
     // The budget of today's runtime; lower it when a change saves some.
     assert!(n <= BUDGET, "{n} allocations per run, budget {BUDGET}");
 }
 
-const BUDGET: usize = 7;
+const BUDGET: usize = 3;

@@ -13,6 +13,8 @@
 
 use std::sync::{Arc, Weak};
 
+use smallvec::SmallVec;
+
 use crate::device::{DeviceBuffer, Transfer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -85,16 +87,19 @@ macro_rules! typed {
 }
 
 impl ArenaBuf {
+    #[inline]
     pub(crate) fn dtype(&self) -> DType {
         self.dtype
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it lies in an arena (which a later run writes into), rather
     /// than in a block of its own.
+    #[inline]
     pub(crate) fn in_arena(&self) -> bool {
         !self.own
     }
@@ -105,6 +110,7 @@ impl ArenaBuf {
     }
 
     /// The elements.
+    #[inline]
     pub(crate) fn data(&self) -> HostData<'_> {
         let p = self.ptr();
         // SAFETY: the range is aligned for the dtype and inside the block;
@@ -123,7 +129,7 @@ impl ArenaBuf {
 pub struct OutputBuffer {
     mem: Mem,
     // Inline up to rank 4, as a tensor's.
-    shape: smallvec::SmallVec<[usize; 4]>,
+    shape: SmallVec<[usize; 4]>,
 }
 
 #[derive(Debug)]
@@ -144,7 +150,7 @@ impl OutputBuffer {
                 len,
                 own: true,
             })),
-            shape: shape.into(),
+            shape: SmallVec::from_slice(shape),
         }
     }
 
@@ -153,7 +159,7 @@ impl OutputBuffer {
     /// compiled plan takes back outputs it handed out ([`crate::runtime::CompiledPlan::recycle`]).
     /// Its elements are the old values until written.
     pub fn reclaim(t: Tensor) -> std::result::Result<OutputBuffer, Tensor> {
-        let shape: smallvec::SmallVec<[usize; 4]> = t.shape().into();
+        let shape: SmallVec<[usize; 4]> = SmallVec::from_slice(t.shape());
         let mut buf = t.into_arena()?;
         // Exclusive only if nothing else refers to the buffer (an arena
         // keeps weak references to what it handed out) or its block (an
@@ -173,6 +179,7 @@ impl OutputBuffer {
     }
 
     /// Identity of the memory: the [`Tensor::storage_id`] of the tensor it becomes.
+    #[inline]
     pub(crate) fn id(&self) -> usize {
         match &self.mem {
             Mem::Host(b) => Arc::as_ptr(b) as usize,
@@ -183,7 +190,7 @@ impl OutputBuffer {
     /// The same buffer seen as `shape`, which has as many elements.
     pub(crate) fn reshaped(mut self, shape: &[usize]) -> OutputBuffer {
         debug_assert_eq!(numel(shape), self.len());
-        self.shape = shape.into();
+        self.shape = SmallVec::from_slice(shape);
         self
     }
 
@@ -202,11 +209,12 @@ impl OutputBuffer {
         }
         Ok(OutputBuffer {
             mem: Mem::Device(buf),
-            shape: shape.into(),
+            shape: SmallVec::from_slice(shape),
         })
     }
 
     /// The output's element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         match &self.mem {
             Mem::Host(b) => b.dtype,
@@ -215,6 +223,7 @@ impl OutputBuffer {
     }
 
     /// Where the buffer is.
+    #[inline]
     pub fn device(&self) -> Device {
         match &self.mem {
             Mem::Host(_) => Device::Cpu,
@@ -232,11 +241,13 @@ impl OutputBuffer {
     }
 
     /// The output's shape.
+    #[inline]
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
     /// Number of elements.
+    #[inline]
     pub fn len(&self) -> usize {
         numel(&self.shape)
     }
@@ -247,6 +258,7 @@ impl OutputBuffer {
     }
 
     /// The elements, to write; `None` for a buffer off the host.
+    #[inline]
     pub fn data_mut(&mut self) -> Option<HostDataMut<'_>> {
         let Mem::Host(buf) = &self.mem else {
             return None;
@@ -391,7 +403,7 @@ impl Arena {
         self.handed.push(offset, end, &buf);
         Some(OutputBuffer {
             mem: Mem::Host(buf),
-            shape: shape.into(),
+            shape: SmallVec::from_slice(shape),
         })
     }
 

@@ -122,6 +122,7 @@ impl<T: fmt::Display> fmt::Display for ShapeDisplay<'_, T> {
 
 /// Product of the dimensions (1 for a scalar), saturating so that messages about
 /// absurd shapes cannot overflow; validated shapes never reach the bound.
+#[inline]
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
 }

@@ -15,9 +15,12 @@
 
 use std::sync::Mutex;
 
+use smallvec::SmallVec;
+
 use crate::arena::OutputBuffer;
 use crate::dtype::DType;
 use crate::meta::{TensorMeta, numel};
+use crate::runtime::Reused;
 use crate::tensor::Tensor;
 
 /// Buffers handed back, waiting for the next run.
@@ -71,19 +74,30 @@ pub(crate) struct RunOutputs {
     slots: Vec<(Option<OutputBuffer>, Option<usize>)>,
     /// Whether to take buffers from the pool.
     pool: bool,
-    pub(crate) reused: Vec<bool>,
+    pub(crate) reused: Reused,
 }
 
 impl RunOutputs {
     /// For a run with `n` outputs, `given` buffers, taking from the pool or not.
     pub(crate) fn new(given: Vec<Option<OutputBuffer>>, n: usize, pool: bool) -> RunOutputs {
-        let mut slots: Vec<_> = given.into_iter().map(|b| (b, None)).collect();
-        slots.resize_with(n, || (None, None));
-        RunOutputs {
-            slots,
+        let mut outs = RunOutputs {
+            slots: Vec::new(),
             pool,
-            reused: vec![false; n],
-        }
+            reused: SmallVec::new(),
+        };
+        outs.reset(given, n, pool);
+        outs
+    }
+
+    /// Makes these the buffers of a new run, as [`RunOutputs::new`] does,
+    /// keeping the memory of the last run's.
+    pub(crate) fn reset(&mut self, given: Vec<Option<OutputBuffer>>, n: usize, pool: bool) {
+        self.slots.clear();
+        self.slots.extend(given.into_iter().map(|b| (b, None)));
+        self.slots.resize_with(n, || (None, None));
+        self.pool = pool;
+        self.reused.clear();
+        self.reused.resize(n, false);
     }
 
     /// The buffer output `k` (of `meta`) goes into, if there is one.
@@ -100,6 +114,11 @@ impl RunOutputs {
         };
         self.slots[k].1 = Some(b.id());
         Some(b)
+    }
+
+    /// Drops what the run did not use, keeping the vector's memory.
+    pub(crate) fn clear(&mut self) {
+        self.slots.clear();
     }
 
     /// Notes that the kernel returned `t` for output `k`.

@@ -1,7 +1,10 @@
 //! The runtime: compiles a plan's regions once, then runs the plan many times.
 //!
 //! Per call it only moves tensors between slots, calls kernels, and frees each
-//! value after the last region that reads it. It also measures the peak of live
+//! value after the last region that reads it. The slots and bookkeeping of
+//! one run are kept, emptied, for the next, so that a run of a small plan
+//! allocates only the vectors it hands over (to its kernels and its caller).
+//! A run does not time itself: callers that want its time measure the call. It also measures the peak of live
 //! buffer bytes as DESIGN.md defines it: intermediates and outputs (inputs
 //! excluded), an op's outputs counted before its inputs are freed. Views add no
 //! bytes: bytes are counted per buffer, and a view keeps its buffer alive.
@@ -64,8 +67,14 @@ pub struct CompiledPlan {
     graph: Mutex<GraphSlot>,
     /// For each value, the first trace output it is (by index).
     output_of: Vec<Option<usize>>,
+    /// For each trace output, whether it is that value's last place among
+    /// the outputs (which takes the value; earlier ones share it).
+    last_output: Vec<bool>,
     /// Output buffers handed back ([`CompiledPlan::recycle`]).
     pool: OutputPool,
+    /// The last run's state, emptied: its vectors serve the next run, so
+    /// that a small plan's run allocates little more than its results.
+    spare: Mutex<Option<RunState>>,
 }
 
 /// One run's values and memory as it goes.
@@ -79,6 +88,16 @@ struct RunState {
     region_ns: Vec<u64>,
     /// The buffers the trace's outputs go into.
     outs: RunOutputs,
+}
+
+impl RunState {
+    /// Empties the state for the next run, keeping its vectors' memory:
+    /// every value dropped, so that nothing in an arena is referenced.
+    fn finish(&mut self) {
+        self.slots.iter_mut().for_each(|s| *s = None);
+        self.live.reset();
+        self.outs.clear();
+    }
 }
 
 /// The arena of one device.
@@ -146,8 +165,6 @@ pub struct RunResult {
     pub peak_bytes_with_inputs: usize,
     /// Nanoseconds per region, when profiling.
     pub region_ns: Vec<u64>,
-    /// Nanoseconds for the whole run.
-    pub time_ns: u64,
     /// Bytes of the arena the intermediates lived in (0 when allocated per call).
     pub arena_bytes: usize,
     /// Whether the arena was one an earlier run had left, its pages already
@@ -160,8 +177,12 @@ pub struct RunResult {
     /// For each output, whether it was written into a buffer given to the
     /// run ([`CompiledPlan::run_into`]) or handed back from an earlier one
     /// ([`CompiledPlan::recycle`]), whose pages were touched before.
-    pub outputs_reused: Vec<bool>,
+    pub outputs_reused: Reused,
 }
+
+/// Per output, whether it went into a buffer given or handed back; inline
+/// for up to eight outputs, so that a small plan's run allocates no flags.
+pub type Reused = smallvec::SmallVec<[bool; 8]>;
 
 /// Live buffers, by identity. A plan rarely has more than a few dozen live at
 /// once, so a vector beats a hash map here.
@@ -175,6 +196,15 @@ struct LiveBuffers {
 }
 
 impl LiveBuffers {
+    /// Empty, keeping the memory of its entries.
+    fn reset(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+        self.input_bytes = 0;
+        self.peak = 0;
+        self.peak_with_inputs = 0;
+    }
+
     fn acquire(&mut self, t: &Tensor, is_input: bool) {
         let id = t.storage_id();
         if let Some(e) = self.entries.iter_mut().find(|e| e.0 == id) {
@@ -331,9 +361,16 @@ impl CompiledPlan {
         for (k, v) in trace.outputs.iter().enumerate().rev() {
             output_of[v.index()] = Some(k);
         }
+        let mut seen = vec![false; trace.values.len()];
+        let mut last_output = vec![false; trace.outputs.len()];
+        for (k, v) in trace.outputs.iter().enumerate().rev() {
+            last_output[k] = !std::mem::replace(&mut seen[v.index()], true);
+        }
         Ok(CompiledPlan {
             pool: OutputPool::new(trace.outputs.len()),
+            spare: Mutex::new(None),
             output_of,
+            last_output,
             graph_device: graph::eligibility(&plan, &kernels),
             graph,
             plan,
@@ -491,7 +528,6 @@ impl CompiledPlan {
         outputs: Vec<Option<OutputBuffer>>,
         opts: RunOptions,
     ) -> Result<RunResult> {
-        let start = Instant::now();
         let given = self.check_given(outputs)?;
         let trace = &self.plan.trace;
         if inputs.len() != trace.inputs.len() {
@@ -513,17 +549,16 @@ impl CompiledPlan {
                 inputs,
                 given,
                 opts,
-                start,
                 GraphUse::Off("turned off for this run".into()),
             );
         }
         let device = match &self.graph_device {
             Ok(d) => *d,
-            Err(why) => return self.run_kernels(inputs, given, opts, start, GraphUse::Off(why.clone())),
+            Err(why) => return self.run_kernels(inputs, given, opts, GraphUse::Off(why.clone())),
         };
         if given.iter().any(Option::is_some) {
             let why = "its outputs go into buffers the caller gave".to_string();
-            return self.run_kernels(inputs, given, opts, start, GraphUse::Skipped(why));
+            return self.run_kernels(inputs, given, opts, GraphUse::Skipped(why));
         }
         // A run that finds the graph in use by another runs without it.
         let mut slot = match self.graph.try_lock() {
@@ -534,7 +569,6 @@ impl CompiledPlan {
                     inputs,
                     given,
                     opts,
-                    start,
                     GraphUse::Skipped("another run is using the graph".into()),
                 );
             }
@@ -542,7 +576,7 @@ impl CompiledPlan {
         if let Some(why) = &slot.failed {
             let why = why.clone();
             drop(slot);
-            return self.run_kernels(inputs, given, opts, start, GraphUse::Off(why.into()));
+            return self.run_kernels(inputs, given, opts, GraphUse::Off(why.into()));
         }
         let skip = if opts.profile {
             Some("profiling times each region".to_string())
@@ -553,11 +587,11 @@ impl CompiledPlan {
         };
         if let Some(why) = skip {
             drop(slot);
-            return self.run_kernels(inputs, given, opts, start, GraphUse::Skipped(why));
+            return self.run_kernels(inputs, given, opts, GraphUse::Skipped(why));
         }
         let ids: Vec<usize> = inputs.iter().map(Tensor::storage_id).collect();
         if let Some(captured) = slot.captured.as_mut() {
-            match self.replay(captured, inputs, start)? {
+            match self.replay(captured, inputs)? {
                 Ok(result) => return Ok(result),
                 Err(why) => {
                     // An input the graph reads where it lay is another
@@ -565,15 +599,15 @@ impl CompiledPlan {
                     slot.captured = None;
                     slot.last_inputs = Some(ids);
                     drop(slot);
-                    return self.run_kernels(inputs, given, opts, start, GraphUse::Skipped(why));
+                    return self.run_kernels(inputs, given, opts, GraphUse::Skipped(why));
                 }
             }
         }
         let Some(last) = slot.last_inputs.replace(ids) else {
             drop(slot);
-            return self.run_kernels(inputs, given, opts, start, GraphUse::NotYet);
+            return self.run_kernels(inputs, given, opts, GraphUse::NotYet);
         };
-        match self.capture(device, &last, inputs, start)? {
+        match self.capture(device, &last, inputs)? {
             Ok((result, captured)) => {
                 slot.captured = Some(captured);
                 Ok(result)
@@ -583,7 +617,7 @@ impl CompiledPlan {
                 let why = format!("recording failed: {why}");
                 slot.failed = Some(why.clone());
                 drop(slot);
-                self.run_kernels(inputs, given, opts, start, GraphUse::Off(why.into()))
+                self.run_kernels(inputs, given, opts, GraphUse::Off(why.into()))
             }
         }
     }
@@ -597,7 +631,8 @@ impl CompiledPlan {
         opts: RunOptions,
     ) -> Result<(RunState, bool, Vec<bool>)> {
         let trace = &self.plan.trace;
-        let (arena, arena_reused) = match opts.allocate_per_call {
+        // A plan without intermediates on the host needs no arena.
+        let (arena, arena_reused) = match opts.allocate_per_call || self.arena_bytes == 0 {
             true => (None, false),
             false => {
                 let (a, reused) = self.take_arena();
@@ -608,13 +643,23 @@ impl CompiledPlan {
             true => self.device_arenas.iter().map(|_| (None, false)).unzip(),
             false => self.take_device_arenas().into_iter().unzip(),
         };
-        let mut st = RunState {
-            slots: vec![None; trace.values.len()],
-            live: LiveBuffers::default(),
-            arena,
-            device_arenas,
-            region_ns: Vec::new(),
-            outs: RunOutputs::new(given, trace.outputs.len(), !opts.allocate_per_call),
+        // Another run at the same time finds no spare and makes its own.
+        let spare = self.spare.try_lock().ok().and_then(|mut s| s.take());
+        let mut st = match spare {
+            Some(mut st) => {
+                st.arena = arena;
+                st.device_arenas = device_arenas;
+                st.outs.reset(given, trace.outputs.len(), !opts.allocate_per_call);
+                st
+            }
+            None => RunState {
+                slots: vec![None; trace.values.len()],
+                live: LiveBuffers::default(),
+                arena,
+                device_arenas,
+                region_ns: Vec::new(),
+                outs: RunOutputs::new(given, trace.outputs.len(), !opts.allocate_per_call),
+            },
         };
         for (&id, t) in trace.inputs.iter().zip(inputs) {
             let t = move_to(t, trace.meta(id).device)?;
@@ -636,7 +681,6 @@ impl CompiledPlan {
         inputs: &[Tensor],
         given: Vec<Option<OutputBuffer>>,
         opts: RunOptions,
-        start: Instant,
         graph: GraphUse,
     ) -> Result<RunResult> {
         let before: Vec<MemoryStats> = self
@@ -646,16 +690,17 @@ impl CompiledPlan {
             .collect();
         let (mut st, arena_reused, device_reused) = self.start_run(inputs, given, opts)?;
         self.execute(&mut st, opts.profile)?;
-        let outputs = self.take_outputs(&st)?;
-        let RunState {
-            slots,
-            live,
-            arena,
-            device_arenas,
-            region_ns,
-            outs,
-        } = st;
-        drop(slots);
+        let outputs = self.take_outputs(&mut st)?;
+        let arena = st.arena.take();
+        let device_arenas = std::mem::take(&mut st.device_arenas);
+        let region_ns = std::mem::take(&mut st.region_ns);
+        let (peak, peak_with_inputs) = (st.live.peak, st.live.peak_with_inputs);
+        let outputs_reused = st.outs.reused.clone();
+        // Nothing in an arena may be referenced once it is given back.
+        st.finish();
+        if let Ok(mut spare) = self.spare.try_lock() {
+            *spare = Some(st);
+        }
         // Work queued on devices has run (or failed) before the run ends.
         for &device in &self.devices {
             synchronize(device)?;
@@ -679,15 +724,14 @@ impl CompiledPlan {
             .collect();
         Ok(RunResult {
             outputs,
-            peak_bytes: live.peak,
-            peak_bytes_with_inputs: live.peak_with_inputs,
+            peak_bytes: peak,
+            peak_bytes_with_inputs: peak_with_inputs,
             region_ns,
-            time_ns: start.elapsed().as_nanos() as u64,
             arena_bytes,
             arena_reused,
             devices,
             graph,
-            outputs_reused: outs.reused,
+            outputs_reused,
         })
     }
 
@@ -798,32 +842,43 @@ impl CompiledPlan {
     }
 
     /// The trace's outputs on the devices it declares them on, and never in
-    /// an arena, which the next run reuses.
-    fn take_outputs(&self, st: &RunState) -> Result<Vec<Tensor>> {
+    /// an arena, which the next run reuses; taken out of their slots.
+    fn take_outputs(&self, st: &mut RunState) -> Result<Vec<Tensor>> {
         let trace = &self.plan.trace;
-        self.computed_outputs(st)?
-            .into_iter()
-            .zip(&trace.outputs)
-            .map(|(t, v)| {
-                let t = move_to(&t, trace.meta(*v).device)?;
-                // An output in a device arena (the memory plan never puts
-                // one there, but a kernel may return a view) is copied out,
-                // so that the arena can serve the next run.
-                let arena = self
-                    .device_arenas
-                    .iter()
-                    .zip(&st.device_arenas)
-                    .find_map(|(d, a)| {
-                        a.as_ref()
-                            .filter(|a| d.device == t.device() && a.holds(&t))
-                            .map(|_| &d.layer)
-                    });
-                match arena {
-                    Some(layer) => layer.dense_copy(&t),
-                    None => t.out_of_arena(),
-                }
-            })
-            .collect()
+        let mut outputs = Vec::with_capacity(trace.outputs.len());
+        for (&v, &last) in trace.outputs.iter().zip(&self.last_output) {
+            let slot = &mut st.slots[v.index()];
+            let t = match last {
+                true => slot.take(),
+                false => slot.clone(),
+            };
+            let t = t.ok_or_else(|| Error::Tensor {
+                name: trace.value(v).name.clone(),
+                message: "was never computed".into(),
+            })?;
+            let device = trace.meta(v).device;
+            let t = match t.device() == device {
+                true => t,
+                false => move_to(&t, device)?,
+            };
+            // An output in a device arena (the memory plan never puts one
+            // there, but a kernel may return a view) is copied out, so that
+            // the arena can serve the next run.
+            let arena = self
+                .device_arenas
+                .iter()
+                .zip(&st.device_arenas)
+                .find_map(|(d, a)| {
+                    a.as_ref()
+                        .filter(|a| d.device == t.device() && a.holds(&t))
+                        .map(|_| &d.layer)
+                });
+            outputs.push(match arena {
+                Some(layer) => layer.dense_copy(&t)?,
+                None => t.out_of_arena()?,
+            });
+        }
+        Ok(outputs)
     }
 
     /// Runs the plan once more while recording its device work into a
@@ -834,7 +889,6 @@ impl CompiledPlan {
         device: Device,
         last: &[usize],
         inputs: &[Tensor],
-        start: Instant,
     ) -> Result<std::result::Result<(RunResult, Captured), String>> {
         let trace = &self.plan.trace;
         let layer = transfer_for(device)?;
@@ -917,12 +971,11 @@ impl CompiledPlan {
             peak_bytes: st.live.peak,
             peak_bytes_with_inputs: st.live.peak_with_inputs,
             region_ns: Vec::new(),
-            time_ns: start.elapsed().as_nanos() as u64,
             arena_bytes: 0,
             arena_reused: false,
             devices,
             graph: GraphUse::Captured,
-            outputs_reused: vec![false; trace.outputs.len()],
+            outputs_reused: smallvec::smallvec![false; trace.outputs.len()],
         };
         Ok(Ok((result, captured)))
     }
@@ -930,12 +983,7 @@ impl CompiledPlan {
     /// Replays the recorded graph on `inputs`: the run's results, or why
     /// the graph cannot read them (an input it reads where it lay is
     /// another tensor now).
-    fn replay(
-        &self,
-        c: &mut Captured,
-        inputs: &[Tensor],
-        start: Instant,
-    ) -> Result<std::result::Result<RunResult, String>> {
+    fn replay(&self, c: &mut Captured, inputs: &[Tensor]) -> Result<std::result::Result<RunResult, String>> {
         let trace = &self.plan.trace;
         let before = c.layer.memory(c.device);
         for ((how, t), &id) in c.inputs.iter().zip(inputs).zip(&trace.inputs) {
@@ -964,12 +1012,11 @@ impl CompiledPlan {
             peak_bytes: c.peak_bytes,
             peak_bytes_with_inputs: c.peak_bytes_with_inputs,
             region_ns: Vec::new(),
-            time_ns: start.elapsed().as_nanos() as u64,
             arena_bytes: 0,
             arena_reused: false,
             devices,
             graph: GraphUse::Replayed,
-            outputs_reused: vec![false; self.plan.trace.outputs.len()],
+            outputs_reused: smallvec::smallvec![false; self.plan.trace.outputs.len()],
         }))
     }
 }

@@ -100,6 +100,7 @@ pub enum HostData<'a> {
 
 impl HostData<'_> {
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         match self {
             HostData::F32(_) => DType::F32,
@@ -113,6 +114,7 @@ impl HostData<'_> {
     }
 
     /// Number of elements.
+    #[inline]
     pub fn len(&self) -> usize {
         with_storage!(*self, v, T => v.len())
     }
@@ -149,6 +151,7 @@ pub enum HostDataMut<'a> {
 
 impl Storage {
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         match self {
             Storage::F32(_) => DType::F32,
@@ -162,11 +165,13 @@ impl Storage {
     }
 
     /// Number of elements.
+    #[inline]
     pub fn len(&self) -> usize {
         self.data().len()
     }
 
     /// The elements, borrowed.
+    #[inline]
     pub fn data(&self) -> HostData<'_> {
         match self {
             Storage::F32(v) => HostData::F32(v),
@@ -299,13 +304,26 @@ fn dense_strides(shape: &[usize]) -> SmallVec<[isize; 4]> {
 }
 
 /// A strided view of a shared buffer.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Tensor {
     buffer: Buffer,
     // Inline up to rank 4: cloning or making such a tensor allocates no dims.
     shape: SmallVec<[usize; 4]>,
     strides: SmallVec<[isize; 4]>,
     offset: usize,
+}
+
+// By hand: `SmallVec`'s own `clone` goes element by element through
+// `extend`, and a small plan's run clones a few tensors per call.
+impl Clone for Tensor {
+    fn clone(&self) -> Tensor {
+        Tensor {
+            buffer: self.buffer.clone(),
+            shape: SmallVec::from_slice(&self.shape),
+            strides: SmallVec::from_slice(&self.strides),
+            offset: self.offset,
+        }
+    }
 }
 
 impl Tensor {
@@ -324,7 +342,7 @@ impl Tensor {
         Ok(Tensor {
             buffer: Buffer::Host(Arc::new(storage)),
             strides: dense_strides(shape),
-            shape: shape.into(),
+            shape: SmallVec::from_slice(shape),
             offset: 0,
         })
     }
@@ -344,7 +362,7 @@ impl Tensor {
         Ok(Tensor {
             buffer: Buffer::Device(buffer),
             strides: dense_strides(shape),
-            shape: shape.into(),
+            shape: SmallVec::from_slice(shape),
             offset: 0,
         })
     }
@@ -399,6 +417,7 @@ impl Tensor {
     }
 
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         match &self.buffer {
             Buffer::Host(s) => s.dtype(),
@@ -408,6 +427,7 @@ impl Tensor {
     }
 
     /// Where the elements are.
+    #[inline]
     pub fn device(&self) -> Device {
         match &self.buffer {
             Buffer::Host(_) | Buffer::Arena(_) => Device::Cpu,
@@ -424,31 +444,37 @@ impl Tensor {
     }
 
     /// Sizes of the dims.
+    #[inline]
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
     /// Strides of the dims, in elements.
+    #[inline]
     pub fn strides(&self) -> &[isize] {
         &self.strides
     }
 
     /// Offset of the first element in the buffer.
+    #[inline]
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// Number of dims.
+    #[inline]
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
 
     /// The whole host buffer's elements (`None` for a tensor on a device).
+    #[inline]
     pub fn host_data(&self) -> Option<HostData<'_>> {
         match &self.buffer {
             Buffer::Host(s) => Some(s.data()),
@@ -469,7 +495,7 @@ impl Tensor {
         Tensor {
             buffer: Buffer::Arena(buf),
             strides: dense_strides(shape),
-            shape: shape.into(),
+            shape: SmallVec::from_slice(shape),
             offset: 0,
         }
     }
@@ -494,6 +520,7 @@ impl Tensor {
     }
 
     /// Identity of the buffer: equal for views of one allocation.
+    #[inline]
     pub fn storage_id(&self) -> usize {
         match &self.buffer {
             Buffer::Host(s) => Arc::as_ptr(s) as usize,
@@ -532,6 +559,7 @@ impl Tensor {
     }
 
     /// The whole buffer as a slice of `T` (views index into it with their strides).
+    #[inline]
     pub fn buffer<T: Stored>(&self) -> Option<&[T]> {
         T::slice(self.host_data()?)
     }

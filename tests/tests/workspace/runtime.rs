@@ -181,11 +181,11 @@ fn outputs_handed_back_are_written_again_and_kept_ones_never() {
     let x = |v: f32| Tensor::from_vec(vec![v; 4096], &[4096]).unwrap();
     let want = |v: f32| vec![(v * 2.0).exp(); 4096];
     let first = compiled.run(&[x(0.5)], RunOptions::default()).unwrap();
-    assert_eq!(first.outputs_reused, vec![false]);
+    assert_eq!(first.outputs_reused.as_slice(), [false]);
     let id = first.outputs[0].storage_id();
     assert_eq!(compiled.recycle(first.outputs), 1);
     let second = compiled.run(&[x(0.25)], RunOptions::default()).unwrap();
-    assert_eq!(second.outputs_reused, vec![true]);
+    assert_eq!(second.outputs_reused.as_slice(), [true]);
     assert_eq!(
         second.outputs[0].storage_id(),
         id,
@@ -196,7 +196,7 @@ fn outputs_handed_back_are_written_again_and_kept_ones_never() {
     let kept = second.outputs[0].clone();
     assert_eq!(compiled.recycle(second.outputs), 0);
     let third = compiled.run(&[x(1.0)], RunOptions::default()).unwrap();
-    assert_eq!(third.outputs_reused, vec![false]);
+    assert_eq!(third.outputs_reused.as_slice(), [false]);
     assert_ne!(third.outputs[0].storage_id(), id);
     assert_eq!(
         kept.to_vec::<f32>().unwrap(),
@@ -211,8 +211,12 @@ fn outputs_handed_back_are_written_again_and_kept_ones_never() {
         ..RunOptions::default()
     };
     assert_eq!(
-        compiled.run(&[x(1.0)], per_call).unwrap().outputs_reused,
-        vec![false]
+        compiled
+            .run(&[x(1.0)], per_call)
+            .unwrap()
+            .outputs_reused
+            .as_slice(),
+        [false]
     );
 }
 
@@ -227,7 +231,7 @@ fn run_into_writes_into_the_callers_buffers_and_checks_them() {
     let r = compiled
         .run_into(std::slice::from_ref(&x), vec![Some(mine)], RunOptions::default())
         .unwrap();
-    assert_eq!(r.outputs_reused, vec![true]);
+    assert_eq!(r.outputs_reused.as_slice(), [true]);
     assert_eq!(r.outputs[0].contiguous_data::<f32>().unwrap().as_ptr(), at);
     assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), vec![1f32.exp(); 64]);
     // An output taken back from a run is a buffer to give again.
@@ -253,6 +257,45 @@ fn run_into_writes_into_the_callers_buffers_and_checks_them() {
         e.contains("2 output buffers given; the trace has 1 outputs"),
         "{e}"
     );
+}
+
+#[test]
+fn a_value_output_twice_and_an_input_output_come_back_on_every_run() {
+    use switchyard_core::ir::{Attrs, OpKind, Operand, UnaryOp};
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    // The text format refuses a value listed twice; a builder (as an
+    // importer uses) does not.
+    let mut b = switchyard_core::TraceBuilder::new();
+    let x = b.input("x", switchyard_core::DType::F32, &[3]).unwrap();
+    let y = b
+        .op(
+            OpKind::Unary(UnaryOp::Exp),
+            &[Operand::Value(x)],
+            Attrs::default(),
+        )
+        .unwrap();
+    b.output(&[y, x, y]);
+    let t = b.finish().unwrap();
+    for executors in fallback_then_fuser() {
+        let compiled = CompiledPlan::compile(plan_on(&t, executors).unwrap()).unwrap();
+        let x = Tensor::from_vec(vec![0f32, 1.0, 2.0], &[3]).unwrap();
+        let want: Vec<f32> = [0f32, 1.0, 2.0].iter().map(|v| v.exp()).collect();
+        // Later runs reuse the first one's state and take its outputs back.
+        let mut last: Option<switchyard_core::runtime::RunResult> = None;
+        for _ in 0..3 {
+            if let Some(r) = last.take() {
+                compiled.recycle(r.outputs);
+            }
+            let r = compiled
+                .run(std::slice::from_ref(&x), RunOptions::default())
+                .unwrap();
+            assert_eq!(r.outputs.len(), 3);
+            assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), want);
+            assert_eq!(r.outputs[1].to_vec::<f32>().unwrap(), vec![0.0, 1.0, 2.0]);
+            assert_eq!(r.outputs[2].to_vec::<f32>().unwrap(), want);
+            last = Some(r);
+        }
+    }
 }
 
 #[test]

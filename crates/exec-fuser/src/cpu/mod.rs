@@ -226,7 +226,7 @@ impl CpuKernel {
     fn run_in<C: Arith>(
         &self,
         inputs: &[&Tensor],
-        mut given: Vec<Option<OutputBuffer>>,
+        given: Vec<Option<OutputBuffer>>,
     ) -> Result<Vec<Tensor>, String> {
         let p = &self.program;
         p.check_inputs(inputs, Device::Cpu)?;
@@ -255,8 +255,11 @@ impl CpuKernel {
                 }
             }
         }
-        // Inline for programs of a few instructions, as most are.
-        let mut sources: SmallVec<[Option<Source>; 16]> = smallvec::smallvec![None; p.instrs.len()];
+        // Inline for programs of a few instructions, as most are; filled in
+        // place, since moving a full inline array costs a small call more
+        // than its loads.
+        let mut sources: SmallVec<[Option<Source>; 8]> = SmallVec::new();
+        sources.resize_with(p.instrs.len(), || None);
         for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, .. } = ins {
                 sources[i] = Some(match copies.iter().find(|c| c.0 == i) {
@@ -266,33 +269,35 @@ impl CpuKernel {
             }
         }
         let n = p.numel();
-        given.resize_with(p.outputs.len(), || None);
-        let mut outs: SmallVec<[OutputBuffer; 4]> = p
-            .outputs
-            .iter()
-            .zip(given)
-            .enumerate()
-            .map(|(k, (s, buf))| {
-                let len = match p.spaces[s.reg] {
-                    Space::Full => n,
-                    Space::Row => self.rows,
-                };
-                match buf {
-                    Some(b) if b.dtype() != s.dtype || b.len() != len => Err(format!(
+        let mut given = given.into_iter();
+        let mut outs: SmallVec<[OutputBuffer; 4]> = SmallVec::new();
+        for (k, s) in p.outputs.iter().enumerate() {
+            let len = match p.spaces[s.reg] {
+                Space::Full => n,
+                Space::Row => self.rows,
+            };
+            outs.push(match given.next().flatten() {
+                Some(b) if b.dtype() != s.dtype || b.len() != len => {
+                    return Err(format!(
                         "the buffer given for output {k} holds {} {}, expected {len} {}",
                         b.len(),
                         b.dtype(),
                         s.dtype
-                    )),
-                    Some(b) => Ok(b),
-                    // Zeroed, so that no element is ever uninitialised
-                    // whatever the tiles cover; huge pages when large.
-                    None => Ok(OutputBuffer::new(s.dtype, &s.shape)),
+                    ));
                 }
-            })
-            .collect::<Result<_, _>>()?;
-        let out_ptrs: SmallVec<[OutPtr; 4]> = outs.iter_mut().map(OutPtr::of).collect::<Result<_, _>>()?;
-        let (homes, direct) = self.homes::<C>(&sources, &out_ptrs);
+                Some(b) => b,
+                // Zeroed, so that no element is ever uninitialised
+                // whatever the tiles cover; huge pages when large.
+                None => OutputBuffer::new(s.dtype, &s.shape),
+            });
+        }
+        let mut out_ptrs: SmallVec<[OutPtr; 4]> = SmallVec::new();
+        for b in outs.iter_mut() {
+            out_ptrs.push(OutPtr::of(b)?);
+        }
+        let mut homes = SmallVec::new();
+        let mut direct = SmallVec::new();
+        self.homes::<C>(&sources, &out_ptrs, &mut homes, &mut direct);
         let stores = Stores {
             ptrs: &out_ptrs,
             strides: &self.out_strides,
@@ -350,18 +355,21 @@ impl CpuKernel {
         Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect())
     }
 
-    /// Where each register lives during a call: in place in an input or
-    /// output where that one is dense in the compute type, so that a
-    /// kernel reads its inputs and writes its outputs without copying
-    /// them through a slot; else in its slot. Also, for each output,
-    /// whether it is written in place (and so needs no store).
+    /// Sets `homes` to where each register lives during a call: in place in
+    /// an input or output where that one is dense in the compute type, so
+    /// that a kernel reads its inputs and writes its outputs without
+    /// copying them through a slot; else in its slot. And `direct` to
+    /// whether each output is written in place (and so needs no store).
     fn homes<C: Arith>(
         &self,
         sources: &[Option<Source>],
         outs: &[OutPtr],
-    ) -> (SmallVec<[Home<C>; 16]>, SmallVec<[bool; 4]>) {
+        homes: &mut SmallVec<[Home<C>; 16]>,
+        direct: &mut SmallVec<[bool; 4]>,
+    ) {
         let p = &self.program;
-        let mut homes: SmallVec<[Home<C>; 16]> = smallvec::smallvec![Home::Slot; p.spaces.len()];
+        homes.clear();
+        homes.resize(p.spaces.len(), Home::Slot);
         // A tile lies in one innermost run of the walk when tiles are whole
         // runs or divide them (streamed chunks need not).
         let in_runs = self.stream.is_none()
@@ -380,7 +388,8 @@ impl CpuKernel {
                 }
             }
         }
-        let mut direct: SmallVec<[bool; 4]> = smallvec::smallvec![false; outs.len()];
+        direct.clear();
+        direct.resize(outs.len(), false);
         for (k, (o, s)) in outs.iter().zip(&p.outputs).enumerate() {
             if self.identity
                 && p.spaces[s.reg] == Space::Full
@@ -391,7 +400,6 @@ impl CpuKernel {
                 direct[k] = true;
             }
         }
-        (homes, direct)
     }
 
     /// Stores the tile's outputs; row outputs only when its first row `r0`
