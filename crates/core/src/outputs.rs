@@ -93,11 +93,18 @@ impl RunOutputs {
     /// keeping the memory of the last run's.
     pub(crate) fn reset(&mut self, given: Vec<Option<OutputBuffer>>, n: usize, pool: bool) {
         self.slots.clear();
-        self.slots.extend(given.into_iter().map(|b| (b, None)));
-        self.slots.resize_with(n, || (None, None));
+        // Most runs are given nothing.
+        if !given.is_empty() {
+            self.slots.extend(given.into_iter().map(|b| (b, None)));
+        }
+        while self.slots.len() < n {
+            self.slots.push((None, None));
+        }
         self.pool = pool;
         self.reused.clear();
-        self.reused.resize(n, false);
+        for _ in 0..n {
+            self.reused.push(false);
+        }
     }
 
     /// The buffer output `k` (of `meta`) goes into, if there is one.

@@ -74,7 +74,7 @@ pub struct CompiledPlan {
     pool: OutputPool,
     /// The last run's state, emptied: its vectors serve the next run, so
     /// that a small plan's run allocates little more than its results.
-    spare: Mutex<Option<RunState>>,
+    spare: Mutex<Option<Box<RunState>>>,
 }
 
 /// One run's values and memory as it goes.
@@ -629,7 +629,7 @@ impl CompiledPlan {
         inputs: &[Tensor],
         given: Vec<Option<OutputBuffer>>,
         opts: RunOptions,
-    ) -> Result<(RunState, bool, Vec<bool>)> {
+    ) -> Result<(Box<RunState>, bool, Vec<bool>)> {
         let trace = &self.plan.trace;
         // A plan without intermediates on the host needs no arena.
         let (arena, arena_reused) = match opts.allocate_per_call || self.arena_bytes == 0 {
@@ -652,14 +652,15 @@ impl CompiledPlan {
                 st.outs.reset(given, trace.outputs.len(), !opts.allocate_per_call);
                 st
             }
-            None => RunState {
+            // Boxed, so that keeping it moves a pointer, not the state.
+            None => Box::new(RunState {
                 slots: vec![None; trace.values.len()],
                 live: LiveBuffers::default(),
                 arena,
                 device_arenas,
                 region_ns: Vec::new(),
                 outs: RunOutputs::new(given, trace.outputs.len(), !opts.allocate_per_call),
-            },
+            }),
         };
         for (&id, t) in trace.inputs.iter().zip(inputs) {
             let t = move_to(t, trace.meta(id).device)?;

@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use num_traits::{Float, One, WrappingAdd, WrappingMul, WrappingNeg, WrappingSub, Zero};
 use switchyard_core::ir::{BinaryOp, UnaryOp};
 use switchyard_core::meta::broadcast_strides;
-use switchyard_core::{DType, Element, FloatStored, Storage, Stored, Tensor};
+use switchyard_core::{DType, Element, FloatStored, OutputBuffer, Storage, Stored, Tensor};
 
 use switchyard_simd::math as vm;
 
@@ -207,6 +207,34 @@ fn int_unary<T: IntLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Sto
     })
 }
 
+/// Whether `op(x)` takes the dense path, which writes in place.
+pub(crate) fn unary_in_place(op: UnaryOp, x: &Tensor) -> bool {
+    match x.dtype() {
+        DType::F32 => vector::has_unary(op) && x.contiguous_data::<f32>().is_some(),
+        DType::F64 => vector::has_unary_f64(op) && x.contiguous_data::<f64>().is_some(),
+        _ => false,
+    }
+}
+
+/// Runs a unary op into `out` on the dense path, if `x` and `op` take it
+/// and `out` is of its dtype and shape; whether it did.
+pub(crate) fn unary_into(op: UnaryOp, x: &Tensor, out: &mut OutputBuffer) -> bool {
+    if out.shape() != x.shape() {
+        return false;
+    }
+    match x.dtype() {
+        DType::F32 => match (x.contiguous_data::<f32>(), out.slice_mut::<f32>()) {
+            (Some(d), Some(o)) => vector::unary_into(op, d, o),
+            _ => false,
+        },
+        DType::F64 => match (x.contiguous_data::<f64>(), out.slice_mut::<f64>()) {
+            (Some(d), Some(o)) => vector::unary_f64_into(op, d, o),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// Runs a unary op; the output has the input's shape.
 pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
     let shape = x.shape().to_vec();
@@ -369,6 +397,30 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> R
         DType::I32 => int_binary::<i32>(op, a, b, shape),
         DType::I64 => int_binary::<i64>(op, a, b, shape),
         DType::Bool => bool_binary(op, a, b, shape),
+    }
+}
+
+/// Whether `op(a, b)` with output `shape` takes the dense path, which
+/// writes in place.
+pub(crate) fn binary_in_place(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> bool {
+    let dense = |t: &Tensor| t.shape() == shape && t.contiguous_data::<f32>().is_some();
+    vector::has_binary(op) && dense(a) && dense(b)
+}
+
+/// Runs a binary op into `out` on the dense path, if the operands and `op`
+/// take it and `out` is of its dtype and shape; whether it did.
+pub(crate) fn binary_into(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut OutputBuffer) -> bool {
+    let shape = out.shape();
+    if a.dtype() != DType::F32 || b.dtype() != DType::F32 || a.shape() != shape || b.shape() != shape {
+        return false;
+    }
+    match (
+        a.contiguous_data::<f32>(),
+        b.contiguous_data::<f32>(),
+        out.slice_mut::<f32>(),
+    ) {
+        (Some(x), Some(y), Some(o)) => vector::binary_into(op, x, y, o),
+        _ => false,
     }
 }
 

@@ -30,7 +30,7 @@ use switchyard_core::executor::{
 };
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, reduce_dims, slice_params};
 use switchyard_core::meta::normalize_dim;
-use switchyard_core::{DType, Device, Scalar, Storage, Tensor, TensorMeta};
+use switchyard_core::{DType, Device, OutputBuffer, Scalar, Storage, Tensor, TensorMeta};
 
 /// The fallback executor's errors.
 #[derive(Debug, thiserror::Error)]
@@ -274,7 +274,12 @@ fn compile_op(
 }
 
 impl CompiledOp {
-    fn run(&self, slots: &[Option<Tensor>]) -> Result<Tensor, Error> {
+    /// Runs the op. Dense f32 and f64 elementwise ops write in place: into
+    /// `buf` where one of their dtype and shape is given, else into an
+    /// output buffer of their own (which a caller can hand back to a plan,
+    /// and which is advised for huge pages when large). Other ops make a
+    /// new tensor.
+    fn run(&self, slots: &[Option<Tensor>], buf: Option<OutputBuffer>) -> Result<Tensor, Error> {
         let fail = |message: String| Error::Run {
             op: self.describe.clone(),
             message,
@@ -294,6 +299,28 @@ impl CompiledOp {
             Tensor::from_storage(s.map_err(fail)?, shape).map_err(|e| fail(e.to_string()))
         };
         let n = self.out.numel();
+        let in_place = match &self.prim {
+            Prim::Unary(u) => elementwise::unary_in_place(*u, args[0]),
+            Prim::Binary(b) => elementwise::binary_in_place(*b, args[0], args[1], shape),
+            _ => false,
+        };
+        if in_place {
+            let fits = |b: &OutputBuffer| {
+                b.dtype() == self.out.dtype && b.shape() == shape.as_slice() && b.device() == Device::Cpu
+            };
+            let mut buf = match buf {
+                Some(b) if fits(&b) => b,
+                _ => OutputBuffer::new(self.out.dtype, shape),
+            };
+            let written = match &self.prim {
+                Prim::Unary(u) => elementwise::unary_into(*u, args[0], &mut buf),
+                Prim::Binary(b) => elementwise::binary_into(*b, args[0], args[1], &mut buf),
+                _ => false,
+            };
+            if written {
+                return Ok(buf.into_tensor());
+            }
+        }
         match &self.prim {
             Prim::Unary(u) => dense(elementwise::unary(*u, args[0])),
             Prim::Binary(b) => dense(elementwise::binary(*b, args[0], args[1], shape)),
@@ -334,12 +361,26 @@ impl Kernel for RegionKernel {
     }
 
     fn run(&self, inputs: &[&Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
+        self.run_into(inputs, Vec::new())
+    }
+
+    /// Dense f32 and f64 elementwise ops write the region's outputs into
+    /// the buffers given; other ops allocate theirs.
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        mut outputs: Vec<Option<OutputBuffer>>,
+    ) -> switchyard_core::Result<Vec<Tensor>> {
         let mut slots: Vec<Option<Tensor>> = vec![None; self.n_slots];
         for (s, t) in slots.iter_mut().zip(inputs) {
             *s = Some((*t).clone());
         }
         for op in &self.ops {
-            let t = op.run(&slots)?;
+            let buf = match self.outputs.iter().position(|&s| s == op.out_slot) {
+                Some(k) => outputs.get_mut(k).and_then(Option::take),
+                None => None,
+            };
+            let t = op.run(&slots, buf)?;
             slots[op.out_slot] = Some(t);
         }
         self.outputs

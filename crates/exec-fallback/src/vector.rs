@@ -14,30 +14,52 @@ use crate::walk::parallel_min;
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
-/// `out = f(a, out)` over `n` elements, in parallel chunks when large.
-fn chunked<T: Copy + Default + Send>(n: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Vec<T> {
-    let mut out = vec![T::default(); n];
-    if n < parallel_min() {
-        f(0, &mut out);
+/// `f(at, chunk)` over the chunks of `out`, in parallel when large: `at`
+/// is where the chunk starts.
+fn chunked<T: Copy + Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    if out.len() < parallel_min() {
+        f(0, out);
     } else {
         out.par_chunks_mut(CHUNK)
             .enumerate()
             .for_each(|(i, o)| f(i * CHUNK, o));
     }
-    out
+}
+
+/// A new vector of `n` elements that `fill` writes whole, if it can
+/// (`fill` says whether it did).
+fn new_filled<T: Copy + Default>(n: usize, fill: impl FnOnce(&mut [T]) -> bool) -> Option<Vec<T>> {
+    let mut out = vec![T::default(); n];
+    fill(&mut out).then_some(out)
 }
 
 /// `op(a)`, if `op` is one this path has.
 pub(crate) fn unary(op: UnaryOp, a: &[f32]) -> Option<Vec<f32>> {
-    use UnaryOp::*;
-    if !matches!(
-        op,
-        Exp | Log | Tanh | Sigmoid | Erf | Sin | Cos | Rsqrt | Sqrt | Neg | Abs | Reciprocal
-    ) {
+    if !has_unary(op) {
         return None;
     }
-    Some(unary_chunks(
+    new_filled(a.len(), |o| unary_into(op, a, o))
+}
+
+/// Whether this path has `op` for f32.
+pub(crate) fn has_unary(op: UnaryOp) -> bool {
+    use UnaryOp::*;
+    matches!(
+        op,
+        Exp | Log | Tanh | Sigmoid | Erf | Sin | Cos | Rsqrt | Sqrt | Neg | Abs | Reciprocal
+    )
+}
+
+/// Writes `op(a)` into `out` (as long as `a`), if `op` is one this path
+/// has; whether it did.
+pub(crate) fn unary_into(op: UnaryOp, a: &[f32], out: &mut [f32]) -> bool {
+    use UnaryOp::*;
+    if !has_unary(op) || a.len() != out.len() {
+        return false;
+    }
+    unary_chunks(
         a,
+        out,
         #[inline(always)]
         |a, o| match op {
             Exp => math::exp(a, o),
@@ -53,16 +75,17 @@ pub(crate) fn unary(op: UnaryOp, a: &[f32]) -> Option<Vec<f32>> {
             Abs => map(a, o, f32::abs),
             _ => map(a, o, |x| 1.0 / x),
         },
-    ))
+    );
+    true
 }
 
 /// `f(a, out)` over chunks of `a`, in parallel when large, each compiled
 /// for and run at the machine's SIMD level (`f` must inline: give it
 /// `#[inline(always)]`).
 #[inline(always)]
-fn unary_chunks<T: Copy + Default + Send + Sync>(a: &[T], f: impl Fn(&[T], &mut [T]) + Sync) -> Vec<T> {
+fn unary_chunks<T: Copy + Send + Sync>(a: &[T], out: &mut [T], f: impl Fn(&[T], &mut [T]) + Sync) {
     let simd = Simd::current();
-    chunked(a.len(), |at, o| {
+    chunked(out, |at, o| {
         let a = &a[at..at + o.len()];
         simd.run(
             #[inline(always)]
@@ -73,11 +96,25 @@ fn unary_chunks<T: Copy + Default + Send + Sync>(a: &[T], f: impl Fn(&[T], &mut 
 
 /// `op(a)` in f64, if `op` is one this path has (those with f64 vector math).
 pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
-    if !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid) {
+    if !has_unary_f64(op) {
         return None;
     }
-    Some(unary_chunks(
+    new_filled(a.len(), |o| unary_f64_into(op, a, o))
+}
+
+/// Whether this path has `op` for f64.
+pub(crate) fn has_unary_f64(op: UnaryOp) -> bool {
+    matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid)
+}
+
+/// As [`unary_into`], in f64.
+pub(crate) fn unary_f64_into(op: UnaryOp, a: &[f64], out: &mut [f64]) -> bool {
+    if !has_unary_f64(op) || a.len() != out.len() {
+        return false;
+    }
+    unary_chunks(
         a,
+        out,
         #[inline(always)]
         |a, o| match op {
             UnaryOp::Exp => math::exp_f64(a, o),
@@ -85,17 +122,33 @@ pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
             UnaryOp::Tanh => math::tanh_f64(a, o),
             _ => math::sigmoid_f64(a, o),
         },
-    ))
+    );
+    true
+}
+
+/// Whether this path has `op` (for f32).
+pub(crate) fn has_binary(op: BinaryOp) -> bool {
+    use BinaryOp::*;
+    matches!(op, Add | Sub | Mul | Div)
 }
 
 /// `op(a, b)` for operands of one shape, if `op` is one this path has.
 pub(crate) fn binary(op: BinaryOp, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
-    use BinaryOp::*;
-    if !matches!(op, Add | Sub | Mul | Div) || a.len() != b.len() {
+    if !has_binary(op) || a.len() != b.len() {
         return None;
     }
+    new_filled(a.len(), |o| binary_into(op, a, b, o))
+}
+
+/// Writes `op(a, b)` into `out`, for operands and output of one length, if
+/// `op` is one this path has; whether it did.
+pub(crate) fn binary_into(op: BinaryOp, a: &[f32], b: &[f32], out: &mut [f32]) -> bool {
+    use BinaryOp::*;
+    if !has_binary(op) || a.len() != b.len() || a.len() != out.len() {
+        return false;
+    }
     let simd = Simd::current();
-    Some(chunked(a.len(), |at, o| {
+    chunked(out, |at, o| {
         let (a, b) = (&a[at..at + o.len()], &b[at..at + o.len()]);
         simd.run(
             #[inline(always)]
@@ -106,7 +159,8 @@ pub(crate) fn binary(op: BinaryOp, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
                 _ => zip(a, b, o, |x, y| x / y),
             },
         )
-    }))
+    });
+    true
 }
 
 #[inline(always)]

@@ -418,6 +418,8 @@ struct FusedKernel {
 }
 
 /// The code a region compiled to.
+// Made once per region and kept in place: the variants' sizes cost nothing.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Cpu(cpu::CpuKernel),
     Cuda(cuda::CudaKernel),

@@ -299,6 +299,49 @@ fn a_value_output_twice_and_an_input_output_come_back_on_every_run() {
 }
 
 #[test]
+fn the_fallback_writes_dense_elementwise_results_into_the_buffers_given() {
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    // exp and add on dense f32 and f64 take the paths that write in place;
+    // `y` lives in the arena, `z` and `w` are outputs handed back.
+    let t = parse(
+        "input x: f32[64, 64]\ninput d: f64[4096]\ny = exp(x)\nz = add(y, x)\nw = tanh(d)\noutput z, w\n",
+    )
+    .unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    assert!(compiled.arena_bytes() > 0, "y is placed in the arena");
+    let inputs = random_inputs(&t, 3);
+    let per_call = RunOptions {
+        allocate_per_call: true,
+        ..RunOptions::default()
+    };
+    let alone = compiled.run(&inputs, per_call).unwrap();
+    assert_eq!(alone.outputs_reused.as_slice(), [false, false]);
+    // The fuser computes the same functions (the bits of
+    // `switchyard_simd::math`) through code of its own.
+    let fused = plan_on(
+        &t,
+        vec![
+            Arc::new(switchyard_exec_fuser::FuserExecutor),
+            Arc::new(FallbackExecutor),
+        ],
+    )
+    .unwrap();
+    let want = CompiledPlan::compile(fused)
+        .unwrap()
+        .run(&inputs, per_call)
+        .unwrap();
+    assert!(same_bits(&alone.outputs, &want.outputs));
+    let mut last = compiled.run(&inputs, RunOptions::default()).unwrap();
+    for _ in 0..2 {
+        compiled.recycle(last.outputs);
+        last = compiled.run(&inputs, RunOptions::default()).unwrap();
+        assert_eq!(last.outputs_reused.as_slice(), [true, true]);
+        assert!(same_bits(&last.outputs, &want.outputs));
+    }
+}
+
+#[test]
 fn concurrent_runs_of_one_plan_each_get_an_arena() {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
     use switchyard_exec_fuser::FuserExecutor;

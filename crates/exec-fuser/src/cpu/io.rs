@@ -8,7 +8,7 @@ use super::CpuKernel;
 use super::math::Arith;
 use crate::layout::resolve;
 use crate::lower::MAX_RANK;
-use crate::program::View;
+use crate::program::{Load, View};
 
 impl CpuKernel {
     /// How a load reads `t` through `views` and `map`: strides per dim of
@@ -50,6 +50,29 @@ impl CpuKernel {
             offset,
             dense,
             masks,
+        })
+    }
+}
+
+impl CpuKernel {
+    /// The source of a load that reads its input whole in the walk's order
+    /// (see [`CpuKernel::plain`]): where the input is dense in the
+    /// iteration shape, as it nearly always is, it is read in place without
+    /// resolving the load; else resolved as any load.
+    pub(super) fn plain_source<'a>(&self, t: &'a Tensor, load: &Load) -> Result<Source<'a>, String> {
+        let p = &self.program;
+        let fits = t.host_data().is_some_and(|d| t.offset() + p.numel() <= d.len());
+        if !fits || t.shape() != p.shape.as_slice() || t.strides() != self.walk_dense.as_slice() {
+            return self.source(t, &load.views, &load.map);
+        }
+        let mut walk = [0isize; MAX_RANK];
+        walk[..self.walk_dense.len()].copy_from_slice(&self.walk_dense);
+        Ok(Source {
+            data: Data::of(t)?,
+            walk,
+            offset: t.offset() as isize,
+            dense: true,
+            masks: Vec::new(),
         })
     }
 }

@@ -90,6 +90,10 @@ pub(crate) struct CpuKernel {
     /// iteration shape), and whether the walk is that order.
     out_strides: Vec<isize>,
     identity: bool,
+    /// For each instruction, whether it is a load that reads its input
+    /// whole in the walk's order, with no views, offsets or masks: a dense
+    /// input of the iteration shape is then read without resolving.
+    plain: Vec<bool>,
 }
 
 impl CpuKernel {
@@ -192,12 +196,25 @@ impl CpuKernel {
             (tile / row_len.max(1)).max(1)
         };
         let dense = contiguous_strides(&program.shape);
+        let identity = perm.iter().enumerate().all(|(k, &d)| k == d);
+        let whole = crate::program::plain_axes(0..rank);
+        let plain = program
+            .instrs
+            .iter()
+            .map(|ins| match ins {
+                Instr::Load { load, .. } => {
+                    identity && load.views.is_empty() && load.map.masks.is_empty() && load.map.axes == whole
+                }
+                _ => false,
+            })
+            .collect();
         CpuKernel {
+            plain,
             walk_dense: contiguous_strides(&pshape),
             items,
             scalar,
             out_strides: perm.iter().map(|&d| dense[d]).collect(),
-            identity: perm.iter().enumerate().all(|(k, &d)| k == d),
+            identity,
             program,
             perm,
             pshape,
@@ -264,6 +281,7 @@ impl CpuKernel {
             if let Instr::Load { load, .. } = ins {
                 sources[i] = Some(match copies.iter().find(|c| c.0 == i) {
                     Some((_, dense, k)) => self.source(dense, &load.views[*k..], &load.map)?,
+                    None if self.plain[i] => self.plain_source(inputs[load.input], load)?,
                     None => self.source(inputs[load.input], &load.views, &load.map)?,
                 });
             }
