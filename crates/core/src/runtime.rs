@@ -1,13 +1,15 @@
 //! The runtime: compiles a plan's regions once, then runs the plan many times.
 //!
 //! Per call it only moves tensors between slots, calls kernels, and frees each
-//! value after the last region that reads it. The slots and bookkeeping of
-//! one run are kept, emptied, for the next, so that a run of a small plan
-//! allocates only the vectors it hands over (to its kernels and its caller).
-//! A run does not time itself: callers that want its time measure the call. It also measures the peak of live
+//! value after the last region that reads it. It also measures the peak of live
 //! buffer bytes as DESIGN.md defines it: intermediates and outputs (inputs
 //! excluded), an op's outputs counted before its inputs are freed. Views add no
 //! bytes: bytes are counted per buffer, and a view keeps its buffer alive.
+//!
+//! The slots and bookkeeping of one run are kept, emptied, for the next, so
+//! that a run of a small plan allocates only the vectors it hands over (to its
+//! kernels and its caller). A run does not time itself: callers that want its
+//! time measure the call.
 //!
 //! Intermediates live in arenas laid out by the memory plan
 //! ([`crate::memory::MemoryGraph::arena`]): one in host memory for those
@@ -827,18 +829,21 @@ impl CompiledPlan {
         Ok(())
     }
 
+    /// The error for output `v` missing after a run.
+    fn never_computed(&self, v: ValueId) -> Error {
+        Error::Tensor {
+            name: self.plan.trace.value(v).name.clone(),
+            message: "was never computed".into(),
+        }
+    }
+
     /// The trace's outputs where they were computed.
     fn computed_outputs(&self, st: &RunState) -> Result<Vec<Tensor>> {
         let trace = &self.plan.trace;
         trace
             .outputs
             .iter()
-            .map(|v| {
-                st.slots[v.index()].clone().ok_or_else(|| Error::Tensor {
-                    name: trace.value(*v).name.clone(),
-                    message: "was never computed".into(),
-                })
-            })
+            .map(|v| st.slots[v.index()].clone().ok_or_else(|| self.never_computed(*v)))
             .collect()
     }
 
@@ -853,10 +858,7 @@ impl CompiledPlan {
                 true => slot.take(),
                 false => slot.clone(),
             };
-            let t = t.ok_or_else(|| Error::Tensor {
-                name: trace.value(v).name.clone(),
-                message: "was never computed".into(),
-            })?;
+            let t = t.ok_or_else(|| self.never_computed(v))?;
             let device = trace.meta(v).device;
             let t = match t.device() == device {
                 true => t,

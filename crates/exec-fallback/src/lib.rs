@@ -125,6 +125,8 @@ struct RegionKernel {
     ops: Vec<CompiledOp>,
     n_slots: usize,
     outputs: Vec<usize>,
+    /// For each op, the region output it computes, if it computes one.
+    output_of_op: Vec<Option<usize>>,
     /// Whether it only views tensors on a device: nothing moves, so a
     /// device graph may hold it.
     device_views: bool,
@@ -375,11 +377,8 @@ impl Kernel for RegionKernel {
         for (s, t) in slots.iter_mut().zip(inputs) {
             *s = Some((*t).clone());
         }
-        for op in &self.ops {
-            let buf = match self.outputs.iter().position(|&s| s == op.out_slot) {
-                Some(k) => outputs.get_mut(k).and_then(Option::take),
-                None => None,
-            };
+        for (op, k) in self.ops.iter().zip(&self.output_of_op) {
+            let buf = k.and_then(|k| outputs.get_mut(k)?.take());
             let t = op.run(&slots, buf)?;
             slots[op.out_slot] = Some(t);
         }
@@ -469,11 +468,16 @@ impl Executor for FallbackExecutor {
             .iter()
             .map(|&id| compile_op(trace, id, &slot_of))
             .collect::<Result<Vec<_>, _>>()?;
-        let outputs = region.outputs.iter().map(|&v| slot_of(v)).collect();
+        let outputs: Vec<usize> = region.outputs.iter().map(|&v| slot_of(v)).collect();
+        let output_of_op = ops
+            .iter()
+            .map(|op| outputs.iter().position(|&s| s == op.out_slot))
+            .collect();
         Ok(Box::new(RegionKernel {
             ops,
             n_slots: slot_values.len(),
             outputs,
+            output_of_op,
             device_views: region.device != Device::Cpu
                 && region.ops.iter().all(|&op| is_free_view(trace, op)),
         }))

@@ -52,9 +52,7 @@ impl CpuKernel {
             masks,
         })
     }
-}
 
-impl CpuKernel {
     /// The source of a load that reads its input whole in the walk's order
     /// (see [`CpuKernel::plain`]): where the input is dense in the
     /// iteration shape, as it nearly always is, it is read in place without
