@@ -259,28 +259,33 @@ impl PlacedKernel {
 
 impl Kernel for PlacedKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.run_into(inputs, Vec::new())
+        switchyard_core::executor::run_allocating(self, inputs)
     }
 
     /// Writes into the buffers given (in the host arena, or in the device's
     /// arena on the simulated device), so that tests with scripted
     /// executors run their intermediates from the arenas; outputs without
     /// one are allocated on the device.
-    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
         self.check_inputs(inputs)?;
         let inputs: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
-        let mut given = outputs.into_iter();
+        let mut given = given.iter_mut().map(Option::take);
         if !crate::simdevice::simulated(self.device) {
-            return Self::run_on_host(&*self.inner, &inputs)?
-                .into_iter()
-                .map(|t| match given.next().flatten() {
+            for t in Self::run_on_host(&*self.inner, &inputs)? {
+                outputs.push(match given.next().flatten() {
                     Some(mut buf) if buf.device() == Device::Cpu => {
                         buf.copy_from(&t)?;
-                        Ok(buf.into_tensor())
+                        buf.into_tensor()
                     }
-                    _ => switchyard_core::device::move_to(&t, self.device),
-                })
-                .collect();
+                    _ => switchyard_core::device::move_to(&t, self.device)?,
+                });
+            }
+            return Ok(());
         }
         // On the simulated device: the outputs' buffers now, the work queued.
         let bufs: Vec<Arc<dyn switchyard_core::device::DeviceBuffer>> = self
@@ -301,10 +306,10 @@ impl Kernel for PlacedKernel {
                 Ok(())
             }),
         )?;
-        bufs.into_iter()
-            .zip(&self.outputs)
-            .map(|(b, (_, shape))| Tensor::from_device(b, shape))
-            .collect()
+        for (b, (_, shape)) in bufs.into_iter().zip(&self.outputs) {
+            outputs.push(Tensor::from_device(b, shape)?);
+        }
+        Ok(())
     }
 
     /// Its work on a simulated device is queued there.

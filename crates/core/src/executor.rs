@@ -147,19 +147,29 @@ pub trait Kernel: Send + Sync {
     /// match [`Region::outputs`] in order, dtype and shape.
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>>;
 
-    /// Runs the region writing output `k` into `outputs[k]` where one is
-    /// given (the runtime gives one for each output its memory plan places
-    /// in the arena, which is kept from one run to the next) and returning
-    /// that buffer as the tensor; outputs without one are allocated as
-    /// [`Kernel::run`] does.
+    /// Runs the region writing output `k` into the buffer `given[k]` where
+    /// there is one (the runtime gives one for each output its memory plan
+    /// places in an arena, or that goes into a recycled buffer) and pushing
+    /// the outputs onto `outputs`, which is empty when called: a given
+    /// buffer becomes its output's tensor. `given` may be shorter than the
+    /// outputs; outputs without a buffer are allocated as [`Kernel::run`]
+    /// does. The runtime keeps both vectors from one call to the next, so
+    /// that a call allocates nothing of its own.
     ///
     /// By default this is [`Kernel::run`], leaving the buffers unused: a
     /// kernel that allocates as it computes gains nothing from a copy into
-    /// them. Kernels that can write in place override it, and so touch no
-    /// fresh memory when a plan runs again.
-    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
-        drop(outputs);
-        self.run(inputs)
+    /// them. Kernels that can write in place override it (and implement
+    /// [`Kernel::run`] with [`run_allocating`]), and so touch no fresh
+    /// memory when a plan runs again.
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
+        let _ = given;
+        outputs.extend(self.run(inputs)?);
+        Ok(())
     }
 
     /// Whether the kernel's runs may be recorded into a device graph and
@@ -172,6 +182,14 @@ pub trait Kernel: Send + Sync {
     fn capturable(&self) -> std::result::Result<(), String> {
         Err("its kernel does not say it can be recorded into a device graph".into())
     }
+}
+
+/// [`Kernel::run`] for a kernel that implements [`Kernel::run_into`]: a run
+/// given no buffers, every output allocated.
+pub fn run_allocating<K: Kernel + ?Sized>(kernel: &K, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let mut outputs = Vec::new();
+    kernel.run_into(inputs, &mut [], &mut outputs)?;
+    Ok(outputs)
 }
 
 /// What a fusion executor allows the partitioner to do with its regions,

@@ -127,6 +127,14 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
 }
 
+/// Whether two shapes (or stride lists) are equal. An inline loop: `==` on
+/// slices calls `memcmp`, which costs more than comparing the few dims of
+/// a shape, and these comparisons sit on every kernel call.
+#[inline]
+pub fn same_dims<T: PartialEq + Copy>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// Row-major strides of a shape.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];

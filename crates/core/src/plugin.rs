@@ -507,10 +507,15 @@ fn dl_view(t: &Tensor, dims: &mut Vec<i64>) -> Result<abi::DLTensor> {
 
 impl Kernel for PluginKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.run_into(inputs, Vec::new())
+        crate::executor::run_allocating(self, inputs)
     }
 
-    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
         let name = &self.lib.name;
         let fail = |message: String| Error::Kernel {
             executor: name.clone(),
@@ -523,7 +528,7 @@ impl Kernel for PluginKernel {
             .zip(in_dims.iter_mut())
             .map(|(t, d)| dl_view(t, d))
             .collect::<Result<_>>()?;
-        let mut given = outputs.into_iter();
+        let mut given = given.iter_mut().map(Option::take);
         let mut bufs: Vec<OutputBuffer> = self
             .outputs
             .iter()
@@ -593,6 +598,7 @@ impl Kernel for PluginKernel {
         if status != abi::status::OK {
             return Err(fail(format!("run {}", failure(status, &msg))));
         }
-        Ok(bufs.into_iter().map(OutputBuffer::into_tensor).collect())
+        outputs.extend(bufs.into_iter().map(OutputBuffer::into_tensor));
+        Ok(())
     }
 }

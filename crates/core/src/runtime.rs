@@ -19,7 +19,7 @@
 //! asks no device for memory. Outputs get their own buffers, since the
 //! caller keeps them; on a device they come from its layer's caching pool.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -74,14 +74,90 @@ pub struct CompiledPlan {
     last_output: Vec<bool>,
     /// Output buffers handed back ([`CompiledPlan::recycle`]).
     pool: OutputPool,
-    /// The last run's state, emptied: its vectors serve the next run, so
-    /// that a small plan's run allocates little more than its results.
-    spare: Mutex<Option<Box<RunState>>>,
+    /// The plan's run state, emptied after each run: its vectors serve the
+    /// next run, so that a small plan's run allocates nothing but its
+    /// results. A run holds it throughout (one lock, not one to take it and
+    /// one to put it back); a run while another holds it makes its own.
+    spare: Mutex<Option<RunState>>,
+}
+
+/// The state a run works in: the plan's, held for the run, or one of its
+/// own while another run holds the plan's.
+enum HeldState<'a> {
+    Plan(std::sync::MutexGuard<'a, Option<RunState>>),
+    Own(Box<RunState>),
+}
+
+impl std::ops::Deref for HeldState<'_> {
+    type Target = RunState;
+
+    fn deref(&self) -> &RunState {
+        match self {
+            HeldState::Plan(g) => g.as_ref().expect("filled when taken"),
+            HeldState::Own(st) => st,
+        }
+    }
+}
+
+impl std::ops::DerefMut for HeldState<'_> {
+    fn deref_mut(&mut self) -> &mut RunState {
+        match self {
+            HeldState::Plan(g) => g.as_mut().expect("filled when taken"),
+            HeldState::Own(st) => st,
+        }
+    }
+}
+
+/// The plan's state goes back emptied, however the run ended: nothing in
+/// it refers to the run's tensors (or to an arena given back after it).
+impl Drop for HeldState<'_> {
+    fn drop(&mut self) {
+        if let HeldState::Plan(g) = self
+            && let Some(st) = g.as_mut()
+        {
+            st.finish();
+        }
+    }
+}
+
+/// Where a run finds one value.
+#[derive(Default)]
+enum Slot {
+    /// Not computed yet, or freed.
+    #[default]
+    Empty,
+    /// The caller's input at this position, read where it lies: borrowed
+    /// for the run, not cloned.
+    Input(usize),
+    /// A tensor of the run's own.
+    Owned(Tensor),
+}
+
+impl Slot {
+    /// The value, with the run's `inputs`.
+    #[inline]
+    fn get<'a>(&'a self, inputs: &'a [Tensor]) -> Option<&'a Tensor> {
+        match self {
+            Slot::Empty => None,
+            Slot::Input(k) => inputs.get(*k),
+            Slot::Owned(t) => Some(t),
+        }
+    }
+
+    /// The value taken out (a clone of a borrowed input), leaving the
+    /// slot empty.
+    fn take(&mut self, inputs: &[Tensor]) -> Option<Tensor> {
+        match std::mem::take(self) {
+            Slot::Empty => None,
+            Slot::Input(k) => inputs.get(k).cloned(),
+            Slot::Owned(t) => Some(t),
+        }
+    }
 }
 
 /// One run's values and memory as it goes.
 struct RunState {
-    slots: Vec<Option<Tensor>>,
+    slots: Vec<Slot>,
     live: LiveBuffers,
     /// The host arena.
     arena: Option<Arena>,
@@ -90,15 +166,40 @@ struct RunState {
     region_ns: Vec<u64>,
     /// The buffers the trace's outputs go into.
     outs: RunOutputs,
+    /// The buffers handed to the kernel being called, and what it returned:
+    /// kept from one call to the next, so that a call allocates nothing.
+    given: Vec<Option<OutputBuffer>>,
+    returned: Vec<Tensor>,
 }
 
 impl RunState {
+    /// The state of a run over `values` values, nothing in their slots yet.
+    fn new(
+        values: usize,
+        arena: Option<Arena>,
+        device_arenas: Vec<Option<DeviceArena>>,
+        outs: RunOutputs,
+    ) -> RunState {
+        RunState {
+            slots: std::iter::repeat_with(Slot::default).take(values).collect(),
+            live: LiveBuffers::default(),
+            arena,
+            device_arenas,
+            region_ns: Vec::new(),
+            outs,
+            given: Vec::new(),
+            returned: Vec::new(),
+        }
+    }
+
     /// Empties the state for the next run, keeping its vectors' memory:
     /// every value dropped, so that nothing in an arena is referenced.
     fn finish(&mut self) {
-        self.slots.iter_mut().for_each(|s| *s = None);
+        self.slots.iter_mut().for_each(|s| *s = Slot::Empty);
         self.live.reset();
         self.outs.clear();
+        self.given.clear();
+        self.returned.clear();
     }
 }
 
@@ -631,7 +732,7 @@ impl CompiledPlan {
         inputs: &[Tensor],
         given: Vec<Option<OutputBuffer>>,
         opts: RunOptions,
-    ) -> Result<(Box<RunState>, bool, Vec<bool>)> {
+    ) -> Result<(HeldState<'_>, bool, Vec<bool>)> {
         let trace = &self.plan.trace;
         // A plan without intermediates on the host needs no arena.
         let (arena, arena_reused) = match opts.allocate_per_call || self.arena_bytes == 0 {
@@ -645,34 +746,50 @@ impl CompiledPlan {
             true => self.device_arenas.iter().map(|_| (None, false)).unzip(),
             false => self.take_device_arenas().into_iter().unzip(),
         };
-        // Another run at the same time finds no spare and makes its own.
-        let spare = self.spare.try_lock().ok().and_then(|mut s| s.take());
-        let mut st = match spare {
-            Some(mut st) => {
-                st.arena = arena;
-                st.device_arenas = device_arenas;
-                st.outs.reset(given, trace.outputs.len(), !opts.allocate_per_call);
-                st
-            }
-            // Boxed, so that keeping it moves a pointer, not the state.
-            None => Box::new(RunState {
-                slots: vec![None; trace.values.len()],
-                live: LiveBuffers::default(),
-                arena,
-                device_arenas,
-                region_ns: Vec::new(),
-                outs: RunOutputs::new(given, trace.outputs.len(), !opts.allocate_per_call),
-            }),
+        let fresh = || {
+            RunState::new(
+                trace.values.len(),
+                None,
+                Vec::new(),
+                RunOutputs::new(Vec::new(), trace.outputs.len(), false),
+            )
         };
-        for (&id, t) in trace.inputs.iter().zip(inputs) {
-            let t = move_to(t, trace.meta(id).device)?;
-            st.live.acquire(&t, true);
-            st.slots[id.index()] = Some(t);
+        let mut st = match self.spare.try_lock() {
+            Ok(mut g) => {
+                g.get_or_insert_with(fresh);
+                HeldState::Plan(g)
+            }
+            // A run that panicked held it: start from a fresh one.
+            Err(TryLockError::Poisoned(p)) => {
+                let mut g = p.into_inner();
+                *g = Some(fresh());
+                self.spare.clear_poison();
+                HeldState::Plan(g)
+            }
+            // Another run at the same time holds it.
+            Err(TryLockError::WouldBlock) => HeldState::Own(Box::new(fresh())),
+        };
+        st.arena = arena;
+        st.device_arenas = device_arenas;
+        st.outs.reset(given, trace.outputs.len(), !opts.allocate_per_call);
+        for (k, (&id, t)) in trace.inputs.iter().zip(inputs).enumerate() {
+            let device = trace.meta(id).device;
+            st.slots[id.index()] = match t.device() == device {
+                true => {
+                    st.live.acquire(t, true);
+                    Slot::Input(k)
+                }
+                false => {
+                    let moved = move_to(t, device)?;
+                    st.live.acquire(&moved, true);
+                    Slot::Owned(moved)
+                }
+            };
         }
         st.live.record_peak();
         for &id in &self.unread_inputs {
-            if let Some(t) = st.slots[id.index()].take() {
-                st.live.release(&t);
+            if let Some(t) = std::mem::take(&mut st.slots[id.index()]).get(inputs) {
+                st.live.release(t);
             }
         }
         Ok((st, arena_reused, reused))
@@ -692,18 +809,16 @@ impl CompiledPlan {
             .map(|d| d.layer.memory(d.device))
             .collect();
         let (mut st, arena_reused, device_reused) = self.start_run(inputs, given, opts)?;
-        self.execute(&mut st, opts.profile)?;
-        let outputs = self.take_outputs(&mut st)?;
+        self.execute(&mut st, inputs, opts.profile)?;
+        let outputs = self.take_outputs(&mut st, inputs)?;
         let arena = st.arena.take();
         let device_arenas = std::mem::take(&mut st.device_arenas);
         let region_ns = std::mem::take(&mut st.region_ns);
         let (peak, peak_with_inputs) = (st.live.peak, st.live.peak_with_inputs);
-        let outputs_reused = st.outs.reused.clone();
-        // Nothing in an arena may be referenced once it is given back.
-        st.finish();
-        if let Ok(mut spare) = self.spare.try_lock() {
-            *spare = Some(st);
-        }
+        let outputs_reused = std::mem::take(&mut st.outs.reused);
+        // Nothing in an arena may be referenced once it is given back:
+        // the state empties as it goes.
+        drop(st);
         // Work queued on devices has run (or failed) before the run ends.
         for &device in &self.devices {
             synchronize(device)?;
@@ -741,19 +856,19 @@ impl CompiledPlan {
     /// Runs every step: moves inputs where their region runs, calls its
     /// kernel with the buffers the memory plan gives its outputs, frees
     /// what is read for the last time.
-    fn execute(&self, st: &mut RunState, profile: bool) -> Result<()> {
+    fn execute(&self, st: &mut RunState, inputs: &[Tensor], profile: bool) -> Result<()> {
         let trace = &self.plan.trace;
         for (i, (step, kernel)) in self.steps.iter().zip(&self.kernels).enumerate() {
             // Inputs on another device than the region's are moved there; the
             // copy replaces the value (and is counted: it is an allocation).
             for v in &step.inputs {
                 let slot = &mut st.slots[v.index()];
-                if let Some(t) = slot.as_ref().filter(|t| t.device() != step.device) {
+                if let Some(t) = slot.get(inputs).filter(|t| t.device() != step.device) {
                     let moved = move_to(t, step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;
                     st.live.acquire(&moved, false);
                     st.live.record_peak();
-                    if let Some(old) = slot.replace(moved) {
-                        st.live.release(&old);
+                    if let Some(old) = std::mem::replace(slot, Slot::Owned(moved)).get(inputs) {
+                        st.live.release(old);
                     }
                 }
             }
@@ -762,16 +877,16 @@ impl CompiledPlan {
                 .inputs
                 .iter()
                 .map(|v| {
-                    st.slots[v.index()].as_ref().ok_or_else(|| {
+                    st.slots[v.index()].get(inputs).ok_or_else(|| {
                         self.kernel_error(i, format!("input `{}` is not available", trace.value(*v).name))
                     })
                 })
                 .collect::<Result<_>>()?;
             let on_device = self.device_arenas.iter().position(|d| d.device == step.device);
-            let mut buffers = Vec::with_capacity(step.outputs.len());
+            st.given.clear();
             for &v in &step.outputs {
                 let meta = trace.meta(v);
-                buffers.push(match self.arena_at[v.index()] {
+                st.given.push(match self.arena_at[v.index()] {
                     Some(off) => match on_device {
                         None => st
                             .arena
@@ -789,27 +904,30 @@ impl CompiledPlan {
                 });
             }
             let t0 = profile.then(Instant::now);
-            let outs = kernel.run_into(&args, buffers).map_err(|e| match e {
-                Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
-                other => self.kernel_error(i, other.to_string()),
-            })?;
+            st.returned.clear();
+            kernel
+                .run_into(&args, &mut st.given, &mut st.returned)
+                .map_err(|e| match e {
+                    Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
+                    other => self.kernel_error(i, other.to_string()),
+                })?;
             drop(args);
             if let Some(t0) = t0 {
                 // A device kernel returns once queued: time it to its end.
                 synchronize(step.device).map_err(|e| self.kernel_error(i, e.to_string()))?;
                 st.region_ns.push(t0.elapsed().as_nanos() as u64);
             }
-            if outs.len() != step.outputs.len() {
+            if st.returned.len() != step.outputs.len() {
                 return Err(self.kernel_error(
                     i,
                     format!(
                         "returned {} tensors for {} outputs",
-                        outs.len(),
+                        st.returned.len(),
                         step.outputs.len()
                     ),
                 ));
             }
-            for (&v, t) in step.outputs.iter().zip(outs) {
+            for (&v, t) in step.outputs.iter().zip(st.returned.drain(..)) {
                 let value = trace.value(v);
                 t.check_meta(&value.name, &value.meta)
                     .map_err(|e| self.kernel_error(i, format!("wrong output: {e}")))?;
@@ -817,12 +935,12 @@ impl CompiledPlan {
                     st.outs.written(k, &t);
                 }
                 st.live.acquire(&t, false);
-                st.slots[v.index()] = Some(t);
+                st.slots[v.index()] = Slot::Owned(t);
             }
             st.live.record_peak();
             for v in &step.free_after {
-                if let Some(t) = st.slots[v.index()].take() {
-                    st.live.release(&t);
+                if let Some(t) = std::mem::take(&mut st.slots[v.index()]).get(inputs) {
+                    st.live.release(t);
                 }
             }
         }
@@ -838,25 +956,30 @@ impl CompiledPlan {
     }
 
     /// The trace's outputs where they were computed.
-    fn computed_outputs(&self, st: &RunState) -> Result<Vec<Tensor>> {
+    fn computed_outputs(&self, st: &RunState, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let trace = &self.plan.trace;
         trace
             .outputs
             .iter()
-            .map(|v| st.slots[v.index()].clone().ok_or_else(|| self.never_computed(*v)))
+            .map(|v| {
+                st.slots[v.index()]
+                    .get(inputs)
+                    .cloned()
+                    .ok_or_else(|| self.never_computed(*v))
+            })
             .collect()
     }
 
     /// The trace's outputs on the devices it declares them on, and never in
     /// an arena, which the next run reuses; taken out of their slots.
-    fn take_outputs(&self, st: &mut RunState) -> Result<Vec<Tensor>> {
+    fn take_outputs(&self, st: &mut RunState, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let trace = &self.plan.trace;
         let mut outputs = Vec::with_capacity(trace.outputs.len());
         for (&v, &last) in trace.outputs.iter().zip(&self.last_output) {
             let slot = &mut st.slots[v.index()];
             let t = match last {
-                true => slot.take(),
-                false => slot.clone(),
+                true => slot.take(inputs),
+                false => slot.get(inputs).cloned(),
             };
             let t = t.ok_or_else(|| self.never_computed(v))?;
             let device = trace.meta(v).device;
@@ -900,14 +1023,12 @@ impl CompiledPlan {
         let arena_bytes = k.map_or(0, |k| self.device_arenas[k].bytes);
         // Inputs: the same device tensor as last run is read where it lies;
         // anything else goes through a buffer of the graph's own.
-        let mut st = RunState {
-            slots: vec![None; trace.values.len()],
-            live: LiveBuffers::default(),
-            arena: None,
-            device_arenas: self.device_arenas.iter().map(|_| None).collect(),
-            region_ns: Vec::new(),
-            outs: RunOutputs::new(Vec::new(), trace.outputs.len(), false),
-        };
+        let mut st = RunState::new(
+            trace.values.len(),
+            None,
+            self.device_arenas.iter().map(|_| None).collect(),
+            RunOutputs::new(Vec::new(), trace.outputs.len(), false),
+        );
         let mut graph_inputs = Vec::with_capacity(inputs.len());
         for (n, (&id, t)) in trace.inputs.iter().zip(inputs).enumerate() {
             if self.unread_inputs.contains(&id) {
@@ -925,7 +1046,7 @@ impl CompiledPlan {
                 staged
             };
             st.live.acquire(&t, true);
-            st.slots[id.index()] = Some(t);
+            st.slots[id.index()] = Slot::Owned(t);
         }
         st.live.record_peak();
         // The graph's own arena, kept with it.
@@ -938,13 +1059,13 @@ impl CompiledPlan {
         if let Err(e) = layer.begin_capture(device) {
             return Ok(Err(e.to_string()));
         }
-        let executed = self.execute(&mut st, false);
+        let executed = self.execute(&mut st, inputs, false);
         let recorded = layer.end_capture(device);
         let graph = match (executed, recorded) {
             (Ok(()), Ok(g)) => g,
             (Err(e), _) | (_, Err(e)) => return Ok(Err(e.to_string())),
         };
-        let outputs = self.computed_outputs(&st)?;
+        let outputs = self.computed_outputs(&st, inputs)?;
         graph.launch()?;
         let arena = k.and_then(|k| st.device_arenas[k].take());
         let mut captured = Captured {

@@ -297,7 +297,14 @@ float_stored!(f16, f32, |x: f16| x.to_f32(), f16::from_f32);
 float_stored!(bf16, f32, |x: bf16| x.to_f32(), bf16::from_f32);
 
 /// Row-major strides of `shape`, inline.
+#[inline]
 fn dense_strides(shape: &[usize]) -> SmallVec<[isize; 4]> {
+    // Filled in an array and moved in whole when inline, as most are.
+    if shape.len() <= 4 {
+        let mut strides = [0isize; 4];
+        fill_contiguous_strides(shape, &mut strides[..shape.len()]);
+        return SmallVec::from_buf_and_len(strides, shape.len());
+    }
     let mut strides: SmallVec<[isize; 4]> = SmallVec::from_elem(0, shape.len());
     fill_contiguous_strides(shape, &mut strides);
     strides
@@ -636,20 +643,29 @@ impl Tensor {
     }
 
     /// Checks dtype and shape against declared metadata.
+    #[inline]
     pub fn check_meta(&self, name: &str, meta: &TensorMeta) -> Result<()> {
-        if self.dtype() != meta.dtype || self.shape[..] != meta.shape[..] {
-            return Err(Error::Tensor {
-                name: name.to_string(),
-                message: format!(
-                    "expected {}{} but got {}{}",
-                    meta.dtype,
-                    ShapeDisplay(&meta.shape),
-                    self.dtype(),
-                    ShapeDisplay(&self.shape)
-                ),
-            });
+        match self.dtype() == meta.dtype && crate::meta::same_dims(&self.shape, &meta.shape) {
+            true => Ok(()),
+            false => Err(self.meta_mismatch(name, meta)),
         }
-        Ok(())
+    }
+
+    /// The error [`Tensor::check_meta`] gives; apart, so that the check on
+    /// every kernel call stays a few instructions.
+    #[cold]
+    #[inline(never)]
+    fn meta_mismatch(&self, name: &str, meta: &TensorMeta) -> Error {
+        Error::Tensor {
+            name: name.to_string(),
+            message: format!(
+                "expected {}{} but got {}{}",
+                meta.dtype,
+                ShapeDisplay(&meta.shape),
+                self.dtype(),
+                ShapeDisplay(&self.shape)
+            ),
+        }
     }
 }
 

@@ -264,7 +264,7 @@ impl GemmKernel {
 
 impl Kernel for GemmKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.run_into(inputs, Vec::new())
+        switchyard_core::executor::run_allocating(self, inputs)
     }
 
     /// One cuBLASLt call queued on the device's stream, its descriptors made
@@ -275,7 +275,12 @@ impl Kernel for GemmKernel {
 
     /// Writes the product into the buffer the runtime gives (in its device
     /// arena), else into one from the device's pool.
-    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
         let (picked, n) = executor::pick_operands(&self.operands, inputs).ok_or_else(|| {
             self.error(format!(
                 "expected {} operand(s), got {} input(s)",
@@ -312,7 +317,7 @@ impl Kernel for GemmKernel {
             operands[k] = c;
         }
         let inputs = &operands[..n];
-        let given = outputs.into_iter().next().flatten().filter(|b| {
+        let given = given.first_mut().and_then(Option::take).filter(|b| {
             b.device() == device && b.dtype() == self.dtype && b.shape() == g.out_shape.as_slice()
         });
         let out = match given {
@@ -324,7 +329,8 @@ impl Kernel for GemmKernel {
             }
         };
         if g.is_empty() {
-            return Ok(vec![out]);
+            outputs.push(out);
+            return Ok(());
         }
         match self.dtype {
             DType::F32 => self.launch::<f32>(&g, inputs, &out),
@@ -333,6 +339,7 @@ impl Kernel for GemmKernel {
             d => Err(format!("cuBLASLt here multiplies f32, f16 and bf16, not {d}")),
         }
         .map_err(|e| self.error(e))?;
-        Ok(vec![out])
+        outputs.push(out);
+        Ok(())
     }
 }

@@ -499,7 +499,7 @@ impl AttentionKernel {
 
 impl Kernel for AttentionKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.run_into(inputs, Vec::new())
+        switchyard_core::executor::run_allocating(self, inputs)
     }
 
     /// Two cuBLASLt calls and a cuDNN softmax queued on the device's
@@ -511,7 +511,12 @@ impl Kernel for AttentionKernel {
 
     /// Writes the attention into the buffer the runtime gives (in its
     /// device arena), else into one from the device's pool.
-    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
         let device = Device::Cuda(self.device);
         let a0 = &self.attention;
         let picked = match executor::pick_operands(&self.operands, inputs) {
@@ -548,10 +553,9 @@ impl Kernel for AttentionKernel {
             )));
         }
         let shape = &a.values.out_shape;
-        let given = outputs
-            .into_iter()
-            .next()
-            .flatten()
+        let given = given
+            .first_mut()
+            .and_then(Option::take)
             .filter(|b| b.device() == device && b.dtype() == a.dtype && b.shape() == shape.as_slice());
         let out = match given {
             Some(b) if switchyard_cuda::output_ptr(&b).is_some() => b.into_tensor(),
@@ -571,7 +575,8 @@ impl Kernel for AttentionKernel {
             flash
                 .launch(&a, at(inputs[0])?, at(inputs[1])?, at(inputs[2])?, at(&out)?)
                 .map_err(|e| self.error(e))?;
-            return Ok(vec![out]);
+            outputs.push(out);
+            return Ok(());
         }
         match a.dtype {
             DType::F32 => self.launch::<f32>(&a, inputs, &out, (1.0, 0.0)),
@@ -580,7 +585,8 @@ impl Kernel for AttentionKernel {
             d => Err(format!("runs f32, f16 and bf16, not {d}")),
         }
         .map_err(|e| self.error(e))?;
-        Ok(vec![out])
+        outputs.push(out);
+        Ok(())
     }
 }
 

@@ -22,8 +22,10 @@ mod scan;
 mod vector;
 mod walk;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use switchyard_core::cost::{DeviceModel, is_free_view};
 use switchyard_core::executor::{
     Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
@@ -281,17 +283,17 @@ impl CompiledOp {
     /// output buffer of their own (which a caller can hand back to a plan,
     /// and which is advised for huge pages when large). Other ops make a
     /// new tensor.
-    fn run(&self, slots: &[Option<Tensor>], buf: Option<OutputBuffer>) -> Result<Tensor, Error> {
+    fn run(&self, slots: &[Option<Cow<'_, Tensor>>], buf: Option<OutputBuffer>) -> Result<Tensor, Error> {
         let fail = |message: String| Error::Run {
             op: self.describe.clone(),
             message,
         };
-        let args: Vec<&Tensor> = self
+        let args: SmallVec<[&Tensor; 4]> = self
             .args
             .iter()
             .map(|a| match a {
                 Arg::Slot(s) => slots[*s]
-                    .as_ref()
+                    .as_deref()
                     .ok_or_else(|| fail("an operand is not available".into())),
                 Arg::Const(t) => Ok(t),
             })
@@ -363,7 +365,7 @@ impl Kernel for RegionKernel {
     }
 
     fn run(&self, inputs: &[&Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
-        self.run_into(inputs, Vec::new())
+        switchyard_core::executor::run_allocating(self, inputs)
     }
 
     /// Dense f32 and f64 elementwise ops write the region's outputs into
@@ -371,27 +373,30 @@ impl Kernel for RegionKernel {
     fn run_into(
         &self,
         inputs: &[&Tensor],
-        mut outputs: Vec<Option<OutputBuffer>>,
-    ) -> switchyard_core::Result<Vec<Tensor>> {
-        let mut slots: Vec<Option<Tensor>> = vec![None; self.n_slots];
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> switchyard_core::Result<()> {
+        // Inputs are borrowed, not cloned; inline for small regions, so
+        // that a run allocates nothing of its own.
+        let mut slots: SmallVec<[Option<Cow<'_, Tensor>>; 8]> = SmallVec::new();
+        slots.resize(self.n_slots, None);
         for (s, t) in slots.iter_mut().zip(inputs) {
-            *s = Some((*t).clone());
+            *s = Some(Cow::Borrowed(*t));
         }
         for (op, k) in self.ops.iter().zip(&self.output_of_op) {
-            let buf = k.and_then(|k| outputs.get_mut(k)?.take());
+            let buf = k.and_then(|k| given.get_mut(k)?.take());
             let t = op.run(&slots, buf)?;
-            slots[op.out_slot] = Some(t);
+            slots[op.out_slot] = Some(Cow::Owned(t));
         }
-        self.outputs
-            .iter()
-            .map(|&s| {
-                slots[s].take().ok_or_else(|| switchyard_core::Error::Kernel {
-                    executor: NAME.into(),
-                    op: "region".into(),
-                    message: "an output was not computed".into(),
-                })
-            })
-            .collect()
+        for &s in &self.outputs {
+            let t = slots[s].take().ok_or_else(|| switchyard_core::Error::Kernel {
+                executor: NAME.into(),
+                op: "region".into(),
+                message: "an output was not computed".into(),
+            })?;
+            outputs.push(t.into_owned());
+        }
+        Ok(())
     }
 }
 

@@ -437,14 +437,19 @@ impl FusedKernel {
 
 impl Kernel for FusedKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.run_into(inputs, Vec::new())
+        switchyard_core::executor::run_allocating(self, inputs)
     }
 
     /// Stores straight into the given buffers: no copy, no fresh pages.
-    fn run_into(&self, inputs: &[&Tensor], outputs: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>> {
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
         match &self.backend {
-            Backend::Cpu(k) => k.run(inputs, outputs),
-            Backend::Cuda(k) => k.run(inputs, outputs),
+            Backend::Cpu(k) => k.run(inputs, given, outputs),
+            Backend::Cuda(k) => k.run(inputs, given, outputs),
         }
         .map_err(|m| self.error(m))
     }

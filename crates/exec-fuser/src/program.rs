@@ -246,26 +246,40 @@ pub struct Program {
 impl Program {
     /// Checks that `inputs` are the program's, in number, dtype and device,
     /// before a backend reads them on `device`.
+    #[inline]
     pub fn check_inputs(&self, inputs: &[&Tensor], device: Device) -> Result<(), String> {
-        if inputs.len() != self.inputs.len() {
-            return Err(format!(
-                "expected {} inputs, got {}",
-                self.inputs.len(),
-                inputs.len()
-            ));
+        // A host backend reads the data itself, whatever a device layer says.
+        let fits = |t: &Tensor, d: DType| {
+            t.dtype() == d && t.device() == device && (device != Device::Cpu || t.host_data().is_some())
+        };
+        match inputs.len() == self.inputs.len() && inputs.iter().zip(&self.inputs).all(|(t, &d)| fits(t, d)) {
+            true => Ok(()),
+            false => Err(self.inputs_mismatch(inputs, device)),
         }
-        for (k, (t, &d)) in inputs.iter().zip(&self.inputs).enumerate() {
-            // A host backend reads the data itself, whatever a device layer says.
-            let readable = device != Device::Cpu || t.host_data().is_some();
-            if t.dtype() != d || t.device() != device || !readable {
-                return Err(format!(
+    }
+
+    /// What [`Program::check_inputs`] found wrong; apart, so that the check
+    /// on every call stays a few instructions.
+    #[cold]
+    #[inline(never)]
+    fn inputs_mismatch(&self, inputs: &[&Tensor], device: Device) -> String {
+        if inputs.len() != self.inputs.len() {
+            return format!("expected {} inputs, got {}", self.inputs.len(), inputs.len());
+        }
+        let readable = |t: &Tensor| device != Device::Cpu || t.host_data().is_some();
+        inputs
+            .iter()
+            .zip(&self.inputs)
+            .enumerate()
+            .find(|(_, (t, d))| t.dtype() != **d || t.device() != device || !readable(t))
+            .map(|(k, (t, d))| {
+                format!(
                     "input {k} is {} on {}, expected {d} on {device}",
                     t.dtype(),
                     t.device()
-                ));
-            }
-        }
-        Ok(())
+                )
+            })
+            .unwrap_or_default()
     }
 
     /// The dtype each load instruction reads, in program order (the order

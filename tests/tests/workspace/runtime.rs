@@ -393,3 +393,111 @@ fn an_arena_is_not_reused_while_a_kernel_keeps_a_tensor_in_it() {
     assert_eq!(kept[1].to_vec::<f32>().unwrap(), want, "kept tensor overwritten");
     assert_eq!(kept[3].to_vec::<f32>().unwrap(), vec![7f32; 64]);
 }
+
+/// The fallback, but its kernels fail once after they computed: the `n`-th
+/// call from when `panic_in` (or `fail_in`) is set to `n` panics (or
+/// returns an error).
+#[derive(Clone, Default)]
+struct Flaky {
+    panic_in: Arc<std::sync::atomic::AtomicUsize>,
+    fail_in: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct FlakyKernel {
+    inner: Box<dyn switchyard_core::executor::Kernel>,
+    how: Flaky,
+}
+
+impl switchyard_core::executor::Kernel for FlakyKernel {
+    fn run(&self, inputs: &[&Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
+        switchyard_core::executor::run_allocating(self, inputs)
+    }
+
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<switchyard_core::OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> switchyard_core::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.inner.run_into(inputs, given, outputs)?;
+        let now = |n: &std::sync::atomic::AtomicUsize| {
+            n.fetch_update(SeqCst, SeqCst, |k| k.checked_sub(1)) == Ok(1)
+        };
+        if now(&self.how.panic_in) {
+            panic!("a kernel that panics");
+        }
+        if now(&self.how.fail_in) {
+            return Err(Error::Kernel {
+                executor: "flaky".into(),
+                op: "region".into(),
+                message: "a kernel that fails".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl switchyard_core::executor::Executor for Flaky {
+    fn info(&self) -> switchyard_core::executor::ExecutorInfo {
+        let mut info = FallbackExecutor.info();
+        info.name = "flaky".into();
+        info
+    }
+
+    fn claim(
+        &self,
+        op: switchyard_core::ir::OpId,
+        cx: &switchyard_core::executor::Context,
+    ) -> switchyard_core::executor::Claim {
+        FallbackExecutor.claim(op, cx)
+    }
+
+    fn compile(
+        &self,
+        region: &switchyard_core::executor::Region,
+        cx: &switchyard_core::executor::Context,
+    ) -> switchyard_core::Result<Box<dyn switchyard_core::executor::Kernel>> {
+        Ok(Box::new(FlakyKernel {
+            inner: FallbackExecutor.compile(region, cx)?,
+            how: self.clone(),
+        }))
+    }
+}
+
+#[test]
+fn a_run_that_failed_or_panicked_leaves_the_next_run_a_clean_state() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use switchyard_core::executor::Executor;
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    let how = Flaky::default();
+    let flaky = Arc::new(how.clone());
+    // Two regions, an intermediate in the arena, an input returned as an
+    // output; the runs fail in the second region, the first one's result
+    // in its slot.
+    let t = parse("input x: f32[4]\ny = exp(x)\nz = neg(y)\noutput z, x\n").unwrap();
+    let compiled = CompiledPlan::compile(plan_on(&t, vec![flaky as Arc<dyn Executor>]).unwrap()).unwrap();
+    let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0], &[4]).unwrap();
+    let want: Vec<f32> = [0f32, 1.0, 2.0, 3.0].iter().map(|v| -v.exp()).collect();
+    let run = || compiled.run(std::slice::from_ref(&x), RunOptions::default());
+    let first = run().unwrap();
+    compiled.recycle(first.outputs);
+    let check = || {
+        for _ in 0..3 {
+            let r = run().unwrap();
+            assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), want);
+            assert_eq!(r.outputs[1].to_vec::<f32>().unwrap(), vec![0.0, 1.0, 2.0, 3.0]);
+            assert_eq!(r.peak_bytes, first.peak_bytes, "the bookkeeping starts afresh");
+            assert_eq!(r.peak_bytes_with_inputs, first.peak_bytes_with_inputs);
+            compiled.recycle(r.outputs);
+        }
+    };
+    how.fail_in.store(2, SeqCst);
+    let e = run().unwrap_err().to_string();
+    assert!(e.contains("a kernel that fails"), "{e}");
+    check();
+    how.panic_in.store(2, SeqCst);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+    assert!(panicked.is_err(), "the kernel panicked through the run");
+    check();
+}

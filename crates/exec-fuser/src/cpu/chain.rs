@@ -606,7 +606,7 @@ mod tests {
         for level in switchyard_simd::supported() {
             let out = switchyard_simd::Simd::new(level)
                 .unwrap()
-                .forced(|| kernel.run(inputs, vec![]))
+                .forced(|| kernel.run_vec(inputs, vec![]))
                 .unwrap();
             levels.push(
                 out.iter()
@@ -683,7 +683,7 @@ mod tests {
         );
         // Only x and the result have homes: the chain's inner values none.
         let x = switchyard_core::Tensor::from_vec(vec![-1.0f32, 0.0, 0.5, 2.0, 3.0, -4.0], &[6]).unwrap();
-        let out = kernel.run(&[&x], vec![]).unwrap();
+        let out = kernel.run_vec(&[&x], vec![]).unwrap();
         let want: Vec<f32> = [-1.0f32, 0.0, 0.5, 2.0, 3.0, -4.0]
             .iter()
             .map(|&x| (((x * 1.5 + 0.5) * x - 0.25) * 0.5 + x).abs() * 2.0)

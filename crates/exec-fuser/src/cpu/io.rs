@@ -2,7 +2,8 @@
 //! the edges of a kernel, typed by the stored dtype.
 
 use half::{bf16, f16};
-use switchyard_core::{DType, HostDataMut, OutputBuffer, Stored, Tensor};
+use switchyard_core::meta::same_dims;
+use switchyard_core::{HostData, HostDataMut, OutputBuffer, Stored, Tensor};
 
 use super::CpuKernel;
 use super::math::Arith;
@@ -13,6 +14,8 @@ use crate::program::{Load, View};
 impl CpuKernel {
     /// How a load reads `t` through `views` and `map`: strides per dim of
     /// the walk, checked to stay inside the buffer.
+    // Out of line: the plain path inlines around it.
+    #[inline(never)]
     pub(super) fn source<'a>(
         &self,
         t: &'a Tensor,
@@ -57,21 +60,27 @@ impl CpuKernel {
     /// (see [`CpuKernel::plain`]): where the input is dense in the
     /// iteration shape, as it nearly always is, it is read in place without
     /// resolving the load; else resolved as any load.
+    #[inline]
     pub(super) fn plain_source<'a>(&self, t: &'a Tensor, load: &Load) -> Result<Source<'a>, String> {
         let p = &self.program;
-        let fits = t.host_data().is_some_and(|d| t.offset() + p.numel() <= d.len());
-        if !fits || t.shape() != p.shape.as_slice() || t.strides() != self.walk_dense.as_slice() {
-            return self.source(t, &load.views, &load.map);
+        match t.host_data().and_then(Data::from_host) {
+            Some(data)
+                if t.offset() + p.numel() <= data.len()
+                    && same_dims(t.shape(), &p.shape)
+                    && same_dims(t.strides(), &self.walk_dense) =>
+            {
+                let mut walk = [0isize; MAX_RANK];
+                walk[..self.walk_dense.len()].copy_from_slice(&self.walk_dense);
+                Ok(Source {
+                    data,
+                    walk,
+                    offset: t.offset() as isize,
+                    dense: true,
+                    masks: Vec::new(),
+                })
+            }
+            _ => self.source(t, &load.views, &load.map),
         }
-        let mut walk = [0isize; MAX_RANK];
-        walk[..self.walk_dense.len()].copy_from_slice(&self.walk_dense);
-        Ok(Source {
-            data: Data::of(t)?,
-            walk,
-            offset: t.offset() as isize,
-            dense: true,
-            masks: Vec::new(),
-        })
     }
 }
 
@@ -108,15 +117,34 @@ impl<'a> Data<'a> {
     }
 
     fn of(t: &'a Tensor) -> Result<Data<'a>, String> {
-        let missing = || format!("an input is {}, which the fuser does not read", t.dtype());
-        Ok(match t.dtype() {
-            DType::F32 => Data::F32(t.buffer().ok_or_else(missing)?),
-            DType::F64 => Data::F64(t.buffer().ok_or_else(missing)?),
-            DType::F16 => Data::F16(t.buffer().ok_or_else(missing)?),
-            DType::BF16 => Data::BF16(t.buffer().ok_or_else(missing)?),
-            DType::Bool => Data::Bool(t.buffer().ok_or_else(missing)?),
-            _ => return Err(missing()),
-        })
+        t.host_data()
+            .and_then(Data::from_host)
+            .ok_or_else(|| format!("an input is {}, which the fuser does not read", t.dtype()))
+    }
+
+    /// The elements of host data of a dtype the fuser reads.
+    #[inline]
+    fn from_host(d: HostData<'a>) -> Option<Data<'a>> {
+        match d {
+            HostData::F32(v) => Some(Data::F32(v)),
+            HostData::F64(v) => Some(Data::F64(v)),
+            HostData::F16(v) => Some(Data::F16(v)),
+            HostData::BF16(v) => Some(Data::BF16(v)),
+            HostData::Bool(v) => Some(Data::Bool(v)),
+            _ => None,
+        }
+    }
+
+    /// The number of elements.
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Data::F32(d) => d.len(),
+            Data::F64(d) => d.len(),
+            Data::F16(d) => d.len(),
+            Data::BF16(d) => d.len(),
+            Data::Bool(d) => d.len(),
+        }
     }
 }
 

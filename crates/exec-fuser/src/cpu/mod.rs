@@ -228,23 +228,26 @@ impl CpuKernel {
     }
 
     /// Runs the program on `inputs`, storing output `k` into `given[k]`
-    /// where there is one (missing entries allocate).
+    /// where there is one (missing entries allocate), and pushing the
+    /// outputs onto `outputs`.
     pub(crate) fn run(
         &self,
         inputs: &[&Tensor],
-        given: Vec<Option<OutputBuffer>>,
-    ) -> Result<Vec<Tensor>, String> {
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<(), String> {
         match self.program.compute {
-            DType::F64 => self.run_in::<f64>(inputs, given),
-            _ => self.run_in::<f32>(inputs, given),
+            DType::F64 => self.run_in::<f64>(inputs, given, outputs),
+            _ => self.run_in::<f32>(inputs, given, outputs),
         }
     }
 
     fn run_in<C: Arith>(
         &self,
         inputs: &[&Tensor],
-        given: Vec<Option<OutputBuffer>>,
-    ) -> Result<Vec<Tensor>, String> {
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<(), String> {
         let p = &self.program;
         p.check_inputs(inputs, Device::Cpu)?;
         // Read here, on the caller's thread, for the tiles on every thread.
@@ -287,7 +290,7 @@ impl CpuKernel {
             }
         }
         let n = p.numel();
-        let mut given = given.into_iter();
+        let mut given = given.iter_mut().map(Option::take);
         let mut outs: SmallVec<[OutputBuffer; 4]> = SmallVec::new();
         for (k, s) in p.outputs.iter().enumerate() {
             let len = match p.spaces[s.reg] {
@@ -324,7 +327,8 @@ impl CpuKernel {
         };
         if let Some(stream) = &self.stream {
             self.run_streamed::<C>(stream, simd, &sources, &stores, &homes)?;
-            return Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect());
+            outputs.extend(outs.into_iter().map(OutputBuffer::into_tensor));
+            return Ok(());
         }
         let slot_len = self.tile_rows * self.row_len.max(1);
         let tiles = self.rows.div_ceil(self.tile_rows);
@@ -370,14 +374,16 @@ impl CpuKernel {
                 .into_par_iter()
                 .for_each(|g| (g * per_task..((g + 1) * per_task).min(tiles)).for_each(&tile));
         }
-        Ok(outs.into_iter().map(OutputBuffer::into_tensor).collect())
+        outputs.extend(outs.into_iter().map(OutputBuffer::into_tensor));
+        Ok(())
     }
 
-    /// Sets `homes` to where each register lives during a call: in place in
-    /// an input or output where that one is dense in the compute type, so
-    /// that a kernel reads its inputs and writes its outputs without
-    /// copying them through a slot; else in its slot. And `direct` to
-    /// whether each output is written in place (and so needs no store).
+    /// Sets `homes` (empty when called) to where each register lives
+    /// during a call: in place in an input or output where that one is
+    /// dense in the compute type, so that a kernel reads its inputs and
+    /// writes its outputs without copying them through a slot; else in its
+    /// slot. And `direct` (empty too) to whether each output is written in
+    /// place (and so needs no store).
     fn homes<C: Arith>(
         &self,
         sources: &[Option<Source>],
@@ -386,8 +392,10 @@ impl CpuKernel {
         direct: &mut SmallVec<[bool; 4]>,
     ) {
         let p = &self.program;
-        homes.clear();
-        homes.resize(p.spaces.len(), Home::Slot);
+        // Pushed: `resize` is a call of its own, and these are short.
+        for _ in 0..p.spaces.len() {
+            homes.push(Home::Slot);
+        }
         // A tile lies in one innermost run of the walk when tiles are whole
         // runs or divide them (streamed chunks need not).
         let in_runs = self.stream.is_none()
@@ -406,8 +414,9 @@ impl CpuKernel {
                 }
             }
         }
-        direct.clear();
-        direct.resize(outs.len(), false);
+        for _ in 0..outs.len() {
+            direct.push(false);
+        }
         for (k, (o, s)) in outs.iter().zip(&p.outputs).enumerate() {
             if self.identity
                 && p.spaces[s.reg] == Space::Full
@@ -599,6 +608,21 @@ struct Tile<'a, C> {
 }
 
 #[cfg(test)]
+impl CpuKernel {
+    /// [`CpuKernel::run`] with the buffers given in a vector and the
+    /// outputs returned, for tests.
+    pub(crate) fn run_vec(
+        &self,
+        inputs: &[&Tensor],
+        mut given: Vec<Option<OutputBuffer>>,
+    ) -> Result<Vec<Tensor>, String> {
+        let mut outputs = Vec::new();
+        self.run(inputs, &mut given, &mut outputs)?;
+        Ok(outputs)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::program::{Axis, IndexMap, Load, Store, View};
@@ -606,7 +630,9 @@ mod tests {
     #[test]
     fn a_reshape_the_layout_does_not_allow_reads_a_dense_copy() {
         let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
-        let out = CpuKernel::new(transpose_flatten()).run(&[&x], vec![]).unwrap();
+        let out = CpuKernel::new(transpose_flatten())
+            .run_vec(&[&x], vec![])
+            .unwrap();
         assert_eq!(
             out[0].to_vec::<f32>().unwrap(),
             vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
@@ -617,10 +643,10 @@ mod tests {
     fn inputs_not_the_programs_are_errors() {
         let kernel = CpuKernel::new(transpose_flatten());
         let x = Tensor::from_vec(vec![0f32; 6], &[2, 3]).unwrap();
-        let e = kernel.run(&[&x, &x], vec![]).unwrap_err();
+        let e = kernel.run_vec(&[&x, &x], vec![]).unwrap_err();
         assert_eq!(e, "expected 1 inputs, got 2");
         let y = Tensor::from_vec(vec![0f64; 6], &[2, 3]).unwrap();
-        let e = kernel.run(&[&y], vec![]).unwrap_err();
+        let e = kernel.run_vec(&[&y], vec![]).unwrap_err();
         assert_eq!(e, "input 0 is f64 on cpu, expected f32 on cpu");
     }
 
@@ -631,7 +657,7 @@ mod tests {
         let mut given = OutputBuffer::new(DType::F32, &[6]);
         given.slice_mut::<f32>().unwrap().fill(f32::NAN);
         let at = given.slice_mut::<f32>().unwrap().as_ptr();
-        let out = kernel.run(&[&x], vec![Some(given)]).unwrap();
+        let out = kernel.run_vec(&[&x], vec![Some(given)]).unwrap();
         assert_eq!(
             out[0].contiguous_data::<f32>().unwrap().as_ptr(),
             at,
@@ -642,7 +668,7 @@ mod tests {
             vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
         );
         let wrong = OutputBuffer::new(DType::F64, &[6]);
-        let e = kernel.run(&[&x], vec![Some(wrong)]).unwrap_err();
+        let e = kernel.run_vec(&[&x], vec![Some(wrong)]).unwrap_err();
         assert!(
             e.contains("the buffer given for output 0 holds 6 f64, expected 6 f32"),
             "{e}"
@@ -685,7 +711,7 @@ mod tests {
         };
         let kernel = CpuKernel::new(program);
         let xt = Tensor::from_vec(x.clone(), &[rows, cols]).unwrap();
-        let out = kernel.run(&[&xt, &w], vec![]).unwrap();
+        let out = kernel.run_vec(&[&xt, &w], vec![]).unwrap();
         let want: Vec<f32> = x
             .iter()
             .enumerate()

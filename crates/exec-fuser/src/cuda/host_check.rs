@@ -281,7 +281,7 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             .collect();
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let want = crate::cpu::CpuKernel::new(p.clone())
-            .run(&refs, Vec::new())
+            .run_vec(&refs, vec![])
             .unwrap();
         let runs = run_on_host(&cxx, &p, &inputs, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
         let dense_runs = runs.iter().filter(|((_, _, dense), _)| *dense).count();

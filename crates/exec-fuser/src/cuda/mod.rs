@@ -164,8 +164,14 @@ impl CudaKernel {
     /// Runs the kernel on inputs on its device, writing output `k` into
     /// `given[k]` where the runtime gives one (in its device arena) and
     /// into a buffer from the device's pool where not. The kernel writes
-    /// every element of its outputs, so neither is cleared first.
-    pub fn run(&self, inputs: &[&Tensor], given: Vec<Option<OutputBuffer>>) -> Result<Vec<Tensor>, String> {
+    /// every element of its outputs, so neither is cleared first. The
+    /// outputs are pushed onto `outputs`.
+    pub fn run(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<(), String> {
         let p = &self.program;
         let device = Device::Cuda(self.device);
         p.check_inputs(inputs, device)?;
@@ -196,9 +202,8 @@ impl CudaKernel {
                 copies.push(source);
             }
         }
-        let mut outputs = Vec::with_capacity(p.outputs.len());
         let mut out_ptrs = Vec::with_capacity(p.outputs.len());
-        let mut given = given.into_iter();
+        let mut given = given.iter_mut().map(Option::take);
         for s in &p.outputs {
             let (t, ptr) = match given.next().flatten() {
                 Some(b)
@@ -248,7 +253,7 @@ impl CudaKernel {
                 .product()
         };
         if blocks == 0 {
-            return Ok(outputs);
+            return Ok(());
         }
         let cfg = LaunchConfig {
             grid_dim: (blocks.min(1 << 16) as u32, 1, 1),
@@ -268,7 +273,7 @@ impl CudaKernel {
         // dense buffers of the program's output shapes.
         unsafe { launch.launch(cfg) }.map_err(|e| format!("launching on {device}: {e}"))?;
         drop(copies);
-        Ok(outputs)
+        Ok(())
     }
 
     /// A dense copy, on the device, of `t` seen through `views`: a pointwise
@@ -289,7 +294,8 @@ impl CudaKernel {
                 }
             }
         };
-        let mut out = kernel.run(&[t], Vec::new())?;
+        let mut out = Vec::with_capacity(1);
+        kernel.run(&[t], &mut [], &mut out)?;
         out.pop().ok_or_else(|| "the copy made no tensor".into())
     }
 }
@@ -308,7 +314,7 @@ mod tests {
         assert_eq!(p.shape, vec![4, 6]);
         // The program is backend-neutral: the CPU backend runs it as the GPU would.
         let out = crate::cpu::CpuKernel::new(p.clone())
-            .run(&[&x], Vec::new())
+            .run_vec(&[&x], vec![])
             .unwrap();
         let want = x.view(vec![4, 6], vec![1, 4], 0).unwrap().contiguous().unwrap();
         assert_eq!(out[0].to_vec::<f32>(), want.to_vec::<f32>());
