@@ -278,11 +278,12 @@ fn compile_op(
 }
 
 impl CompiledOp {
-    /// Runs the op. Dense f32 and f64 elementwise ops write in place: into
-    /// `buf` where one of their dtype and shape is given, else into an
-    /// output buffer of their own (which a caller can hand back to a plan,
-    /// and which is advised for huge pages when large). Other ops make a
-    /// new tensor.
+    /// Runs the op. Dense f32 and f64 elementwise ops, reductions and
+    /// matmuls (of the dtypes `gemm` multiplies) write in place: into `buf`
+    /// where one of their dtype and shape is given, else into an output
+    /// buffer of their own (which a caller can hand back to a plan, and
+    /// which is advised for huge pages when large). Other ops make a new
+    /// tensor.
     fn run(&self, slots: &[Option<Cow<'_, Tensor>>], buf: Option<OutputBuffer>) -> Result<Tensor, Error> {
         let fail = |message: String| Error::Run {
             op: self.describe.clone(),
@@ -306,6 +307,8 @@ impl CompiledOp {
         let in_place = match &self.prim {
             Prim::Unary(u) => elementwise::unary_in_place(*u, args[0]),
             Prim::Binary(b) => elementwise::binary_in_place(*b, args[0], args[1], shape),
+            Prim::Reduce(r, _) => reduce::writes_into(*r, args[0].dtype()),
+            Prim::Matmul => matmul::writes_into(args[0].dtype()),
             _ => false,
         };
         if in_place {
@@ -319,6 +322,8 @@ impl CompiledOp {
             let written = match &self.prim {
                 Prim::Unary(u) => elementwise::unary_into(*u, args[0], &mut buf),
                 Prim::Binary(b) => elementwise::binary_into(*b, args[0], args[1], &mut buf),
+                Prim::Reduce(r, dims) => reduce::reduce_into(*r, args[0], dims, &mut buf).map_err(fail)?,
+                Prim::Matmul => matmul::matmul_into(args[0], args[1], &mut buf).map_err(fail)?,
                 _ => false,
             };
             if written {
@@ -368,8 +373,8 @@ impl Kernel for RegionKernel {
         switchyard_core::executor::run_allocating(self, inputs)
     }
 
-    /// Dense f32 and f64 elementwise ops write the region's outputs into
-    /// the buffers given; other ops allocate theirs.
+    /// Dense f32 and f64 elementwise ops, reductions and matmuls write the
+    /// region's outputs into the buffers given; other ops allocate theirs.
     fn run_into(
         &self,
         inputs: &[&Tensor],

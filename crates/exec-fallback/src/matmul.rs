@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 use switchyard_core::meta::{broadcast_strides, contiguous_strides};
-use switchyard_core::{DType, Storage, Stored, Tensor};
+use switchyard_core::{DType, OutputBuffer, Storage, Stored, Tensor};
 
 use crate::elementwise::IntLike;
 
@@ -68,11 +68,20 @@ impl GemmElem for f16 {}
 const GEMM_PAR_MIN: usize = 1 << 20;
 
 fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
+    let mut out = vec![T::zero(); l.a_offsets.len() * l.m * l.n];
+    gemm_batched_into(a, b, l, &mut out);
+    out
+}
+
+/// The batched product written into `out` (of `batches × m × n` elements,
+/// whatever they held).
+fn gemm_batched_into<T: GemmElem>(a: &[T], b: &[T], l: &Batches, out: &mut [T]) {
     let (m, n, k) = (l.m, l.n, l.k);
     let nb = l.a_offsets.len();
-    let mut out = vec![T::zero(); nb * m * n];
+    debug_assert_eq!(out.len(), nb * m * n);
     if m == 0 || n == 0 || k == 0 {
-        return out;
+        out.fill(T::zero());
+        return;
     }
     let threads = rayon::current_num_threads();
     let work = nb.saturating_mul(m * n * k);
@@ -128,7 +137,6 @@ fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
             one(dst, i, par);
         }
     }
-    out
 }
 
 fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
@@ -157,6 +165,50 @@ fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
     out
 }
 
+/// Whether [`matmul_into`] writes the product of operands of `dtype`.
+pub(crate) fn writes_into(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64 | DType::F16)
+}
+
+/// `a @ b` written into `out` (dense, of the result's dtype and shape) for
+/// the dtypes `gemm` multiplies natively ([`writes_into`]): `false`, and
+/// nothing written, for others.
+pub(crate) fn matmul_into(a: &Tensor, b: &Tensor, out: &mut OutputBuffer) -> Result<bool, String> {
+    fn go<T: GemmElem>(a: &Tensor, b: &Tensor, out: &mut OutputBuffer) -> Result<bool, String> {
+        let l = batches(a, b, out.shape());
+        let (ad, bd) = (
+            a.buffer::<T>().ok_or("bad dtype")?,
+            b.buffer::<T>().ok_or("bad dtype")?,
+        );
+        let Some(dst) = out.slice_mut::<T>() else {
+            return Ok(false);
+        };
+        gemm_batched_into(ad, bd, &l, dst);
+        Ok(true)
+    }
+    check(a, b, out.shape())?;
+    if a.dtype() != out.dtype() {
+        return Ok(false);
+    }
+    match a.dtype() {
+        DType::F32 => go::<f32>(a, b, out),
+        DType::F64 => go::<f64>(a, b, out),
+        DType::F16 => go::<f16>(a, b, out),
+        _ => Ok(false),
+    }
+}
+
+/// The operands' dtypes and ranks, checked.
+fn check(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<(), String> {
+    if a.dtype() != b.dtype() {
+        return Err(format!("operands have dtypes {} and {}", a.dtype(), b.dtype()));
+    }
+    if a.rank() < 2 || b.rank() < 2 || out_shape.len() < 2 {
+        return Err("matmul operands must have rank >= 2".into());
+    }
+    Ok(())
+}
+
 fn to_f32(t: &Tensor) -> Result<Tensor, String> {
     let s = crate::elementwise::cast(t, DType::F32)?;
     Tensor::from_storage(s, t.shape()).map_err(|e| e.to_string())
@@ -164,12 +216,7 @@ fn to_f32(t: &Tensor) -> Result<Tensor, String> {
 
 /// `a @ b` with broadcast batch dims; `out_shape` is the inferred result shape.
 pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Storage, String> {
-    if a.dtype() != b.dtype() {
-        return Err(format!("operands have dtypes {} and {}", a.dtype(), b.dtype()));
-    }
-    if a.rank() < 2 || b.rank() < 2 || out_shape.len() < 2 {
-        return Err("matmul operands must have rank >= 2".into());
-    }
+    check(a, b, out_shape)?;
     fn go<T: GemmElem>(a: &Tensor, b: &Tensor, l: &Batches) -> Result<Storage, String> {
         let (ad, bd) = (
             a.buffer::<T>().ok_or("bad dtype")?,
@@ -198,5 +245,49 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Stor
         DType::I32 => go_int::<i32>(a, b, &batches(a, b, out_shape)),
         DType::I64 => go_int::<i64>(a, b, &batches(a, b, out_shape)),
         DType::Bool => Err("matmul is not defined on bool".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Products written into a buffer full of NaN (as a recycled one holds
+    /// old values) give the bits of products into a new vector: plain,
+    /// batched with a broadcast operand, transposed, and with nothing to
+    /// sum over (zeros).
+    #[test]
+    fn products_into_a_buffer_write_every_element_as_into_a_vector() {
+        let t = |shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            Tensor::from_vec(
+                (0..n).map(|i| ((i * 13) % 29) as f32 * 0.5 - 7.0).collect(),
+                shape,
+            )
+            .unwrap()
+        };
+        let bt = t(&[24, 40]).view(vec![40, 24], vec![1, 40], 0).unwrap();
+        for (a, b, out) in [
+            (t(&[17, 33]), t(&[33, 9]), vec![17usize, 9]),
+            (t(&[3, 17, 33]), t(&[33, 9]), vec![3, 17, 9]),
+            (t(&[5, 40]), bt, vec![5, 24]),
+            (t(&[4, 0]), t(&[0, 6]), vec![4, 6]),
+        ] {
+            let Storage::F32(want) = matmul(&a, &b, &out).unwrap() else {
+                panic!()
+            };
+            let mut buf = OutputBuffer::new(DType::F32, &out);
+            buf.slice_mut::<f32>().unwrap().fill(f32::NAN);
+            assert!(matmul_into(&a, &b, &mut buf).unwrap());
+            let got = buf.into_tensor().to_vec::<f32>().unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{:?} @ {:?}", a.shape(), b.shape());
+        }
+        let i = Tensor::from_vec(vec![1i32, 2, 3, 4], &[2, 2]).unwrap();
+        let mut buf = OutputBuffer::new(DType::I32, &[2, 2]);
+        assert!(
+            !matmul_into(&i, &i, &mut buf).unwrap(),
+            "integers take the vector path"
+        );
     }
 }

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
-use switchyard_core::{DType, Storage, Stored, Tensor};
+use switchyard_core::{DType, OutputBuffer, Storage, Stored, Tensor};
 use switchyard_simd::Simd;
 
 use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min};
@@ -73,7 +73,14 @@ fn for_each_run(shape: &[usize], strides: &[isize], base: isize, mut f: impl FnM
     }
 }
 
-fn reduce_with<T, A, M, C, F>(x: &Tensor, dims: &[usize], fd: Fold<T, A, M, C, F>) -> Result<Vec<T>, String>
+/// Folds `x` over `dims` into `out` where given (which must hold one
+/// element per output, whatever its values), else into a new vector.
+fn reduce_with<T, A, M, C, F>(
+    x: &Tensor,
+    dims: &[usize],
+    fd: Fold<T, A, M, C, F>,
+    out: Option<&mut [T]>,
+) -> Result<Vec<T>, String>
 where
     T: Stored,
     A: Copy + Send + Sync,
@@ -95,11 +102,27 @@ where
     let n_red: usize = r_shape.iter().product();
     let offset = x.offset() as isize;
 
+    let mut own: Vec<T> = Vec::new();
+    let given = out.is_some();
+    let spare: &mut [MaybeUninit<T>] = match out {
+        Some(d) if d.len() != n_out => {
+            return Err(format!(
+                "the buffer given holds {} elements, the result {n_out}",
+                d.len()
+            ));
+        }
+        // SAFETY: `T` is a plain element (no drop, every bit pattern the
+        // strategies write is one of its values), and every element of the
+        // view is written below before the buffer is read again.
+        Some(d) => unsafe { std::slice::from_raw_parts_mut(d.as_mut_ptr().cast(), d.len()) },
+        None => {
+            own.reserve_exact(n_out);
+            &mut own.spare_capacity_mut()[..n_out]
+        }
+    };
     if n_out == 0 {
-        return Ok(Vec::new());
+        return Ok(own);
     }
-    let mut out: Vec<T> = Vec::with_capacity(n_out);
-    let spare = &mut out.spare_capacity_mut()[..n_out];
     let work = n_out.saturating_mul(n_red.max(1));
     let chunk_len = |n: usize| {
         if work < parallel_min() {
@@ -272,22 +295,32 @@ where
             }
         }
     }
-    // SAFETY: both strategies write every element of `spare[..n_out]`: the first
-    // walks each chunk element by element, the second writes each row in full.
-    unsafe { out.set_len(n_out) };
-    Ok(out)
+    if !given {
+        // SAFETY: both strategies write every element of `spare[..n_out]`:
+        // the first walks each chunk element by element, the second writes
+        // each row in full.
+        unsafe { own.set_len(n_out) };
+    }
+    Ok(own)
 }
 
-fn float_reduce<T: FloatLike>(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage, String> {
+/// A float reduction, into `out` where given (see [`reduce_with`]).
+fn float_reduce<T: FloatLike>(
+    op: ReduceOp,
+    x: &Tensor,
+    dims: &[usize],
+    out: Option<&mut [T]>,
+) -> Result<Vec<T>, String> {
     let count: usize = dims.iter().map(|&d| x.shape()[d]).product();
     let inv = <T::Compute>::one() / <T::Compute as Real>::from_f64(count as f64);
     let to = |v: T| v.to_compute();
-    let out = match op {
+    match op {
         ReduceOp::Sum => reduce_with(
             x,
             dims,
             fold(<T::Compute>::zero(), to, |a, b| a + b, T::from_compute),
-        )?,
+            out,
+        ),
         ReduceOp::Mean => reduce_with(
             x,
             dims,
@@ -297,59 +330,163 @@ fn float_reduce<T: FloatLike>(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Resul
                 |a, b| a + b,
                 move |a| T::from_compute(a * inv),
             ),
-        )?,
+            out,
+        ),
         ReduceOp::Prod => reduce_with(
             x,
             dims,
             fold(<T::Compute>::one(), to, |a, b| a * b, T::from_compute),
-        )?,
+            out,
+        ),
         ReduceOp::Amax => reduce_with(
             x,
             dims,
             fold(<T::Compute>::neg_infinity(), to, nan_max, T::from_compute),
-        )?,
+            out,
+        ),
         ReduceOp::Amin => reduce_with(
             x,
             dims,
             fold(<T::Compute>::infinity(), to, nan_min, T::from_compute),
-        )?,
-    };
-    Ok(T::into_storage(out))
+            out,
+        ),
+    }
 }
 
+/// An integer reduction, into `out` where given (see [`reduce_with`]).
 fn int_reduce<T: IntLike + num_traits::Bounded + num_traits::One>(
     op: ReduceOp,
     x: &Tensor,
     dims: &[usize],
-) -> Result<Storage, String> {
+    out: Option<&mut [T]>,
+) -> Result<Vec<T>, String> {
     let id = |v: T| v;
-    let out = match op {
-        ReduceOp::Sum => reduce_with(x, dims, fold(T::zero(), id, |a: T, b: T| a.wrapping_add(&b), id))?,
-        ReduceOp::Prod => reduce_with(x, dims, fold(T::one(), id, |a: T, b: T| a.wrapping_mul(&b), id))?,
-        ReduceOp::Amax => reduce_with(x, dims, fold(T::min_value(), id, |a: T, b: T| a.max(b), id))?,
-        ReduceOp::Amin => reduce_with(x, dims, fold(T::max_value(), id, |a: T, b: T| a.min(b), id))?,
-        ReduceOp::Mean => return Err("mean is defined for floating-point dtypes only".into()),
-    };
-    Ok(T::into_storage(out))
+    match op {
+        ReduceOp::Sum => reduce_with(
+            x,
+            dims,
+            fold(T::zero(), id, |a: T, b: T| a.wrapping_add(&b), id),
+            out,
+        ),
+        ReduceOp::Prod => reduce_with(
+            x,
+            dims,
+            fold(T::one(), id, |a: T, b: T| a.wrapping_mul(&b), id),
+            out,
+        ),
+        ReduceOp::Amax => reduce_with(x, dims, fold(T::min_value(), id, |a: T, b: T| a.max(b), id), out),
+        ReduceOp::Amin => reduce_with(x, dims, fold(T::max_value(), id, |a: T, b: T| a.min(b), id), out),
+        ReduceOp::Mean => Err("mean is defined for floating-point dtypes only".into()),
+    }
 }
 
 /// Reduces `x` over `dims` (sorted, unique). The result holds the kept dims in
 /// order; `keepdim` only changes the declared shape, not the elements.
 pub(crate) fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage, String> {
     match x.dtype() {
-        DType::F32 => float_reduce::<f32>(op, x, dims),
-        DType::F64 => float_reduce::<f64>(op, x, dims),
-        DType::F16 => float_reduce::<f16>(op, x, dims),
-        DType::BF16 => float_reduce::<bf16>(op, x, dims),
-        DType::I32 => int_reduce::<i32>(op, x, dims),
-        DType::I64 => int_reduce::<i64>(op, x, dims),
+        DType::F32 => float_reduce::<f32>(op, x, dims, None).map(Storage::F32),
+        DType::F64 => float_reduce::<f64>(op, x, dims, None).map(Storage::F64),
+        DType::F16 => float_reduce::<f16>(op, x, dims, None).map(Storage::F16),
+        DType::BF16 => float_reduce::<bf16>(op, x, dims, None).map(Storage::BF16),
+        DType::I32 => int_reduce::<i32>(op, x, dims, None).map(Storage::I32),
+        DType::I64 => int_reduce::<i64>(op, x, dims, None).map(Storage::I64),
         DType::Bool => Err(format!("{} is not defined on bool", op.name())),
+    }
+}
+
+/// Whether [`reduce_into`] writes `op` over `dtype`: every reduction
+/// [`reduce`] computes.
+pub(crate) fn writes_into(op: ReduceOp, dtype: DType) -> bool {
+    match dtype {
+        DType::Bool => false,
+        DType::I32 | DType::I64 => op != ReduceOp::Mean,
+        _ => true,
+    }
+}
+
+/// Reduces `x` over `dims` into `out` (dense, of the result's dtype and
+/// element count) where [`writes_into`] says so: `false`, and nothing
+/// written, otherwise.
+pub(crate) fn reduce_into(
+    op: ReduceOp,
+    x: &Tensor,
+    dims: &[usize],
+    out: &mut OutputBuffer,
+) -> Result<bool, String> {
+    fn into<T: Stored>(
+        out: &mut OutputBuffer,
+        f: impl FnOnce(&mut [T]) -> Result<Vec<T>, String>,
+    ) -> Result<bool, String> {
+        match out.slice_mut::<T>() {
+            Some(d) => f(d).map(|_| true),
+            None => Ok(false),
+        }
+    }
+    if !writes_into(op, x.dtype()) || out.dtype() != x.dtype() {
+        return Ok(false);
+    }
+    match x.dtype() {
+        DType::F32 => into(out, |d| float_reduce::<f32>(op, x, dims, Some(d))),
+        DType::F64 => into(out, |d| float_reduce::<f64>(op, x, dims, Some(d))),
+        DType::F16 => into(out, |d| float_reduce::<f16>(op, x, dims, Some(d))),
+        DType::BF16 => into(out, |d| float_reduce::<bf16>(op, x, dims, Some(d))),
+        DType::I32 => into(out, |d| int_reduce::<i32>(op, x, dims, Some(d))),
+        DType::I64 => into(out, |d| int_reduce::<i64>(op, x, dims, Some(d))),
+        DType::Bool => Ok(false),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reductions written into a buffer (here full of NaN, as a recycled
+    /// one holds old values) give the bits of reductions into a new vector,
+    /// on every strategy: inner, outer by rows, outer by partials, and an
+    /// empty reduction.
+    #[test]
+    fn reductions_into_a_buffer_write_every_element_as_into_a_vector() {
+        for (shape, dims) in [
+            (vec![37usize, 129], vec![1usize]),
+            (vec![37, 129], vec![0]),
+            (vec![2048, 1024], vec![0]),
+            (vec![3, 0, 5], vec![1]),
+            (vec![4, 6, 8], vec![0, 2]),
+        ] {
+            let n: usize = shape.iter().product();
+            let x = Tensor::from_vec(
+                (0..n).map(|i| ((i * 37) % 101) as f32 * 0.25 - 12.0).collect(),
+                &shape,
+            )
+            .unwrap();
+            let kept: Vec<usize> = (0..shape.len())
+                .filter(|d| !dims.contains(d))
+                .map(|d| shape[d])
+                .collect();
+            for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax, ReduceOp::Prod] {
+                let Storage::F32(want) = reduce(op, &x, &dims).unwrap() else {
+                    panic!()
+                };
+                let mut buf = OutputBuffer::new(DType::F32, &kept);
+                buf.slice_mut::<f32>().unwrap().fill(f32::NAN);
+                assert!(reduce_into(op, &x, &dims, &mut buf).unwrap());
+                let got = buf.into_tensor().to_vec::<f32>().unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{op:?} over {dims:?} of {shape:?}");
+            }
+        }
+        let x = Tensor::from_vec(vec![1i64, 2, 3, 4], &[2, 2]).unwrap();
+        let mut buf = OutputBuffer::new(DType::I64, &[2]);
+        assert!(
+            !reduce_into(ReduceOp::Mean, &x, &[1], &mut buf).unwrap(),
+            "mean of integers is not written"
+        );
+        assert!(reduce_into(ReduceOp::Sum, &x, &[1], &mut buf).unwrap());
+        assert_eq!(buf.into_tensor().to_vec::<i64>().unwrap(), vec![3, 7]);
+        let mut wrong = OutputBuffer::new(DType::I64, &[3]);
+        let e = reduce_into(ReduceOp::Sum, &x, &[1], &mut wrong).unwrap_err();
+        assert!(e.contains("holds 3 elements, the result 2"), "{e}");
+    }
 
     /// Sums over the leading dims of tensors with few kept rows: the
     /// reduced points are split into parts with partials of their own.

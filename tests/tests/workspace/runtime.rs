@@ -342,6 +342,50 @@ fn the_fallback_writes_dense_elementwise_results_into_the_buffers_given() {
 }
 
 #[test]
+fn the_fallback_writes_reductions_and_products_into_the_buffers_given() {
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    // `p` lives in the arena, `s` and `m` are outputs handed back; each run
+    // has new inputs, so that a buffer not written would show old values.
+    let t = parse(
+        "input a: f32[32, 48]\ninput b: f32[48, 16]\np = matmul(a, b)\ns = sum(p, dims=[0])\nm = amax(a, dims=[1])\noutput s, m\n",
+    )
+    .unwrap();
+    let compiled = CompiledPlan::compile(plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap()).unwrap();
+    assert!(compiled.arena_bytes() > 0, "p is placed in the arena");
+    let mut last: Option<switchyard_core::runtime::RunResult> = None;
+    for seed in 0..4 {
+        let inputs = random_inputs(&t, seed);
+        let (a, b) = (
+            inputs[0].to_vec::<f32>().unwrap(),
+            inputs[1].to_vec::<f32>().unwrap(),
+        );
+        let mut s = [0f64; 16];
+        for i in 0..32 {
+            for (j, s) in s.iter_mut().enumerate() {
+                *s += (0..48)
+                    .map(|k| a[i * 48 + k] as f64 * b[k * 16 + j] as f64)
+                    .sum::<f64>();
+            }
+        }
+        let m: Vec<f32> = a
+            .chunks(48)
+            .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+            .collect();
+        if let Some(r) = last.take() {
+            compiled.recycle(r.outputs);
+        }
+        let r = compiled.run(&inputs, RunOptions::default()).unwrap();
+        assert_eq!(r.outputs_reused.as_slice(), [seed > 0, seed > 0], "run {seed}");
+        let got = r.outputs[0].to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(s) {
+            assert!((*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+        assert_eq!(r.outputs[1].to_vec::<f32>().unwrap(), m);
+        last = Some(r);
+    }
+}
+
+#[test]
 fn concurrent_runs_of_one_plan_each_get_an_arena() {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
     use switchyard_exec_fuser::FuserExecutor;
