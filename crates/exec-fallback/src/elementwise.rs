@@ -3,6 +3,8 @@
 //! Float math runs in f32 for f16/bf16 (and f32), in f64 for f64. Integer
 //! arithmetic wraps on overflow, as in PyTorch and numpy.
 
+use std::cell::Cell;
+
 use half::{bf16, f16};
 use num_traits::{Float, One, WrappingAdd, WrappingMul, WrappingNeg, WrappingSub, Zero};
 use switchyard_core::ir::{BinaryOp, UnaryOp};
@@ -132,30 +134,37 @@ pub(crate) fn operand<'a, T: Stored>(
 }
 
 macro_rules! op1 {
-    ($shape:expr, $x:expr, $f:expr) => {{
+    ($shape:expr, $x:expr, $f:expr, $dst:expr) => {{
         let (d, s, o) = $x;
-        map1($shape, (d, &s, o), $f)
+        map1($shape, (d, &s, o), $f, $dst)
     }};
 }
 
 macro_rules! op2 {
-    ($shape:expr, $a:expr, $b:expr, $f:expr) => {{
+    ($shape:expr, $a:expr, $b:expr, $f:expr, $dst:expr) => {{
         let (ad, sa, oa) = $a;
         let (bd, sb, ob) = $b;
-        map2($shape, (ad, &sa, oa), (bd, &sb, ob), $f)
+        map2($shape, (ad, &sa, oa), (bd, &sb, ob), $f, $dst)
     }};
 }
 
-fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+/// The buffer an elementwise op may write into (see [`crate::walk::fill`]),
+/// taken by whichever of an op's cases runs.
+type Dst = Cell<Option<OutputBuffer>>;
+
+fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize], dst: Dst) -> Result<Tensor, String> {
     let xs = operand::<T>(x, shape)?;
     let one = <T::Compute>::one();
     let zero = <T::Compute>::zero();
     let f = |g: fn(T::Compute) -> T::Compute| {
-        T::into_storage(op1!(shape, xs.clone(), move |v: T| T::from_compute(g(
-            v.to_compute()
-        ))))
+        op1!(
+            shape,
+            xs.clone(),
+            move |v: T| T::from_compute(g(v.to_compute())),
+            dst.take()
+        )
     };
-    Ok(match op {
+    match op {
         UnaryOp::Neg => f(|v| -v),
         UnaryOp::Abs => f(|v| v.abs()),
         UnaryOp::Exp => f(|v| v.exp_()),
@@ -181,30 +190,29 @@ fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result
         UnaryOp::Round => f(|v| v.round_even()),
         UnaryOp::LogicalNot => {
             let _ = one;
-            Storage::Bool(op1!(shape, xs, move |v: T| v.to_compute() == zero))
+            op1!(shape, xs, move |v: T| v.to_compute() == zero, dst.take())
         }
-    })
+    }
 }
 
-fn int_unary<T: IntLike>(op: UnaryOp, x: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+fn int_unary<T: IntLike>(op: UnaryOp, x: &Tensor, shape: &[usize], dst: Dst) -> Result<Tensor, String> {
     let xs = operand::<T>(x, shape)?;
     let zero = T::zero();
-    Ok(match op {
-        UnaryOp::Neg => T::into_storage(op1!(shape, xs, |v: T| v.wrapping_neg())),
-        UnaryOp::Abs => T::into_storage(op1!(shape, xs, move |v: T| if v < zero {
-            v.wrapping_neg()
-        } else {
-            v
-        })),
-        UnaryOp::Relu => T::into_storage(op1!(shape, xs, move |v: T| v.max(zero))),
-        UnaryOp::LogicalNot => Storage::Bool(op1!(shape, xs, move |v: T| v == zero)),
-        other => {
-            return Err(format!(
-                "{} is defined for floating-point dtypes only",
-                other.name()
-            ));
-        }
-    })
+    match op {
+        UnaryOp::Neg => op1!(shape, xs, |v: T| v.wrapping_neg(), dst.take()),
+        UnaryOp::Abs => op1!(
+            shape,
+            xs,
+            move |v: T| if v < zero { v.wrapping_neg() } else { v },
+            dst.take()
+        ),
+        UnaryOp::Relu => op1!(shape, xs, move |v: T| v.max(zero), dst.take()),
+        UnaryOp::LogicalNot => op1!(shape, xs, move |v: T| v == zero, dst.take()),
+        other => Err(format!(
+            "{} is defined for floating-point dtypes only",
+            other.name()
+        )),
+    }
 }
 
 /// Whether `op(x)` takes the dense path, which writes in place.
@@ -235,28 +243,28 @@ pub(crate) fn unary_into(op: UnaryOp, x: &Tensor, out: &mut OutputBuffer) -> boo
     }
 }
 
-/// Runs a unary op; the output has the input's shape.
-pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<Storage, String> {
+/// Runs a unary op; the output has the input's shape. The general walk
+/// writes into `dst` where it fits (see [`crate::walk::fill`]); the dense
+/// path writes in place through [`unary_into`] instead.
+pub(crate) fn unary(op: UnaryOp, x: &Tensor, dst: Option<OutputBuffer>) -> Result<Tensor, String> {
     let shape = x.shape().to_vec();
+    let dense = |s: Storage| Tensor::from_storage(s, &shape).map_err(|e| e.to_string());
+    let dst = Cell::new(dst);
     match x.dtype() {
         DType::F32 => match x.contiguous_data::<f32>().and_then(|d| vector::unary(op, d)) {
-            Some(v) => Ok(Storage::F32(v)),
-            None => float_unary::<f32>(op, x, &shape),
+            Some(v) => dense(Storage::F32(v)),
+            None => float_unary::<f32>(op, x, &shape, dst),
         },
         DType::F64 => match x.contiguous_data::<f64>().and_then(|d| vector::unary_f64(op, d)) {
-            Some(v) => Ok(Storage::F64(v)),
-            None => float_unary::<f64>(op, x, &shape),
+            Some(v) => dense(Storage::F64(v)),
+            None => float_unary::<f64>(op, x, &shape, dst),
         },
-        DType::F16 => float_unary::<f16>(op, x, &shape),
-        DType::BF16 => float_unary::<bf16>(op, x, &shape),
-        DType::I32 => int_unary::<i32>(op, x, &shape),
-        DType::I64 => int_unary::<i64>(op, x, &shape),
+        DType::F16 => float_unary::<f16>(op, x, &shape, dst),
+        DType::BF16 => float_unary::<bf16>(op, x, &shape, dst),
+        DType::I32 => int_unary::<i32>(op, x, &shape, dst),
+        DType::I64 => int_unary::<i64>(op, x, &shape, dst),
         DType::Bool => match op {
-            UnaryOp::LogicalNot => Ok(Storage::Bool(op1!(
-                &shape,
-                operand::<bool>(x, &shape)?,
-                |v: bool| !v
-            ))),
+            UnaryOp::LogicalNot => op1!(&shape, operand::<bool>(x, &shape)?, |v: bool| !v, dst.take()),
             other => Err(format!("{} is not defined on bool", other.name())),
         },
     }
@@ -296,21 +304,29 @@ fn float_binary<T: FloatLike>(
     a: &Tensor,
     b: &Tensor,
     shape: &[usize],
-) -> Result<Storage, String> {
+    dst: Dst,
+) -> Result<Tensor, String> {
     let av = operand::<T>(a, shape)?;
     let bv = operand::<T>(b, shape)?;
     let arith = |g: fn(T::Compute, T::Compute) -> T::Compute| {
-        T::into_storage(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| {
-            T::from_compute(g(x.to_compute(), y.to_compute()))
-        }))
+        op2!(
+            shape,
+            av.clone(),
+            bv.clone(),
+            move |x: T, y: T| T::from_compute(g(x.to_compute(), y.to_compute())),
+            dst.take()
+        )
     };
     let pred = |g: fn(T::Compute, T::Compute) -> bool| {
-        Storage::Bool(op2!(shape, av.clone(), bv.clone(), move |x: T, y: T| g(
-            x.to_compute(),
-            y.to_compute()
-        )))
+        op2!(
+            shape,
+            av.clone(),
+            bv.clone(),
+            move |x: T, y: T| g(x.to_compute(), y.to_compute()),
+            dst.take()
+        )
     };
-    Ok(match op {
+    match op {
         BinaryOp::Add => arith(|x, y| x + y),
         BinaryOp::Sub => arith(|x, y| x - y),
         BinaryOp::Mul => arith(|x, y| x * y),
@@ -328,18 +344,24 @@ fn float_binary<T: FloatLike>(
         BinaryOp::LogicalOr => pred(|x, y| x != <T::Compute>::zero() || y != <T::Compute>::zero()),
         BinaryOp::Fmod => arith(|x, y| x % y),
         BinaryOp::Remainder => arith(|x, y| floored(x % y, y, |a, b| a + b)),
-    })
+    }
 }
 
-fn int_binary<T: IntLike>(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+fn int_binary<T: IntLike>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    dst: Dst,
+) -> Result<Tensor, String> {
     let av = operand::<T>(a, shape)?;
     let bv = operand::<T>(b, shape)?;
     if op.divides() && b.offsets().any(|i| bv.0[i] == T::zero()) {
         return Err(format!("integer {} by zero", op.name()));
     }
-    let arith = |g: fn(T, T) -> T| T::into_storage(op2!(shape, av.clone(), bv.clone(), g));
-    let pred = |g: fn(T, T) -> bool| Storage::Bool(op2!(shape, av.clone(), bv.clone(), g));
-    Ok(match op {
+    let arith = |g: fn(T, T) -> T| op2!(shape, av.clone(), bv.clone(), g, dst.take());
+    let pred = |g: fn(T, T) -> bool| op2!(shape, av.clone(), bv.clone(), g, dst.take());
+    match op {
         BinaryOp::Add => arith(|x, y| x.wrapping_add(&y)),
         BinaryOp::Sub => arith(|x, y| x.wrapping_sub(&y)),
         BinaryOp::Mul => arith(|x, y| x.wrapping_mul(&y)),
@@ -357,46 +379,53 @@ fn int_binary<T: IntLike>(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize])
         BinaryOp::Div => arith(|x, y| x.div_trunc(y)),
         BinaryOp::Fmod => arith(|x, y| x.rem_trunc(y)),
         BinaryOp::Remainder => arith(|x, y| floored(x.rem_trunc(y), y, |a, b| a.wrapping_add(&b))),
-        BinaryOp::Pow => {
-            return Err(format!("{} is defined for floating-point dtypes only", op.name()));
-        }
-    })
+        BinaryOp::Pow => Err(format!("{} is defined for floating-point dtypes only", op.name())),
+    }
 }
 
-fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize], dst: Dst) -> Result<Tensor, String> {
     let av = operand::<bool>(a, shape)?;
     let bv = operand::<bool>(b, shape)?;
-    let pred = |g: fn(bool, bool) -> bool| Storage::Bool(op2!(shape, av.clone(), bv.clone(), g));
-    Ok(match op {
+    let pred = |g: fn(bool, bool) -> bool| op2!(shape, av.clone(), bv.clone(), g, dst.take());
+    match op {
         BinaryOp::Eq => pred(|x, y| x == y),
         BinaryOp::Ne => pred(|x, y| x != y),
         BinaryOp::LogicalAnd => pred(|x, y| x && y),
         BinaryOp::LogicalOr => pred(|x, y| x || y),
-        other => return Err(format!("{} is not defined on bool", other.name())),
-    })
+        other => Err(format!("{} is not defined on bool", other.name())),
+    }
 }
 
-/// Runs a binary op with its operands broadcast to `shape`.
-pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+/// Runs a binary op with its operands broadcast to `shape`. The general
+/// walk writes into `dst` where it fits (see [`crate::walk::fill`]); the
+/// dense path writes in place through [`binary_into`] instead.
+pub(crate) fn binary(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     if a.dtype() != b.dtype() {
         return Err(format!("operands have dtypes {} and {}", a.dtype(), b.dtype()));
     }
     let dense = |t: &Tensor| t.shape() == shape && t.contiguous_data::<f32>().is_some();
+    let dst = Cell::new(dst);
     match a.dtype() {
         DType::F32 if dense(a) && dense(b) => {
             let (x, y) = (a.contiguous_data::<f32>(), b.contiguous_data::<f32>());
             match x.zip(y).and_then(|(x, y)| vector::binary(op, x, y)) {
-                Some(v) => Ok(Storage::F32(v)),
-                None => float_binary::<f32>(op, a, b, shape),
+                Some(v) => Tensor::from_storage(Storage::F32(v), shape).map_err(|e| e.to_string()),
+                None => float_binary::<f32>(op, a, b, shape, dst),
             }
         }
-        DType::F32 => float_binary::<f32>(op, a, b, shape),
-        DType::F64 => float_binary::<f64>(op, a, b, shape),
-        DType::F16 => float_binary::<f16>(op, a, b, shape),
-        DType::BF16 => float_binary::<bf16>(op, a, b, shape),
-        DType::I32 => int_binary::<i32>(op, a, b, shape),
-        DType::I64 => int_binary::<i64>(op, a, b, shape),
-        DType::Bool => bool_binary(op, a, b, shape),
+        DType::F32 => float_binary::<f32>(op, a, b, shape, dst),
+        DType::F64 => float_binary::<f64>(op, a, b, shape, dst),
+        DType::F16 => float_binary::<f16>(op, a, b, shape, dst),
+        DType::BF16 => float_binary::<bf16>(op, a, b, shape, dst),
+        DType::I32 => int_binary::<i32>(op, a, b, shape, dst),
+        DType::I64 => int_binary::<i64>(op, a, b, shape, dst),
+        DType::Bool => bool_binary(op, a, b, shape, dst),
     }
 }
 
@@ -424,29 +453,43 @@ pub(crate) fn binary_into(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Output
     }
 }
 
-fn where_t<T: Stored>(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+fn where_t<T: Stored>(
+    c: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let (cd, sc, oc) = operand::<bool>(c, shape)?;
     let (ad, sa, oa) = operand::<T>(a, shape)?;
     let (bd, sb, ob) = operand::<T>(b, shape)?;
-    Ok(T::into_storage(map3(
+    map3(
         shape,
         (cd, &sc, oc),
         (ad, &sa, oa),
         (bd, &sb, ob),
         |c, x, y| if c { x } else { y },
-    )))
+        dst,
+    )
 }
 
-/// `where(cond, a, b)` with all three broadcast to `shape`.
-pub(crate) fn select(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Storage, String> {
+/// `where(cond, a, b)` with all three broadcast to `shape`, into `dst`
+/// where it fits (see [`crate::walk::fill`]).
+pub(crate) fn select(
+    c: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[usize],
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     match a.dtype() {
-        DType::F32 => where_t::<f32>(c, a, b, shape),
-        DType::F64 => where_t::<f64>(c, a, b, shape),
-        DType::F16 => where_t::<f16>(c, a, b, shape),
-        DType::BF16 => where_t::<bf16>(c, a, b, shape),
-        DType::I32 => where_t::<i32>(c, a, b, shape),
-        DType::I64 => where_t::<i64>(c, a, b, shape),
-        DType::Bool => where_t::<bool>(c, a, b, shape),
+        DType::F32 => where_t::<f32>(c, a, b, shape, dst),
+        DType::F64 => where_t::<f64>(c, a, b, shape, dst),
+        DType::F16 => where_t::<f16>(c, a, b, shape, dst),
+        DType::BF16 => where_t::<bf16>(c, a, b, shape, dst),
+        DType::I32 => where_t::<i32>(c, a, b, shape, dst),
+        DType::I64 => where_t::<i64>(c, a, b, shape, dst),
+        DType::Bool => where_t::<bool>(c, a, b, shape, dst),
     }
 }
 
@@ -460,31 +503,32 @@ fn convert<S: Element, D: Element>(s: S) -> D {
     }
 }
 
-fn cast_from<S: Stored>(x: &Tensor, to: DType) -> Result<Storage, String> {
+fn cast_from<S: Stored>(x: &Tensor, to: DType, dst: Option<OutputBuffer>) -> Result<Tensor, String> {
     let shape = x.shape().to_vec();
     let xs = operand::<S>(x, &shape)?;
-    Ok(match to {
-        DType::F32 => Storage::F32(op1!(&shape, xs, convert::<S, f32>)),
-        DType::F64 => Storage::F64(op1!(&shape, xs, convert::<S, f64>)),
-        DType::F16 => Storage::F16(op1!(&shape, xs, convert::<S, f16>)),
-        DType::BF16 => Storage::BF16(op1!(&shape, xs, convert::<S, bf16>)),
-        DType::I32 => Storage::I32(op1!(&shape, xs, convert::<S, i32>)),
-        DType::I64 => Storage::I64(op1!(&shape, xs, convert::<S, i64>)),
-        DType::Bool => Storage::Bool(op1!(&shape, xs, convert::<S, bool>)),
-    })
+    match to {
+        DType::F32 => op1!(&shape, xs, convert::<S, f32>, dst),
+        DType::F64 => op1!(&shape, xs, convert::<S, f64>, dst),
+        DType::F16 => op1!(&shape, xs, convert::<S, f16>, dst),
+        DType::BF16 => op1!(&shape, xs, convert::<S, bf16>, dst),
+        DType::I32 => op1!(&shape, xs, convert::<S, i32>, dst),
+        DType::I64 => op1!(&shape, xs, convert::<S, i64>, dst),
+        DType::Bool => op1!(&shape, xs, convert::<S, bool>, dst),
+    }
 }
 
-/// `cast(x, dtype=to)`. Float to int truncates toward zero and saturates; NaN
-/// becomes 0; any nonzero becomes `true`.
-pub(crate) fn cast(x: &Tensor, to: DType) -> Result<Storage, String> {
+/// `cast(x, dtype=to)`, into `dst` where it fits (see
+/// [`crate::walk::fill`]). Float to int truncates toward zero and
+/// saturates; NaN becomes 0; any nonzero becomes `true`.
+pub(crate) fn cast(x: &Tensor, to: DType, dst: Option<OutputBuffer>) -> Result<Tensor, String> {
     match x.dtype() {
-        DType::F32 => cast_from::<f32>(x, to),
-        DType::F64 => cast_from::<f64>(x, to),
-        DType::F16 => cast_from::<f16>(x, to),
-        DType::BF16 => cast_from::<bf16>(x, to),
-        DType::I32 => cast_from::<i32>(x, to),
-        DType::I64 => cast_from::<i64>(x, to),
-        DType::Bool => cast_from::<bool>(x, to),
+        DType::F32 => cast_from::<f32>(x, to, dst),
+        DType::F64 => cast_from::<f64>(x, to, dst),
+        DType::F16 => cast_from::<f16>(x, to, dst),
+        DType::BF16 => cast_from::<bf16>(x, to, dst),
+        DType::I32 => cast_from::<i32>(x, to, dst),
+        DType::I64 => cast_from::<i64>(x, to, dst),
+        DType::Bool => cast_from::<bool>(x, to, dst),
     }
 }
 
@@ -493,6 +537,5 @@ pub(crate) fn contiguous(x: &Tensor) -> Result<Tensor, String> {
     if x.is_contiguous() {
         return Ok(x.clone());
     }
-    let storage = cast(x, x.dtype())?;
-    Tensor::from_storage(storage, x.shape()).map_err(|e| e.to_string())
+    cast(x, x.dtype(), None)
 }

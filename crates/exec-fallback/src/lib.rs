@@ -311,14 +311,22 @@ impl CompiledOp {
             Prim::Matmul => matmul::writes_into(args[0].dtype()),
             _ => false,
         };
-        if in_place {
-            let fits = |b: &OutputBuffer| {
-                b.dtype() == self.out.dtype && b.shape() == shape.as_slice() && b.device() == Device::Cpu
-            };
-            let mut buf = match buf {
-                Some(b) if fits(&b) => b,
-                _ => OutputBuffer::new(self.out.dtype, shape),
-            };
+        // The general elementwise walk writes into a buffer too.
+        let writes = in_place
+            || matches!(
+                self.prim,
+                Prim::Unary(_) | Prim::Binary(_) | Prim::Where | Prim::Cast(_)
+            );
+        // The buffer given, if it fits the output; else, for ops that write
+        // into one, one of their own (aligned, advised for huge pages when
+        // large, and one the plan can take back).
+        let fits = |b: &OutputBuffer| {
+            b.dtype() == self.out.dtype && b.shape() == shape.as_slice() && b.device() == Device::Cpu
+        };
+        let mut dst = buf
+            .filter(fits)
+            .or_else(|| writes.then(|| OutputBuffer::new(self.out.dtype, shape)));
+        if in_place && let Some(mut buf) = dst.take() {
             let written = match &self.prim {
                 Prim::Unary(u) => elementwise::unary_into(*u, args[0], &mut buf),
                 Prim::Binary(b) => elementwise::binary_into(*b, args[0], args[1], &mut buf),
@@ -329,12 +337,13 @@ impl CompiledOp {
             if written {
                 return Ok(buf.into_tensor());
             }
+            dst = Some(buf);
         }
         match &self.prim {
-            Prim::Unary(u) => dense(elementwise::unary(*u, args[0])),
-            Prim::Binary(b) => dense(elementwise::binary(*b, args[0], args[1], shape)),
-            Prim::Where => dense(elementwise::select(args[0], args[1], args[2], shape)),
-            Prim::Cast(d) => dense(elementwise::cast(args[0], *d)),
+            Prim::Unary(u) => elementwise::unary(*u, args[0], dst).map_err(fail),
+            Prim::Binary(b) => elementwise::binary(*b, args[0], args[1], shape, dst).map_err(fail),
+            Prim::Where => elementwise::select(args[0], args[1], args[2], shape, dst).map_err(fail),
+            Prim::Cast(d) => elementwise::cast(args[0], *d, dst).map_err(fail),
             Prim::Broadcast => movement::broadcast(args[0], shape).map_err(fail),
             Prim::Reshape => movement::reshape(args[0], shape).map_err(fail),
             Prim::Transpose(p) => movement::transpose(args[0], p).map_err(fail),

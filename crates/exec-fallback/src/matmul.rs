@@ -210,8 +210,7 @@ fn check(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<(), String> {
 }
 
 fn to_f32(t: &Tensor) -> Result<Tensor, String> {
-    let s = crate::elementwise::cast(t, DType::F32)?;
-    Tensor::from_storage(s, t.shape()).map_err(|e| e.to_string())
+    crate::elementwise::cast(t, DType::F32, None)
 }
 
 /// `a @ b` with broadcast batch dims; `out_shape` is the inferred result shape.

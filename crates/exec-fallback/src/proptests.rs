@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use switchyard_core::ir::{BinaryOp, ReduceOp};
 use switchyard_core::meta::contiguous_strides;
-use switchyard_core::{Storage, Tensor};
+use switchyard_core::{DType, OutputBuffer, Storage, Tensor};
 
 use crate::{elementwise, reduce};
 
@@ -71,7 +71,15 @@ proptest! {
         }
         let a = permuted(&shape, &perm_a);
         let b = permuted(&b_shape, &perm_b);
-        let Storage::F64(out) = elementwise::binary(BinaryOp::Sub, &a, &b, &shape).unwrap() else { panic!() };
+        let out = elementwise::binary(BinaryOp::Sub, &a, &b, &shape, None).unwrap().to_vec::<f64>().unwrap();
+        // The same walk into a buffer given, full of NaN as a recycled one
+        // holds old values: written in place, every element.
+        let mut buf = OutputBuffer::new(DType::F64, &shape);
+        buf.slice_mut::<f64>().unwrap().fill(f64::NAN);
+        let at = buf.slice_mut::<f64>().unwrap().as_ptr();
+        let into = elementwise::binary(BinaryOp::Sub, &a, &b, &shape, Some(buf)).unwrap();
+        prop_assert_eq!(into.contiguous_data::<f64>().unwrap().as_ptr(), at);
+        prop_assert_eq!(into.to_vec::<f64>().unwrap(), out.clone());
         let n: usize = shape.iter().product();
         for (i, &got) in out.iter().enumerate().take(n) {
             let idx = unravel(i, &shape);

@@ -9,6 +9,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 pub(crate) use switchyard_core::threads::parallel_min;
+use switchyard_core::{OutputBuffer, Stored, Tensor};
 
 /// Merges adjacent dims that are contiguous for every operand and drops size-1 dims.
 pub(crate) fn collapse<const N: usize>(
@@ -40,21 +41,54 @@ pub(crate) fn collapse<const N: usize>(
     (out_shape, out_strides)
 }
 
-/// Fills a new vec of `numel(shape)` elements. `row(out, base, inner)` writes one
-/// run of the innermost dim: `out[j]` corresponds to operand `k` at buffer offset
-/// `base[k] + j * inner[k]`.
-pub(crate) fn fill<const N: usize, O: Send>(
+/// A tensor of `shape` filled by `row`: in `dst` where it is given and of
+/// the output's dtype and element count (the runtime's buffer, or one of
+/// the kernel's own), else in a new vector. `row(out, base, inner)` writes
+/// one run of the innermost dim: `out[j]` corresponds to operand `k` at
+/// buffer offset `base[k] + j * inner[k]`.
+pub(crate) fn fill<const N: usize, O: Stored + Send>(
     shape: &[usize],
     strides: [&[isize]; N],
     offsets: [isize; N],
     row: impl Fn(&mut [MaybeUninit<O>], [isize; N], [isize; N]) + Sync,
-) -> Vec<O> {
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let total: usize = shape.iter().product();
-    let (shape, strides) = collapse(shape, strides);
+    if let Some(mut buf) = dst
+        && let Some(out) = buf.slice_mut::<O>().filter(|o| o.len() == total)
+    {
+        // SAFETY: `O` is a plain element (no drop), and `fill_into` writes
+        // every element of the view before the buffer is read again.
+        let spare = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), total) };
+        fill_into(shape, strides, offsets, row, spare);
+        return Ok(buf.into_tensor());
+    }
     let mut out: Vec<O> = Vec::with_capacity(total);
-    let spare = &mut out.spare_capacity_mut()[..total];
+    fill_into(
+        shape,
+        strides,
+        offsets,
+        row,
+        &mut out.spare_capacity_mut()[..total],
+    );
+    // SAFETY: `fill_into` wrote every element of `spare[..total]`.
+    unsafe { out.set_len(total) };
+    Tensor::from_storage(O::into_storage(out), shape).map_err(|e| e.to_string())
+}
+
+/// Writes every element of `spare` (of `numel(shape)` elements), as
+/// [`fill`] describes.
+fn fill_into<const N: usize, O: Send>(
+    shape: &[usize],
+    strides: [&[isize]; N],
+    offsets: [isize; N],
+    row: impl Fn(&mut [MaybeUninit<O>], [isize; N], [isize; N]) + Sync,
+    spare: &mut [MaybeUninit<O>],
+) {
+    let total = spare.len();
+    let (shape, strides) = collapse(shape, strides);
     if total == 0 {
-        return out;
+        return;
     }
     let rank = shape.len();
     let inner_strides: [isize; N] = std::array::from_fn(|k| if rank == 0 { 0 } else { strides[k][rank - 1] });
@@ -119,42 +153,49 @@ pub(crate) fn fill<const N: usize, O: Send>(
             .enumerate()
             .for_each(|(i, c)| process(i * chunk, c));
     }
-    // SAFETY: `process` visited every element of `spare[..total]` exactly once
-    // (chunks partition it, and each chunk is walked to its end), and every `row`
+    // `process` visited every element of `spare` exactly once (chunks
+    // partition it, and each chunk is walked to its end), and every `row`
     // call writes every element of the slice it is given.
-    unsafe { out.set_len(total) };
-    out
 }
 
-/// `out[i] = f(a[i])` over `a` broadcast to `shape`.
-pub(crate) fn map1<A: Copy + Sync, O: Send>(
+/// `out[i] = f(a[i])` over `a` broadcast to `shape`, into `dst` as [`fill`] says.
+pub(crate) fn map1<A: Copy + Sync, O: Stored + Send>(
     shape: &[usize],
     a: (&[A], &[isize], usize),
     f: impl Fn(A) -> O + Sync,
-) -> Vec<O> {
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let (ad, sa, oa) = a;
-    fill(shape, [sa], [oa as isize], |out, [ba], [ia]| {
-        let ba = ba as usize;
-        let n = out.len();
-        if ia == 1 {
-            for (o, &x) in out.iter_mut().zip(&ad[ba..ba + n]) {
-                o.write(f(x));
+    fill(
+        shape,
+        [sa],
+        [oa as isize],
+        |out, [ba], [ia]| {
+            let ba = ba as usize;
+            let n = out.len();
+            if ia == 1 {
+                for (o, &x) in out.iter_mut().zip(&ad[ba..ba + n]) {
+                    o.write(f(x));
+                }
+            } else {
+                for (j, o) in out.iter_mut().enumerate() {
+                    o.write(f(ad[ba + j * ia as usize]));
+                }
             }
-        } else {
-            for (j, o) in out.iter_mut().enumerate() {
-                o.write(f(ad[ba + j * ia as usize]));
-            }
-        }
-    })
+        },
+        dst,
+    )
 }
 
-/// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `shape`.
-pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Send>(
+/// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `shape`, into
+/// `dst` as [`fill`] says.
+pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Stored + Send>(
     shape: &[usize],
     a: (&[A], &[isize], usize),
     b: (&[B], &[isize], usize),
     f: impl Fn(A, B) -> O + Sync,
-) -> Vec<O> {
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let (ad, sa, oa) = a;
     let (bd, sb, ob) = b;
     fill(
@@ -189,17 +230,20 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Send>(
                 }
             }
         },
+        dst,
     )
 }
 
-/// `out[i] = f(a[i], b[i], c[i])` over three operands broadcast to `shape`.
-pub(crate) fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, O: Send>(
+/// `out[i] = f(a[i], b[i], c[i])` over three operands broadcast to
+/// `shape`, into `dst` as [`fill`] says.
+pub(crate) fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, O: Stored + Send>(
     shape: &[usize],
     a: (&[A], &[isize], usize),
     b: (&[B], &[isize], usize),
     c: (&[C], &[isize], usize),
     f: impl Fn(A, B, C) -> O + Sync,
-) -> Vec<O> {
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let (ad, sa, oa) = a;
     let (bd, sb, ob) = b;
     let (cd, sc, oc) = c;
@@ -217,6 +261,7 @@ pub(crate) fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, O: Send>(
                 ));
             }
         },
+        dst,
     )
 }
 
@@ -238,14 +283,26 @@ mod tests {
         let (r, c) = (300usize, 257usize);
         let a: Vec<i64> = (0..(r * c) as i64).collect();
         let b: Vec<i64> = (0..c as i64).map(|x| x * 1000).collect();
-        let out = map2(&[r, c], (&a, &[c as isize, 1], 0), (&b, &[0, 1], 0), |x, y| x + y);
+        let out = map2(
+            &[r, c],
+            (&a, &[c as isize, 1], 0),
+            (&b, &[0, 1], 0),
+            |x, y| x + y,
+            None,
+        )
+        .unwrap()
+        .to_vec::<i64>()
+        .unwrap();
         for i in 0..r {
             for j in 0..c {
                 assert_eq!(out[i * c + j], (i * c + j) as i64 + j as i64 * 1000);
             }
         }
         // Transposed read of a: out[i][j] = a[j][i].
-        let out = map1(&[c, r], (&a, &[1, c as isize], 0), |x| x);
+        let out = map1(&[c, r], (&a, &[1, c as isize], 0), |x| x, None)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap();
         assert_eq!(out[5 * r + 7], a[7 * c + 5]);
     }
 }

@@ -386,6 +386,45 @@ fn the_fallback_writes_reductions_and_products_into_the_buffers_given() {
 }
 
 #[test]
+fn the_fallbacks_general_walk_writes_into_the_buffers_given() {
+    use switchyard_core::runtime::{CompiledPlan, RunOptions};
+    // A broadcast add (the general walk), a `where` and a cast: `y` lives
+    // in the arena, `z` and `c` are outputs handed back, and each run has
+    // new inputs.
+    let t = parse(
+        "input x: f32[64, 48]\ninput b: f32[48]\ny = add(x, b)\nm = gt(y, 0.0)\nz = where(m, y, b)\nc = cast(z, dtype=f64)\noutput z, c\n",
+    )
+    .unwrap();
+    let compiled = CompiledPlan::compile(plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap()).unwrap();
+    assert!(compiled.arena_bytes() > 0, "y is placed in the arena");
+    let mut last: Option<switchyard_core::runtime::RunResult> = None;
+    for seed in 0..4 {
+        let inputs = random_inputs(&t, seed);
+        let (x, b) = (
+            inputs[0].to_vec::<f32>().unwrap(),
+            inputs[1].to_vec::<f32>().unwrap(),
+        );
+        let z: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let y = v + b[i % 48];
+                if y > 0.0 { y } else { b[i % 48] }
+            })
+            .collect();
+        if let Some(r) = last.take() {
+            compiled.recycle(r.outputs);
+        }
+        let r = compiled.run(&inputs, RunOptions::default()).unwrap();
+        assert_eq!(r.outputs_reused.as_slice(), [seed > 0, seed > 0], "run {seed}");
+        assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), z);
+        let c: Vec<f64> = z.iter().map(|&v| v as f64).collect();
+        assert_eq!(r.outputs[1].to_vec::<f64>().unwrap(), c);
+        last = Some(r);
+    }
+}
+
+#[test]
 fn concurrent_runs_of_one_plan_each_get_an_arena() {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
     use switchyard_exec_fuser::FuserExecutor;
