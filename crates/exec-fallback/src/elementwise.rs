@@ -86,10 +86,10 @@ impl Real for f64 {
         vm::sigmoid64(self)
     }
     fn sin_(self) -> Self {
-        self.sin()
+        vm::sin64(self)
     }
     fn cos_(self) -> Self {
-        self.cos()
+        vm::cos64(self)
     }
 }
 

@@ -104,7 +104,8 @@ pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
 
 /// Whether this path has `op` for f64.
 pub(crate) fn has_unary_f64(op: UnaryOp) -> bool {
-    matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid)
+    use UnaryOp::*;
+    matches!(op, Exp | Log | Tanh | Sigmoid | Sin | Cos)
 }
 
 /// As [`unary_into`], in f64.
@@ -120,6 +121,8 @@ pub(crate) fn unary_f64_into(op: UnaryOp, a: &[f64], out: &mut [f64]) -> bool {
             UnaryOp::Exp => math::exp_f64(a, o),
             UnaryOp::Log => math::ln_f64(a, o),
             UnaryOp::Tanh => math::tanh_f64(a, o),
+            UnaryOp::Sin => math::sin_f64(a, o),
+            UnaryOp::Cos => math::cos_f64(a, o),
             _ => math::sigmoid_f64(a, o),
         },
     );
@@ -231,7 +234,7 @@ mod tests {
         }
         // The f64 functions the dense path has, on the same values.
         let (dense64, strided64) = operands(f64::from);
-        for op in [Exp, Log, Tanh, Sigmoid] {
+        for op in [Exp, Log, Tanh, Sigmoid, Sin, Cos] {
             at_every_level(
                 format!("f64 {op:?}"),
                 elementwise::unary(op, &strided64, None),

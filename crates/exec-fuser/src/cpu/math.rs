@@ -225,6 +225,14 @@ impl Arith for f64 {
         vm::tanh_f64(a, dst)
     }
     #[inline(always)]
+    fn sin_tile(a: &[f64], dst: &mut [f64]) {
+        vm::sin_f64(a, dst)
+    }
+    #[inline(always)]
+    fn cos_tile(a: &[f64], dst: &mut [f64]) {
+        vm::cos_f64(a, dst)
+    }
+    #[inline(always)]
     fn round_even(self) -> Self {
         self.round_ties_even()
     }
