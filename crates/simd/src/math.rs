@@ -481,7 +481,13 @@ pub fn cosf(x: f32) -> f32 {
 fn sincos(a: &[f32], out: &mut [f32], shift: u64, libm_f: fn(f32) -> f32) {
     map(a, out, |x| sincos_near(x, shift));
     // Far also means NaN.
-    let far = |x: f32| x.is_nan() || x.abs() > SINCOS_MAX;
+    fix_far(a, out, |x| x.is_nan() || x.abs() > SINCOS_MAX, libm_f);
+}
+
+/// `out[i] = libm_f(a[i])` where `far(a[i])`: the second, scalar pass of
+/// sin and cos, which leaves the first branch-free.
+#[inline(always)]
+fn fix_far<T: Copy>(a: &[T], out: &mut [T], far: impl Fn(T) -> bool, libm_f: fn(T) -> T) {
     if a.iter().any(|&x| far(x)) {
         for (o, &x) in out.iter_mut().zip(a) {
             if far(x) {
@@ -634,15 +640,7 @@ fn sincos64_near(x: f64, shift: u64) -> f64 {
 #[inline(always)]
 fn sincos64(a: &[f64], out: &mut [f64], shift: u64, libm_f: fn(f64) -> f64) {
     map(a, out, |x| sincos64_near(x, shift));
-    // Far also means NaN.
-    let far = |x: f64| x.is_nan() || x.abs() > SINCOS64_MAX;
-    if a.iter().any(|&x| far(x)) {
-        for (o, &x) in out.iter_mut().zip(a) {
-            if far(x) {
-                *o = libm_f(x);
-            }
-        }
-    }
+    fix_far(a, out, |x| x.is_nan() || x.abs() > SINCOS64_MAX, libm_f);
 }
 
 /// sin in f64, one value at a time: a branch to libm for far arguments

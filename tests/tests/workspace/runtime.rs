@@ -341,20 +341,40 @@ fn the_fallback_writes_dense_elementwise_results_into_the_buffers_given() {
     }
 }
 
-#[test]
-fn the_fallback_writes_reductions_and_products_into_the_buffers_given() {
+/// Runs `src` on the fallback four times with new inputs each time, each
+/// run's outputs handed back before the next: from the second run on every
+/// output is written into a buffer handed back, and `check` sees each
+/// run's inputs and outputs (a buffer not written would show old values).
+fn recycled_runs_on_new_inputs(src: &str, check: impl Fn(&[Tensor], &[Tensor])) {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
-    // `p` lives in the arena, `s` and `m` are outputs handed back; each run
-    // has new inputs, so that a buffer not written would show old values.
-    let t = parse(
-        "input a: f32[32, 48]\ninput b: f32[48, 16]\np = matmul(a, b)\ns = sum(p, dims=[0])\nm = amax(a, dims=[1])\noutput s, m\n",
-    )
-    .unwrap();
+    let t = parse(src).unwrap();
     let compiled = CompiledPlan::compile(plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap()).unwrap();
-    assert!(compiled.arena_bytes() > 0, "p is placed in the arena");
+    assert!(
+        compiled.arena_bytes() > 0,
+        "an intermediate is placed in the arena"
+    );
     let mut last: Option<switchyard_core::runtime::RunResult> = None;
     for seed in 0..4 {
         let inputs = random_inputs(&t, seed);
+        if let Some(r) = last.take() {
+            compiled.recycle(r.outputs);
+        }
+        let r = compiled.run(&inputs, RunOptions::default()).unwrap();
+        assert!(
+            r.outputs_reused.iter().all(|&u| u == (seed > 0)),
+            "run {seed}: {:?}",
+            r.outputs_reused
+        );
+        check(&inputs, &r.outputs);
+        last = Some(r);
+    }
+}
+
+#[test]
+fn the_fallback_writes_reductions_and_products_into_the_buffers_given() {
+    // `p` lives in the arena, `s` and `m` are outputs.
+    let src = "input a: f32[32, 48]\ninput b: f32[48, 16]\np = matmul(a, b)\ns = sum(p, dims=[0])\nm = amax(a, dims=[1])\noutput s, m\n";
+    recycled_runs_on_new_inputs(src, |inputs, outputs| {
         let (a, b) = (
             inputs[0].to_vec::<f32>().unwrap(),
             inputs[1].to_vec::<f32>().unwrap(),
@@ -371,35 +391,20 @@ fn the_fallback_writes_reductions_and_products_into_the_buffers_given() {
             .chunks(48)
             .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
             .collect();
-        if let Some(r) = last.take() {
-            compiled.recycle(r.outputs);
-        }
-        let r = compiled.run(&inputs, RunOptions::default()).unwrap();
-        assert_eq!(r.outputs_reused.as_slice(), [seed > 0, seed > 0], "run {seed}");
-        let got = r.outputs[0].to_vec::<f32>().unwrap();
+        let got = outputs[0].to_vec::<f32>().unwrap();
         for (g, w) in got.iter().zip(s) {
             assert!((*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
         }
-        assert_eq!(r.outputs[1].to_vec::<f32>().unwrap(), m);
-        last = Some(r);
-    }
+        assert_eq!(outputs[1].to_vec::<f32>().unwrap(), m);
+    });
 }
 
 #[test]
 fn the_fallbacks_general_walk_writes_into_the_buffers_given() {
-    use switchyard_core::runtime::{CompiledPlan, RunOptions};
     // A broadcast add (the general walk), a `where` and a cast: `y` lives
-    // in the arena, `z` and `c` are outputs handed back, and each run has
-    // new inputs.
-    let t = parse(
-        "input x: f32[64, 48]\ninput b: f32[48]\ny = add(x, b)\nm = gt(y, 0.0)\nz = where(m, y, b)\nc = cast(z, dtype=f64)\noutput z, c\n",
-    )
-    .unwrap();
-    let compiled = CompiledPlan::compile(plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap()).unwrap();
-    assert!(compiled.arena_bytes() > 0, "y is placed in the arena");
-    let mut last: Option<switchyard_core::runtime::RunResult> = None;
-    for seed in 0..4 {
-        let inputs = random_inputs(&t, seed);
+    // in the arena, `z` and `c` are outputs.
+    let src = "input x: f32[64, 48]\ninput b: f32[48]\ny = add(x, b)\nm = gt(y, 0.0)\nz = where(m, y, b)\nc = cast(z, dtype=f64)\noutput z, c\n";
+    recycled_runs_on_new_inputs(src, |inputs, outputs| {
         let (x, b) = (
             inputs[0].to_vec::<f32>().unwrap(),
             inputs[1].to_vec::<f32>().unwrap(),
@@ -412,16 +417,10 @@ fn the_fallbacks_general_walk_writes_into_the_buffers_given() {
                 if y > 0.0 { y } else { b[i % 48] }
             })
             .collect();
-        if let Some(r) = last.take() {
-            compiled.recycle(r.outputs);
-        }
-        let r = compiled.run(&inputs, RunOptions::default()).unwrap();
-        assert_eq!(r.outputs_reused.as_slice(), [seed > 0, seed > 0], "run {seed}");
-        assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), z);
+        assert_eq!(outputs[0].to_vec::<f32>().unwrap(), z);
         let c: Vec<f64> = z.iter().map(|&v| v as f64).collect();
-        assert_eq!(r.outputs[1].to_vec::<f64>().unwrap(), c);
-        last = Some(r);
-    }
+        assert_eq!(outputs[1].to_vec::<f64>().unwrap(), c);
+    });
 }
 
 #[test]

@@ -490,27 +490,40 @@ fn f64_exp_ln_tanh_and_sigmoid_are_within_their_documented_error_at_every_level(
                 }
             })
             .collect();
-        let mut first: Option<Vec<u64>> = None;
-        for level in supported() {
-            let mut out = vec![0f64; xs.len()];
-            Simd::new(level).unwrap().run(|| f(xs, &mut out));
-            let (mut max, mut at) = (0.0, 0.0);
-            for ((&x, &got), &want) in xs.iter().zip(&out).zip(&wants) {
-                let e = ulp_error64(got, want);
-                if e > max {
-                    (max, at) = (e, x);
-                }
+        at_every_level64(name, f, xs, bound, |i, got| Some(ulp_error64(got, wants[i])));
+    }
+}
+
+/// Runs `f` on `xs` at every level: the same bits at each, and the
+/// largest of `error(i, out[i])` (`None`: not counted) within `bound`.
+fn at_every_level64(
+    name: &str,
+    f: fn(&[f64], &mut [f64]),
+    xs: &[f64],
+    bound: f64,
+    error: impl Fn(usize, f64) -> Option<f64>,
+) {
+    let mut first: Option<Vec<u64>> = None;
+    for level in supported() {
+        let mut out = vec![0f64; xs.len()];
+        Simd::new(level).unwrap().run(|| f(xs, &mut out));
+        let (mut max, mut at) = (0.0, 0.0);
+        for (i, (&x, &got)) in xs.iter().zip(&out).enumerate() {
+            if let Some(e) = error(i, got)
+                && e > max
+            {
+                (max, at) = (e, x);
             }
-            println!("{name} f64 at {level}: max {max:.3} ulp at {at:e}");
-            assert!(
-                max <= bound,
-                "{name} f64: {max} ulp at {at:e}, documented {bound}"
-            );
-            let bits: Vec<u64> = out.iter().map(|v| v.to_bits()).collect();
-            match &first {
-                None => first = Some(bits),
-                Some(b) => assert!(*b == bits, "{name} f64: {level} gives other bits"),
-            }
+        }
+        println!("{name} f64 at {level}: max {max:.3} ulp at {at:e}");
+        assert!(
+            max <= bound,
+            "{name} f64: {max} ulp at {at:e}, documented {bound}"
+        );
+        let bits: Vec<u64> = out.iter().map(|v| v.to_bits()).collect();
+        match &first {
+            None => first = Some(bits),
+            Some(b) => assert!(*b == bits, "{name} f64: {level} gives other bits"),
         }
     }
 }
@@ -579,32 +592,14 @@ fn f64_sin_and_cos_are_within_their_documented_error_at_every_level() {
         ),
         ("cos", cos_f64, cos64, true, libm::cos),
     ] {
-        let mut first: Option<Vec<u64>> = None;
-        for level in supported() {
-            let mut out = vec![0f64; xs.len()];
-            Simd::new(level).unwrap().run(|| f(&xs, &mut out));
-            let (mut max, mut at) = (0.0, 0.0);
-            for (&x, &got) in xs.iter().zip(&out) {
-                if !x.is_finite() || x.abs() > 1e6 {
-                    assert_eq!(got.to_bits(), libm_f(x).to_bits(), "{name} of {x:e}: libm's");
-                    continue;
-                }
-                let e = ulp_error64(got, sincos_reference(x, cos));
-                if e > max {
-                    (max, at) = (e, x);
-                }
+        at_every_level64(name, f, &xs, SINCOS64_ULP, |i, got| {
+            let x = xs[i];
+            if !x.is_finite() || x.abs() > 1e6 {
+                assert_eq!(got.to_bits(), libm_f(x).to_bits(), "{name} of {x:e}: libm's");
+                return None;
             }
-            println!("{name} f64 at {level}: max {max:.3} ulp at {at:e}");
-            assert!(
-                max <= SINCOS64_ULP,
-                "{name} f64: {max} ulp at {at:e}, documented {SINCOS64_ULP}"
-            );
-            let bits: Vec<u64> = out.iter().map(|v| v.to_bits()).collect();
-            match &first {
-                None => first = Some(bits),
-                Some(b) => assert!(*b == bits, "{name} f64: {level} gives other bits"),
-            }
-        }
+            Some(ulp_error64(got, sincos_reference(x, cos)))
+        });
         // One value at a time gives the slice's bits.
         for &x in &xs {
             let mut o = [0f64];
