@@ -56,6 +56,21 @@ impl CpuKernel {
         })
     }
 
+    /// Where a load that reads its input whole in the walk's order (see
+    /// [`CpuKernel::plain`]) finds element 0, if the input is dense in the
+    /// iteration shape and holds elements of the compute type `C`: the
+    /// load is then read in place and needs no [`Source`].
+    #[inline]
+    pub(super) fn plain_in_place<C: Arith>(&self, t: &Tensor) -> Option<*const C> {
+        let p = &self.program;
+        let data = t.host_data().and_then(Data::from_host)?;
+        let fits = t.offset() + p.numel() <= data.len()
+            && same_dims(t.shape(), &p.shape)
+            && same_dims(t.strides(), &self.walk_dense);
+        // `offset` is in the buffer, which the walk stays inside.
+        fits.then(|| data.elements::<C>().map(|e| e.wrapping_add(t.offset())))?
+    }
+
     /// The source of a load that reads its input whole in the walk's order
     /// (see [`CpuKernel::plain`]): where the input is dense in the
     /// iteration shape, as it nearly always is, it is read in place without

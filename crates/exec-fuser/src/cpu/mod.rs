@@ -37,7 +37,7 @@ use switchyard_core::threads::parallel_min;
 use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 use switchyard_simd::Simd;
 
-use crate::program::{Instr, Program, Space};
+use crate::program::{Instr, Program, Reg, Space};
 use io::{OutPtr, Source};
 
 use crate::layout::apply_views;
@@ -280,9 +280,22 @@ impl CpuKernel {
         // than its loads.
         let mut sources: SmallVec<[Option<Source>; 8]> = SmallVec::new();
         sources.resize_with(p.instrs.len(), || None);
+        // Plain loads of dense inputs of the compute type are read in place
+        // and need no source: only where they start (the common case, and
+        // most of a small call's setup otherwise).
+        let mut in_place: SmallVec<[(Reg, *const C); 4]> = SmallVec::new();
         for (i, ins) in p.instrs.iter().enumerate() {
-            if let Instr::Load { load, .. } = ins {
-                sources[i] = Some(match copies.iter().find(|c| c.0 == i) {
+            if let Instr::Load { load, dst } = ins {
+                let copy = copies.iter().find(|c| c.0 == i);
+                if copy.is_none()
+                    && self.plain[i]
+                    && p.spaces[*dst] == Space::Full
+                    && let Some(at) = self.plain_in_place::<C>(inputs[load.input])
+                {
+                    in_place.push((*dst, at));
+                    continue;
+                }
+                sources[i] = Some(match copy {
                     Some((_, dense, k)) => self.source(dense, &load.views[*k..], &load.map)?,
                     None if self.plain[i] => self.plain_source(inputs[load.input], load)?,
                     None => self.source(inputs[load.input], &load.views, &load.map)?,
@@ -318,7 +331,7 @@ impl CpuKernel {
         }
         let mut homes = SmallVec::new();
         let mut direct = SmallVec::new();
-        self.homes::<C>(&sources, &out_ptrs, &mut homes, &mut direct);
+        self.homes::<C>(&sources, &in_place, &out_ptrs, &mut homes, &mut direct);
         let stores = Stores {
             ptrs: &out_ptrs,
             strides: &self.out_strides,
@@ -380,13 +393,15 @@ impl CpuKernel {
 
     /// Sets `homes` (empty when called) to where each register lives
     /// during a call: in place in an input or output where that one is
-    /// dense in the compute type, so that a kernel reads its inputs and
-    /// writes its outputs without copying them through a slot; else in its
-    /// slot. And `direct` (empty too) to whether each output is written in
-    /// place (and so needs no store).
+    /// dense in the compute type (the loads in `in_place`, which have no
+    /// source, and those whose source says so), so that a kernel reads its
+    /// inputs and writes its outputs without copying them through a slot;
+    /// else in its slot. And `direct` (empty too) to whether each output is
+    /// written in place (and so needs no store).
     fn homes<C: Arith>(
         &self,
         sources: &[Option<Source>],
+        in_place: &[(Reg, *const C)],
         outs: &[OutPtr],
         homes: &mut SmallVec<[Home<C>; 16]>,
         direct: &mut SmallVec<[bool; 4]>,
@@ -413,6 +428,9 @@ impl CpuKernel {
                     homes[*dst] = Home::Run(base, i);
                 }
             }
+        }
+        for &(dst, at) in in_place {
+            homes[dst] = Home::Input(at);
         }
         for _ in 0..outs.len() {
             direct.push(false);
