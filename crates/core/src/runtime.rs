@@ -192,6 +192,15 @@ impl RunState {
         }
     }
 
+    /// Frees value `v`: drops the run's own tensor, or its hold on a
+    /// borrowed input, and releases its bytes.
+    #[inline]
+    fn free(&mut self, v: ValueId, inputs: &[Tensor]) {
+        if let Some(t) = std::mem::take(&mut self.slots[v.index()]).get(inputs) {
+            self.live.release(t);
+        }
+    }
+
     /// Empties the state for the next run, keeping its vectors' memory:
     /// every value dropped, so that nothing in an arena is referenced.
     fn finish(&mut self) {
@@ -788,9 +797,7 @@ impl CompiledPlan {
         }
         st.live.record_peak();
         for &id in &self.unread_inputs {
-            if let Some(t) = std::mem::take(&mut st.slots[id.index()]).get(inputs) {
-                st.live.release(t);
-            }
+            st.free(id, inputs);
         }
         Ok((st, arena_reused, reused))
     }
@@ -938,10 +945,8 @@ impl CompiledPlan {
                 st.slots[v.index()] = Slot::Owned(t);
             }
             st.live.record_peak();
-            for v in &step.free_after {
-                if let Some(t) = std::mem::take(&mut st.slots[v.index()]).get(inputs) {
-                    st.live.release(t);
-                }
+            for &v in &step.free_after {
+                st.free(v, inputs);
             }
         }
         Ok(())

@@ -18,7 +18,7 @@ use switchyard_core::{DType, OutputBuffer, Storage, Stored, Tensor};
 use switchyard_simd::Simd;
 
 use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min};
-use crate::walk::{collapse, parallel_min};
+use crate::walk::{as_uninit, collapse, parallel_min};
 
 /// How to fold elements of `T` through an accumulator `A`.
 struct Fold<T, A, M, C, F> {
@@ -111,10 +111,8 @@ where
                 d.len()
             ));
         }
-        // SAFETY: `T` is a plain element (no drop, every bit pattern the
-        // strategies write is one of its values), and every element of the
-        // view is written below before the buffer is read again.
-        Some(d) => unsafe { std::slice::from_raw_parts_mut(d.as_mut_ptr().cast(), d.len()) },
+        // SAFETY: the strategies below write only values (every element).
+        Some(d) => unsafe { as_uninit(d) },
         None => {
             own.reserve_exact(n_out);
             &mut own.spare_capacity_mut()[..n_out]

@@ -57,10 +57,9 @@ pub(crate) fn fill<const N: usize, O: Stored + Send>(
     if let Some(mut buf) = dst
         && let Some(out) = buf.slice_mut::<O>().filter(|o| o.len() == total)
     {
-        // SAFETY: `O` is a plain element (no drop), and `fill_into` writes
-        // every element of the view before the buffer is read again.
-        let spare = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), total) };
-        fill_into(shape, strides, offsets, row, spare);
+        // SAFETY: `fill_into` writes only values (every element, through
+        // `row`).
+        fill_into(shape, strides, offsets, row, unsafe { as_uninit(out) });
         return Ok(buf.into_tensor());
     }
     let mut out: Vec<O> = Vec::with_capacity(total);
@@ -74,6 +73,19 @@ pub(crate) fn fill<const N: usize, O: Stored + Send>(
     // SAFETY: `fill_into` wrote every element of `spare[..total]`.
     unsafe { out.set_len(total) };
     Tensor::from_storage(O::into_storage(out), shape).map_err(|e| e.to_string())
+}
+
+/// `s` seen as memory to write: how a kernel writes a result into a buffer
+/// it is given (whose old values it overwrites) with the code that fills a
+/// new vector's spare capacity.
+///
+/// # Safety
+/// Only initialised values may be written through the view: the slice is
+/// read as `T` again afterwards.
+pub(crate) unsafe fn as_uninit<T: Copy>(s: &mut [T]) -> &mut [MaybeUninit<T>] {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and `T: Copy` has no drop
+    // to skip; the caller writes only values.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) }
 }
 
 /// Writes every element of `spare` (of `numel(shape)` elements), as

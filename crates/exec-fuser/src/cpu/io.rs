@@ -9,7 +9,7 @@ use super::CpuKernel;
 use super::math::Arith;
 use crate::layout::resolve;
 use crate::lower::MAX_RANK;
-use crate::program::{Load, View};
+use crate::program::View;
 
 impl CpuKernel {
     /// How a load reads `t` through `views` and `map`: strides per dim of
@@ -56,45 +56,33 @@ impl CpuKernel {
         })
     }
 
-    /// Where a load that reads its input whole in the walk's order (see
-    /// [`CpuKernel::plain`]) finds element 0, if the input is dense in the
-    /// iteration shape and holds elements of the compute type `C`: the
-    /// load is then read in place and needs no [`Source`].
+    /// The elements of `t`, if a load that reads it whole in the walk's
+    /// order (see [`CpuKernel::plain`]) can read them where they lie: `t`
+    /// dense in the iteration shape, as it nearly always is. Such a load
+    /// needs no resolving; where the elements are of the compute type it
+    /// needs no [`Source`] either, only where it starts ([`Data::at`]).
     #[inline]
-    pub(super) fn plain_in_place<C: Arith>(&self, t: &Tensor) -> Option<*const C> {
+    pub(super) fn plain_data<'a>(&self, t: &'a Tensor) -> Option<Data<'a>> {
         let p = &self.program;
         let data = t.host_data().and_then(Data::from_host)?;
         let fits = t.offset() + p.numel() <= data.len()
             && same_dims(t.shape(), &p.shape)
             && same_dims(t.strides(), &self.walk_dense);
-        // `offset` is in the buffer, which the walk stays inside.
-        fits.then(|| data.elements::<C>().map(|e| e.wrapping_add(t.offset())))?
+        fits.then_some(data)
     }
 
-    /// The source of a load that reads its input whole in the walk's order
-    /// (see [`CpuKernel::plain`]): where the input is dense in the
-    /// iteration shape, as it nearly always is, it is read in place without
-    /// resolving the load; else resolved as any load.
+    /// The source of a plain load over `data` (from
+    /// [`CpuKernel::plain_data`]) starting at element `offset`.
     #[inline]
-    pub(super) fn plain_source<'a>(&self, t: &'a Tensor, load: &Load) -> Result<Source<'a>, String> {
-        let p = &self.program;
-        match t.host_data().and_then(Data::from_host) {
-            Some(data)
-                if t.offset() + p.numel() <= data.len()
-                    && same_dims(t.shape(), &p.shape)
-                    && same_dims(t.strides(), &self.walk_dense) =>
-            {
-                let mut walk = [0isize; MAX_RANK];
-                walk[..self.walk_dense.len()].copy_from_slice(&self.walk_dense);
-                Ok(Source {
-                    data,
-                    walk,
-                    offset: t.offset() as isize,
-                    dense: true,
-                    masks: Vec::new(),
-                })
-            }
-            _ => self.source(t, &load.views, &load.map),
+    pub(super) fn plain_source<'a>(&self, data: Data<'a>, offset: usize) -> Source<'a> {
+        let mut walk = [0isize; MAX_RANK];
+        walk[..self.walk_dense.len()].copy_from_slice(&self.walk_dense);
+        Source {
+            data,
+            walk,
+            offset: offset as isize,
+            dense: true,
+            masks: Vec::new(),
         }
     }
 }
@@ -122,6 +110,13 @@ pub(super) enum Data<'a> {
 }
 
 impl<'a> Data<'a> {
+    /// Where element `offset` is, if the elements are of the compute type
+    /// `C` (`offset` in the buffer, as a plain load's is).
+    #[inline]
+    pub(super) fn at<C: Arith>(&self, offset: usize) -> Option<*const C> {
+        self.elements::<C>().map(|e| e.wrapping_add(offset))
+    }
+
     /// The elements, if they are of the compute type `C`.
     fn elements<C: Arith>(&self) -> Option<*const C> {
         match self {

@@ -286,19 +286,22 @@ impl CpuKernel {
         let mut in_place: SmallVec<[(Reg, *const C); 4]> = SmallVec::new();
         for (i, ins) in p.instrs.iter().enumerate() {
             if let Instr::Load { load, dst } = ins {
+                let t = inputs[load.input];
                 let copy = copies.iter().find(|c| c.0 == i);
-                if copy.is_none()
-                    && self.plain[i]
-                    && p.spaces[*dst] == Space::Full
-                    && let Some(at) = self.plain_in_place::<C>(inputs[load.input])
-                {
-                    in_place.push((*dst, at));
-                    continue;
-                }
-                sources[i] = Some(match copy {
-                    Some((_, dense, k)) => self.source(dense, &load.views[*k..], &load.map)?,
-                    None if self.plain[i] => self.plain_source(inputs[load.input], load)?,
-                    None => self.source(inputs[load.input], &load.views, &load.map)?,
+                let plain = match copy.is_none() && self.plain[i] {
+                    true => self.plain_data(t),
+                    false => None,
+                };
+                sources[i] = Some(match (copy, plain) {
+                    (_, Some(data)) => match data.at::<C>(t.offset()) {
+                        Some(at) if p.spaces[*dst] == Space::Full => {
+                            in_place.push((*dst, at));
+                            continue;
+                        }
+                        _ => self.plain_source(data, t.offset()),
+                    },
+                    (Some((_, dense, k)), None) => self.source(dense, &load.views[*k..], &load.map)?,
+                    (None, None) => self.source(t, &load.views, &load.map)?,
                 });
             }
         }
