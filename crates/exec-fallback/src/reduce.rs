@@ -151,14 +151,18 @@ where
                     let run = &data[start..start + inner];
                     let chunks = run.chunks_exact(8);
                     let rest = chunks.remainder();
-                    simd.run(
+                    // The lanes in a local of the closure, so that they
+                    // stay in registers rather than going through memory.
+                    lanes = simd.run(
                         #[inline(always)]
                         || {
+                            let mut l = lanes;
                             for c in chunks {
-                                for l in 0..8 {
-                                    lanes[l] = (fd.comb)(lanes[l], (fd.map)(c[l]));
+                                for k in 0..8 {
+                                    l[k] = (fd.comb)(l[k], (fd.map)(c[k]));
                                 }
                             }
+                            l
                         },
                     );
                     for &v in rest {

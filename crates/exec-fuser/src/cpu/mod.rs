@@ -363,6 +363,7 @@ impl CpuKernel {
                     len,
                     nr,
                     row_len: self.row_len,
+                    simd,
                 };
                 simd.run(
                     #[inline(always)]
@@ -561,7 +562,7 @@ impl CpuKernel {
                 } else {
                     *op
                 };
-                ops::reduce(op, rd(*a), tile.row_len, dst)
+                ops::reduce(tile.simd, op, rd(*a), tile.row_len, dst)
             }
             Instr::Expand { a, .. } => ops::expand(rd(*a), tile.row_len, dst),
             Instr::Cat { dim, parts, .. } => {
@@ -626,6 +627,8 @@ struct Tile<'a, C> {
     nr: usize,
     /// Elements per row in this tile.
     row_len: usize,
+    /// The level its instructions run at.
+    simd: Simd,
 }
 
 #[cfg(test)]

@@ -73,6 +73,7 @@ impl CpuKernel {
                     len,
                     nr: 1,
                     row_len: len,
+                    simd,
                 };
                 simd.run(
                     #[inline(always)]
@@ -136,7 +137,7 @@ impl CpuKernel {
                 for row in 0..rows {
                     let parts: Vec<C> = (0..chunks).map(|c| partials[row * chunks + c][j]).collect();
                     let mut v = [C::zero()];
-                    ops::reduce(combine, &parts, chunks, &mut v);
+                    ops::reduce(simd, combine, &parts, chunks, &mut v);
                     rowvals[at(dst) + row] = if op == ReduceOp::Mean { v[0] * inv } else { v[0] };
                 }
             }
