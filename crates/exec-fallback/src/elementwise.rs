@@ -65,7 +65,7 @@ impl Real for f32 {
 
 impl Real for f64 {
     fn erf(self) -> Self {
-        libm::erf(self)
+        vm::erf64(self)
     }
     fn round_even(self) -> Self {
         self.round_ties_even()

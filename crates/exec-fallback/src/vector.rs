@@ -105,7 +105,7 @@ pub(crate) fn unary_f64(op: UnaryOp, a: &[f64]) -> Option<Vec<f64>> {
 /// Whether this path has `op` for f64.
 pub(crate) fn has_unary_f64(op: UnaryOp) -> bool {
     use UnaryOp::*;
-    matches!(op, Exp | Log | Tanh | Sigmoid | Sin | Cos)
+    matches!(op, Exp | Log | Tanh | Sigmoid | Erf | Sin | Cos)
 }
 
 /// As [`unary_into`], in f64.
@@ -121,6 +121,7 @@ pub(crate) fn unary_f64_into(op: UnaryOp, a: &[f64], out: &mut [f64]) -> bool {
             UnaryOp::Exp => math::exp_f64(a, o),
             UnaryOp::Log => math::ln_f64(a, o),
             UnaryOp::Tanh => math::tanh_f64(a, o),
+            UnaryOp::Erf => math::erf_f64(a, o),
             UnaryOp::Sin => math::sin_f64(a, o),
             UnaryOp::Cos => math::cos_f64(a, o),
             _ => math::sigmoid_f64(a, o),
@@ -234,7 +235,7 @@ mod tests {
         }
         // The f64 functions the dense path has, on the same values.
         let (dense64, strided64) = operands(f64::from);
-        for op in [Exp, Log, Tanh, Sigmoid, Sin, Cos] {
+        for op in [Exp, Log, Tanh, Sigmoid, Erf, Sin, Cos] {
             at_every_level(
                 format!("f64 {op:?}"),
                 elementwise::unary(op, &strided64, None),

@@ -34,7 +34,7 @@ pub(crate) trait Arith: Float + Send + Sync + 'static {
     fn vneg<S: Simd>(s: S, a: Self::V<S>) -> Self::V<S>;
     /// `dst = exp(a)`, `tanh(a)`, ... over a tile. By default through libm,
     /// one call per element; f32 overrides them with the vector math of
-    /// `switchyard_simd::math`, f64 exp, ln, tanh and sigmoid.
+    /// `switchyard_simd::math`, f64 exp, ln, tanh, sigmoid, erf, sin and cos.
     #[inline(always)]
     fn exp_tile(a: &[Self], dst: &mut [Self]) {
         map(a, dst, |x| x.exp());
@@ -225,6 +225,10 @@ impl Arith for f64 {
         vm::tanh_f64(a, dst)
     }
     #[inline(always)]
+    fn erf_tile(a: &[f64], dst: &mut [f64]) {
+        vm::erf_f64(a, dst)
+    }
+    #[inline(always)]
     fn sin_tile(a: &[f64], dst: &mut [f64]) {
         vm::sin_f64(a, dst)
     }
@@ -254,7 +258,7 @@ impl Arith for f64 {
     }
     #[inline(always)]
     fn erf(self) -> Self {
-        libm::erf(self)
+        vm::erf64(self)
     }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         grown(&SCRATCH_F64, len, f)
