@@ -135,8 +135,7 @@ struct RegionKernel {
 }
 
 fn scalar_tensor(s: Scalar, dtype: DType) -> Tensor {
-    let storage = create::full(s, dtype, 1);
-    Tensor::from_storage(storage, &[]).expect("one element for a rank-0 shape")
+    create::full(s, dtype, &[], None).expect("one element for a rank-0 shape")
 }
 
 fn compile_op(
@@ -278,12 +277,13 @@ fn compile_op(
 }
 
 impl CompiledOp {
-    /// Runs the op. Dense f32 and f64 elementwise ops, reductions and
-    /// matmuls (of the dtypes `gemm` multiplies) write in place: into `buf`
-    /// where one of their dtype and shape is given, else into an output
-    /// buffer of their own (which a caller can hand back to a plan, and
-    /// which is advised for huge pages when large). Other ops make a new
-    /// tensor.
+    /// Runs the op. Every op but the views (broadcast, reshape, transpose,
+    /// slice) writes its result into `buf` where one of its dtype and shape
+    /// is given, else into an output buffer of its own (which a caller can
+    /// hand back to a plan, and which is advised for huge pages when
+    /// large). Dense f32 and f64 elementwise ops, reductions and matmuls
+    /// take their fast paths into it; the rest fill it through
+    /// [`walk::write`].
     fn run(&self, slots: &[Option<Cow<'_, Tensor>>], buf: Option<OutputBuffer>) -> Result<Tensor, Error> {
         let fail = |message: String| Error::Run {
             op: self.describe.clone(),
@@ -303,7 +303,6 @@ impl CompiledOp {
         let dense = |s: Result<Storage, String>| -> Result<Tensor, Error> {
             Tensor::from_storage(s.map_err(fail)?, shape).map_err(|e| fail(e.to_string()))
         };
-        let n = self.out.numel();
         let in_place = match &self.prim {
             Prim::Unary(u) => elementwise::unary_in_place(*u, args[0]),
             Prim::Binary(b) => elementwise::binary_in_place(*b, args[0], args[1], shape),
@@ -311,11 +310,12 @@ impl CompiledOp {
             Prim::Matmul => matmul::writes_into(args[0].dtype()),
             _ => false,
         };
-        // The general elementwise walk writes into a buffer too.
+        // The general elementwise walk, the copying ops, scans and the
+        // creation ops write into a buffer too; views do not.
         let writes = in_place
-            || matches!(
+            || !matches!(
                 self.prim,
-                Prim::Unary(_) | Prim::Binary(_) | Prim::Where | Prim::Cast(_)
+                Prim::Broadcast | Prim::Reshape | Prim::Transpose(_) | Prim::Slice(_)
             );
         // The buffer given, if it fits the output; else, for ops that write
         // into one, one of their own (aligned, advised for huge pages when
@@ -348,21 +348,21 @@ impl CompiledOp {
             Prim::Reshape => movement::reshape(args[0], shape).map_err(fail),
             Prim::Transpose(p) => movement::transpose(args[0], p).map_err(fail),
             Prim::Slice(p) => movement::slice(args[0], p).map_err(fail),
-            Prim::Cat(d) => dense(movement::cat(&args, *d, shape)),
+            Prim::Cat(d) => movement::cat(&args, *d, shape, dst).map_err(fail),
             Prim::Reduce(r, dims) => dense(reduce::reduce(*r, args[0], dims)),
             Prim::Matmul => dense(matmul::matmul(args[0], args[1], shape)),
-            Prim::Gather(d) => dense(movement::gather(args[0], args[1], *d)),
-            Prim::IndexSelect(d) => dense(movement::index_select(args[0], args[1], *d)),
-            Prim::Cumsum(s) => dense(scan::cumsum(args[0], *s)),
-            Prim::Full(v) => dense(Ok(create::full(*v, self.out.dtype, n))),
+            Prim::Gather(d) => movement::gather(args[0], args[1], *d, dst).map_err(fail),
+            Prim::IndexSelect(d) => movement::index_select(args[0], args[1], *d, dst).map_err(fail),
+            Prim::Cumsum(s) => scan::cumsum(args[0], *s, dst).map_err(fail),
+            Prim::Full(v) => create::full(*v, self.out.dtype, shape, dst).map_err(fail),
             Prim::Iota { dim, start, step } => {
-                dense(Ok(create::iota(shape, *dim, *start, *step, self.out.dtype)))
+                create::iota(shape, *dim, *start, *step, self.out.dtype, dst).map_err(fail)
             }
             Prim::Uniform { low, high, seed } => {
-                dense(Ok(create::uniform(n, *low, *high, *seed, self.out.dtype)))
+                create::uniform(shape, *low, *high, *seed, self.out.dtype, dst).map_err(fail)
             }
             Prim::Normal { mean, std, seed } => {
-                dense(Ok(create::normal(n, *mean, *std, *seed, self.out.dtype)))
+                create::normal(shape, *mean, *std, *seed, self.out.dtype, dst).map_err(fail)
             }
         }
     }

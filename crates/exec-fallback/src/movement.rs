@@ -1,10 +1,12 @@
 //! Data movement: zero-copy views (broadcast, reshape, transpose, slice) and the
 //! copying ops (`cat`, `gather`, `index_select`).
 
+use std::mem::MaybeUninit;
 use switchyard_core::meta::{broadcast_strides, reshape_strides};
-use switchyard_core::{Element, HostData, Storage, Stored, Tensor, with_storage};
+use switchyard_core::{Element, HostData, OutputBuffer, Stored, Tensor, with_storage};
 
 use crate::elementwise::contiguous;
+use crate::walk;
 
 fn view(x: &Tensor, shape: Vec<usize>, strides: Vec<isize>, offset: usize) -> Result<Tensor, String> {
     x.view(shape, strides, offset).map_err(|e| e.to_string())
@@ -51,13 +53,65 @@ pub(crate) fn slice(x: &Tensor, params: &[(usize, usize, usize)]) -> Result<Tens
     view(x, shape, strides, offset as usize)
 }
 
-/// `cat(xs, dim)` into a new dense tensor.
-pub(crate) fn cat(xs: &[&Tensor], dim: usize, out_shape: &[usize]) -> Result<Storage, String> {
+/// Writes `out` in order, one value or run after another. Writing past the
+/// end, or stopping short of it, is an error from [`Cursor::full`] (operands
+/// that disagree with the output's shape), never a panic.
+struct Cursor<'a, T> {
+    out: &'a mut [MaybeUninit<T>],
+    at: usize,
+    overflow: bool,
+}
+
+impl<'a, T: Copy> Cursor<'a, T> {
+    fn new(out: &'a mut [MaybeUninit<T>]) -> Self {
+        Cursor {
+            out,
+            at: 0,
+            overflow: false,
+        }
+    }
+    fn push_slice(&mut self, xs: &[T]) {
+        match self.out.get_mut(self.at..self.at + xs.len()) {
+            Some(dst) => {
+                for (o, &x) in dst.iter_mut().zip(xs) {
+                    o.write(x);
+                }
+                self.at += xs.len();
+            }
+            None => self.overflow = true,
+        }
+    }
+    fn push(&mut self, x: T) {
+        self.push_slice(std::slice::from_ref(&x));
+    }
+    /// Whether every element was written, and nothing past them.
+    fn full(&self) -> Result<(), String> {
+        match !self.overflow && self.at == self.out.len() {
+            true => Ok(()),
+            false => Err(format!(
+                "the operands do not fill the output's {} elements",
+                self.out.len()
+            )),
+        }
+    }
+}
+
+/// `cat(xs, dim)` into `dst` as [`walk::write`] says.
+pub(crate) fn cat(
+    xs: &[&Tensor],
+    dim: usize,
+    out_shape: &[usize],
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let dense: Vec<Tensor> = xs.iter().map(|x| contiguous(x)).collect::<Result<_, _>>()?;
     let outer: usize = out_shape[..dim].iter().product();
     let first = dense.first().ok_or("cat needs at least one operand")?;
-    fn go<T: Stored>(dense: &[Tensor], outer: usize, total: usize) -> Result<Storage, String> {
-        let mut out: Vec<T> = Vec::with_capacity(total);
+    fn go<T: Stored>(
+        dense: &[Tensor],
+        outer: usize,
+        shape: &[usize],
+        dst: Option<OutputBuffer>,
+    ) -> Result<Tensor, String> {
         let parts: Vec<(&[T], usize)> = dense
             .iter()
             .map(|t| {
@@ -67,15 +121,17 @@ pub(crate) fn cat(xs: &[&Tensor], dim: usize, out_shape: &[usize]) -> Result<Sto
                 Ok((d, d.len() / outer.max(1)))
             })
             .collect::<Result<_, String>>()?;
-        for o in 0..outer {
-            for &(d, block) in &parts {
-                out.extend_from_slice(&d[o * block..(o + 1) * block]);
+        walk::write(shape, dst, |out| {
+            let mut c = Cursor::new(out);
+            for o in 0..outer {
+                for &(d, block) in &parts {
+                    c.push_slice(&d[o * block..(o + 1) * block]);
+                }
             }
-        }
-        Ok(T::into_storage(out))
+            c.full()
+        })
     }
-    let total: usize = out_shape.iter().product();
-    with_storage!(first.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&dense, outer, total))
+    with_storage!(first.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&dense, outer, out_shape, dst))
 }
 
 fn indices(idx: &Tensor) -> Result<Vec<i64>, String> {
@@ -98,8 +154,14 @@ fn check_index(i: i64, size: usize, dim: usize) -> Result<usize, String> {
     Ok(i as usize)
 }
 
-/// `index_select(x, idx, dim)`: whole slices of `x` along `dim`, picked by a 1-D index.
-pub(crate) fn index_select(x: &Tensor, idx: &Tensor, dim: usize) -> Result<Storage, String> {
+/// `index_select(x, idx, dim)`: whole slices of `x` along `dim`, picked by a
+/// 1-D index; into `dst` as [`walk::write`] says.
+pub(crate) fn index_select(
+    x: &Tensor,
+    idx: &Tensor,
+    dim: usize,
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let x = contiguous(x)?;
     let ids = indices(idx)?;
     let size = x.shape()[dim];
@@ -109,22 +171,39 @@ pub(crate) fn index_select(x: &Tensor, idx: &Tensor, dim: usize) -> Result<Stora
         .collect::<Result<Vec<_>, _>>()?;
     let outer: usize = x.shape()[..dim].iter().product();
     let inner: usize = x.shape()[dim + 1..].iter().product();
-    fn go<T: Stored>(x: &Tensor, ids: &[usize], outer: usize, inner: usize, size: usize) -> Storage {
+    let mut shape = x.shape().to_vec();
+    shape[dim] = ids.len();
+    fn go<T: Stored>(
+        x: &Tensor,
+        ids: &[usize],
+        shape: &[usize],
+        [outer, inner, size]: [usize; 3],
+        dst: Option<OutputBuffer>,
+    ) -> Result<Tensor, String> {
         let d = x.contiguous_data::<T>().expect("dense after contiguous()");
-        let mut out = Vec::with_capacity(outer * ids.len() * inner);
-        for o in 0..outer {
-            for &i in ids {
-                let s = (o * size + i) * inner;
-                out.extend_from_slice(&d[s..s + inner]);
+        walk::write(shape, dst, |out| {
+            let mut c = Cursor::new(out);
+            for o in 0..outer {
+                for &i in ids {
+                    let s = (o * size + i) * inner;
+                    c.push_slice(&d[s..s + inner]);
+                }
             }
-        }
-        T::into_storage(out)
+            c.full()
+        })
     }
-    Ok(with_storage!(x.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&x, &ids, outer, inner, size)))
+    let dims = [outer, inner, size];
+    with_storage!(x.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&x, &ids, &shape, dims, dst))
 }
 
-/// `gather(x, idx, dim)`: `out[p] = x[p with p[dim] = idx[p]]`.
-pub(crate) fn gather(x: &Tensor, idx: &Tensor, dim: usize) -> Result<Storage, String> {
+/// `gather(x, idx, dim)`: `out[p] = x[p with p[dim] = idx[p]]`; into `dst`
+/// as [`walk::write`] says.
+pub(crate) fn gather(
+    x: &Tensor,
+    idx: &Tensor,
+    dim: usize,
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let ids = indices(idx)?;
     let shape = idx.shape().to_vec();
     let size = x.shape()[dim];
@@ -132,29 +211,48 @@ pub(crate) fn gather(x: &Tensor, idx: &Tensor, dim: usize) -> Result<Storage, St
         x: &Tensor,
         ids: &[i64],
         shape: &[usize],
-        dim: usize,
-        size: usize,
-    ) -> Result<Storage, String> {
+        [dim, size]: [usize; 2],
+        dst: Option<OutputBuffer>,
+    ) -> Result<Tensor, String> {
         let data = x.buffer::<T>().ok_or("bad dtype")?;
-        let mut out = Vec::with_capacity(ids.len());
-        let mut p = vec![0usize; shape.len()];
-        for &i in ids {
-            let i = check_index(i, size, dim)?;
-            let mut off = x.offset() as isize;
-            for (d, (&pd, &st)) in p.iter().zip(x.strides()).enumerate() {
-                let c = if d == dim { i } else { pd };
-                off += c as isize * st;
-            }
-            out.push(data[off as usize]);
-            for d in (0..shape.len()).rev() {
-                p[d] += 1;
-                if p[d] < shape[d] {
-                    break;
+        walk::write(shape, dst, |out| {
+            let mut c = Cursor::new(out);
+            let mut p = vec![0usize; shape.len()];
+            for &i in ids {
+                let i = check_index(i, size, dim)?;
+                let mut off = x.offset() as isize;
+                for (d, (&pd, &st)) in p.iter().zip(x.strides()).enumerate() {
+                    let c = if d == dim { i } else { pd };
+                    off += c as isize * st;
                 }
-                p[d] = 0;
+                c.push(data[off as usize]);
+                for d in (0..shape.len()).rev() {
+                    p[d] += 1;
+                    if p[d] < shape[d] {
+                        break;
+                    }
+                    p[d] = 0;
+                }
             }
-        }
-        Ok(T::into_storage(out))
+            c.full()
+        })
     }
-    with_storage!(x.host().map_err(|e| e.to_string())?, _d, T => go::<T>(x, &ids, &shape, dim, size))
+    with_storage!(x.host().map_err(|e| e.to_string())?, _d, T => go::<T>(x, &ids, &shape, [dim, size], dst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_reports_too_few_or_too_many_values_instead_of_panicking() {
+        let mut out = [MaybeUninit::<f32>::uninit(); 3];
+        let mut c = Cursor::new(&mut out);
+        c.push_slice(&[1.0, 2.0]);
+        assert!(c.full().is_err(), "two of three written");
+        c.push(3.0);
+        assert!(c.full().is_ok());
+        c.push(4.0);
+        assert!(c.full().is_err(), "a fourth value past the end");
+    }
 }

@@ -4,7 +4,10 @@
 
 use half::{bf16, f16};
 use num_traits::WrappingAdd;
-use switchyard_core::{FloatStored, HostData, Storage, Stored, Tensor};
+use std::mem::MaybeUninit;
+use switchyard_core::{FloatStored, HostData, OutputBuffer, Stored, Tensor};
+
+use crate::walk;
 
 /// What a scan needs to know besides the data.
 #[derive(Clone, Copy, Debug)]
@@ -17,6 +20,8 @@ pub(crate) struct Scan {
     pub reverse: bool,
 }
 
+/// Writes the scan of `v` into `out` (as long as `v`): every element once.
+#[allow(clippy::too_many_arguments)]
 fn scan<T: Copy, A: Copy>(
     v: &[T],
     shape: &[usize],
@@ -25,11 +30,11 @@ fn scan<T: Copy, A: Copy>(
     to: impl Fn(T) -> A,
     add: impl Fn(A, A) -> A,
     from: impl Fn(A) -> T,
-) -> Vec<T> {
+    out: &mut [MaybeUninit<T>],
+) {
     let n = shape[s.dim];
     let inner: usize = shape[s.dim + 1..].iter().product();
     let outer: usize = shape[..s.dim].iter().product();
-    let mut out = v.to_vec();
     for o in 0..outer {
         for i in 0..inner {
             let at = |k: usize| o * n * inner + k * inner + i;
@@ -38,53 +43,71 @@ fn scan<T: Copy, A: Copy>(
                 let k = if s.reverse { n - 1 - step } else { step };
                 let x = to(v[at(k)]);
                 if s.exclusive {
-                    out[at(k)] = from(acc);
+                    out[at(k)].write(from(acc));
                     acc = add(acc, x);
                 } else {
                     acc = add(acc, x);
-                    out[at(k)] = from(acc);
+                    out[at(k)].write(from(acc));
                 }
             }
         }
     }
-    out
 }
 
-fn float<T: FloatStored + Stored>(v: &[T], shape: &[usize], s: Scan) -> Storage {
-    T::into_storage(scan(
-        v,
-        shape,
-        s,
-        <T::Compute as num_traits::Zero>::zero(),
-        T::to_compute,
-        |a, b| a + b,
-        T::from_compute,
-    ))
+fn float<T: FloatStored + Stored>(
+    v: &[T],
+    shape: &[usize],
+    s: Scan,
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
+    walk::write(shape, dst, |out| {
+        let zero = <T::Compute as num_traits::Zero>::zero();
+        scan(
+            v,
+            shape,
+            s,
+            zero,
+            T::to_compute,
+            |a, b| a + b,
+            T::from_compute,
+            out,
+        );
+        Ok(())
+    })
 }
 
-fn int<T: Stored + WrappingAdd + num_traits::Zero>(v: &[T], shape: &[usize], s: Scan) -> Storage {
-    T::into_storage(scan(
-        v,
-        shape,
-        s,
-        T::zero(),
-        |x| x,
-        |a, b| a.wrapping_add(&b),
-        |x| x,
-    ))
+fn int<T: Stored + WrappingAdd + num_traits::Zero>(
+    v: &[T],
+    shape: &[usize],
+    s: Scan,
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
+    walk::write(shape, dst, |out| {
+        scan(
+            v,
+            shape,
+            s,
+            T::zero(),
+            |x| x,
+            |a, b| a.wrapping_add(&b),
+            |x| x,
+            out,
+        );
+        Ok(())
+    })
 }
 
-/// Runs `cumsum` over `x`.
-pub(crate) fn cumsum(x: &Tensor, s: Scan) -> Result<Storage, String> {
+/// Runs `cumsum` over `x`, into `dst` as [`walk::write`] says.
+pub(crate) fn cumsum(x: &Tensor, s: Scan, dst: Option<OutputBuffer>) -> Result<Tensor, String> {
     let x = crate::elementwise::contiguous(x)?;
     let shape = x.shape().to_vec();
-    Ok(match x.host().map_err(|e| e.to_string())? {
-        HostData::F32(v) => float::<f32>(v, &shape, s),
-        HostData::F64(v) => float::<f64>(v, &shape, s),
-        HostData::F16(v) => float::<f16>(v, &shape, s),
-        HostData::BF16(v) => float::<bf16>(v, &shape, s),
-        HostData::I32(v) => int::<i32>(v, &shape, s),
-        HostData::I64(v) => int::<i64>(v, &shape, s),
-        HostData::Bool(_) => return Err("cumsum is not defined on bool".into()),
-    })
+    match x.host().map_err(|e| e.to_string())? {
+        HostData::F32(v) => float::<f32>(v, &shape, s, dst),
+        HostData::F64(v) => float::<f64>(v, &shape, s, dst),
+        HostData::F16(v) => float::<f16>(v, &shape, s, dst),
+        HostData::BF16(v) => float::<bf16>(v, &shape, s, dst),
+        HostData::I32(v) => int::<i32>(v, &shape, s, dst),
+        HostData::I64(v) => int::<i64>(v, &shape, s, dst),
+        HostData::Bool(_) => Err("cumsum is not defined on bool".into()),
+    }
 }

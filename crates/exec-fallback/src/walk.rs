@@ -53,24 +53,32 @@ pub(crate) fn fill<const N: usize, O: Stored + Send>(
     row: impl Fn(&mut [MaybeUninit<O>], [isize; N], [isize; N]) + Sync,
     dst: Option<OutputBuffer>,
 ) -> Result<Tensor, String> {
+    write(shape, dst, |out| {
+        fill_into(shape, strides, offsets, row, out);
+        Ok(())
+    })
+}
+
+/// A tensor of `shape` written by `body`, which must write every element of
+/// the slice it is given (or fail): in `dst` where it is given and of the
+/// output's dtype and element count (the runtime's buffer, or one of the
+/// kernel's own), else in a new vector.
+pub(crate) fn write<O: Stored>(
+    shape: &[usize],
+    dst: Option<OutputBuffer>,
+    body: impl FnOnce(&mut [MaybeUninit<O>]) -> Result<(), String>,
+) -> Result<Tensor, String> {
     let total: usize = shape.iter().product();
     if let Some(mut buf) = dst
         && let Some(out) = buf.slice_mut::<O>().filter(|o| o.len() == total)
     {
-        // SAFETY: `fill_into` writes only values (every element, through
-        // `row`).
-        fill_into(shape, strides, offsets, row, unsafe { as_uninit(out) });
+        // SAFETY: `body` writes only values.
+        body(unsafe { as_uninit(out) })?;
         return Ok(buf.into_tensor());
     }
     let mut out: Vec<O> = Vec::with_capacity(total);
-    fill_into(
-        shape,
-        strides,
-        offsets,
-        row,
-        &mut out.spare_capacity_mut()[..total],
-    );
-    // SAFETY: `fill_into` wrote every element of `spare[..total]`.
+    body(&mut out.spare_capacity_mut()[..total])?;
+    // SAFETY: `body` wrote every element of `spare[..total]`.
     unsafe { out.set_len(total) };
     Tensor::from_storage(O::into_storage(out), shape).map_err(|e| e.to_string())
 }

@@ -424,6 +424,34 @@ fn the_fallbacks_general_walk_writes_into_the_buffers_given() {
 }
 
 #[test]
+fn the_fallbacks_copying_scanning_and_creating_ops_write_into_the_buffers_given() {
+    // `c`, `i` and `g` live in the arena; the rest are outputs.
+    let src = "input x: f32[16, 12]\ninput y: f32[4, 12]\nc = cat(x, y, dim=0)\n\
+               i = iota(shape=[5], dim=0, start=1, step=3)\ns = index_select(c, i, dim=0)\n\
+               g = iota(shape=[20, 3], dim=1, start=0, step=4)\nh = gather(c, g, dim=1)\n\
+               k = cumsum(c, dim=1)\nf = full(shape=[7], value=2.5)\noutput s, h, k, f\n";
+    recycled_runs_on_new_inputs(src, |inputs, outputs| {
+        let mut c = inputs[0].to_vec::<f32>().unwrap();
+        c.extend(inputs[1].to_vec::<f32>().unwrap());
+        let row = |r: usize| &c[r * 12..(r + 1) * 12];
+        let s: Vec<f32> = [1, 4, 7, 10, 13].iter().flat_map(|&r| row(r).to_vec()).collect();
+        assert_eq!(outputs[0].to_vec::<f32>().unwrap(), s, "index_select");
+        let h: Vec<f32> = (0..20).flat_map(|r| [0, 4, 8].map(|j| row(r)[j])).collect();
+        assert_eq!(outputs[1].to_vec::<f32>().unwrap(), h, "gather");
+        let k: Vec<f32> = (0..20)
+            .flat_map(|r| {
+                row(r).iter().scan(0f32, |acc, &v| {
+                    *acc += v;
+                    Some(*acc)
+                })
+            })
+            .collect();
+        assert_eq!(outputs[2].to_vec::<f32>().unwrap(), k, "cumsum");
+        assert_eq!(outputs[3].to_vec::<f32>().unwrap(), vec![2.5; 7], "full");
+    });
+}
+
+#[test]
 fn concurrent_runs_of_one_plan_each_get_an_arena() {
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
     use switchyard_exec_fuser::FuserExecutor;
