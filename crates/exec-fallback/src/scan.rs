@@ -20,9 +20,10 @@ pub(crate) struct Scan {
     pub reverse: bool,
 }
 
-/// Writes the scan of `v` into `out` (as long as `v`): every element once.
+/// The scan of `v`, each element written once, into `dst` as
+/// [`walk::write`] says.
 #[allow(clippy::too_many_arguments)]
-fn scan<T: Copy, A: Copy>(
+fn scan<T: Stored, A: Copy>(
     v: &[T],
     shape: &[usize],
     s: Scan,
@@ -30,28 +31,31 @@ fn scan<T: Copy, A: Copy>(
     to: impl Fn(T) -> A,
     add: impl Fn(A, A) -> A,
     from: impl Fn(A) -> T,
-    out: &mut [MaybeUninit<T>],
-) {
+    dst: Option<OutputBuffer>,
+) -> Result<Tensor, String> {
     let n = shape[s.dim];
     let inner: usize = shape[s.dim + 1..].iter().product();
     let outer: usize = shape[..s.dim].iter().product();
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |k: usize| o * n * inner + k * inner + i;
-            let mut acc = zero;
-            for step in 0..n {
-                let k = if s.reverse { n - 1 - step } else { step };
-                let x = to(v[at(k)]);
-                if s.exclusive {
-                    out[at(k)].write(from(acc));
-                    acc = add(acc, x);
-                } else {
-                    acc = add(acc, x);
-                    out[at(k)].write(from(acc));
+    walk::write(shape, dst, |out: &mut [MaybeUninit<T>]| {
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |k: usize| o * n * inner + k * inner + i;
+                let mut acc = zero;
+                for step in 0..n {
+                    let k = if s.reverse { n - 1 - step } else { step };
+                    let x = to(v[at(k)]);
+                    if s.exclusive {
+                        out[at(k)].write(from(acc));
+                        acc = add(acc, x);
+                    } else {
+                        acc = add(acc, x);
+                        out[at(k)].write(from(acc));
+                    }
                 }
             }
         }
-    }
+        Ok(())
+    })
 }
 
 fn float<T: FloatStored + Stored>(
@@ -60,20 +64,17 @@ fn float<T: FloatStored + Stored>(
     s: Scan,
     dst: Option<OutputBuffer>,
 ) -> Result<Tensor, String> {
-    walk::write(shape, dst, |out| {
-        let zero = <T::Compute as num_traits::Zero>::zero();
-        scan(
-            v,
-            shape,
-            s,
-            zero,
-            T::to_compute,
-            |a, b| a + b,
-            T::from_compute,
-            out,
-        );
-        Ok(())
-    })
+    let zero = <T::Compute as num_traits::Zero>::zero();
+    scan(
+        v,
+        shape,
+        s,
+        zero,
+        T::to_compute,
+        |a, b| a + b,
+        T::from_compute,
+        dst,
+    )
 }
 
 fn int<T: Stored + WrappingAdd + num_traits::Zero>(
@@ -82,19 +83,16 @@ fn int<T: Stored + WrappingAdd + num_traits::Zero>(
     s: Scan,
     dst: Option<OutputBuffer>,
 ) -> Result<Tensor, String> {
-    walk::write(shape, dst, |out| {
-        scan(
-            v,
-            shape,
-            s,
-            T::zero(),
-            |x| x,
-            |a, b| a.wrapping_add(&b),
-            |x| x,
-            out,
-        );
-        Ok(())
-    })
+    scan(
+        v,
+        shape,
+        s,
+        T::zero(),
+        |x| x,
+        |a, b| a.wrapping_add(&b),
+        |x| x,
+        dst,
+    )
 }
 
 /// Runs `cumsum` over `x`, into `dst` as [`walk::write`] says.
