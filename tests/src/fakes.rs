@@ -106,12 +106,7 @@ impl Scripted {
 
 impl Executor for Scripted {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: self.name.clone(),
-            version: "test".into(),
-            kind: self.kind,
-            devices: vec!["cpu".into()],
-        }
+        ExecutorInfo::new(&self.name, "test", self.kind, &["cpu"])
     }
 
     fn availability(&self) -> Availability {

@@ -358,10 +358,7 @@ pub fn layout(trace: &Trace, v: ValueId) -> Vec<isize> {
             break trace.meta(cur).strides.clone();
         };
         let o = trace.op(op);
-        let view = matches!(
-            o.kind,
-            OpKind::Transpose | OpKind::Slice | OpKind::Broadcast | OpKind::Reshape
-        );
+        let view = o.kind.is_view();
         match (view, o.input_values().next()) {
             (true, Some(x)) => {
                 chain.push(op);

@@ -41,6 +41,28 @@ pub struct ExecutorInfo {
     pub devices: Vec<String>,
 }
 
+impl ExecutorInfo {
+    /// An operator executor (one op per kernel) on `devices`.
+    pub fn operator(name: &str, version: &str, devices: &[&str]) -> Self {
+        Self::new(name, version, ExecutorKind::Operator, devices)
+    }
+
+    /// A fusion executor (many ops per kernel) on `devices`.
+    pub fn fusion(name: &str, version: &str, devices: &[&str]) -> Self {
+        Self::new(name, version, ExecutorKind::Fusion, devices)
+    }
+
+    /// An executor of `kind` on `devices`.
+    pub fn new(name: &str, version: &str, kind: ExecutorKind, devices: &[&str]) -> Self {
+        ExecutorInfo {
+            name: name.into(),
+            version: version.into(),
+            kind,
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+}
+
 /// Whether an executor can be used on this machine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", content = "reason", rename_all = "lowercase")]

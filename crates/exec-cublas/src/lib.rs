@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, OutputBuffer, Result, Tensor};
@@ -150,12 +150,7 @@ fn gemm_densifying(
 
 impl Executor for CublasExecutor {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            kind: ExecutorKind::Operator,
-            devices: vec!["cuda".into()],
-        }
+        ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cuda"])
     }
 
     fn availability(&self) -> Availability {

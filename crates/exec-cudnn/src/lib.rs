@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cudnn::{Cudnn, CudnnDataType, SoftmaxForward, sys};
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, OutputBuffer, Result, Stored, Tensor};
@@ -186,12 +186,7 @@ fn attention_in_trace(cx: &Context, op: OpId) -> std::result::Result<Attention, 
 
 impl Executor for CudnnExecutor {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            kind: ExecutorKind::Operator,
-            devices: vec!["cuda".into()],
-        }
+        ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cuda"])
     }
 
     fn availability(&self) -> Availability {

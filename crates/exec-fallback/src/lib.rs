@@ -27,9 +27,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 use switchyard_core::cost::{DeviceModel, is_free_view};
-use switchyard_core::executor::{
-    Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
-};
+use switchyard_core::executor::{Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region};
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, reduce_dims, slice_params};
 use switchyard_core::meta::normalize_dim;
 use switchyard_core::{DType, Device, OutputBuffer, Scalar, Storage, Tensor, TensorMeta};
@@ -424,12 +422,7 @@ fn off_cpu(trace: &Trace, op: OpId) -> bool {
 
 impl Executor for FallbackExecutor {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            kind: ExecutorKind::Operator,
-            devices: vec!["cpu".into()],
-        }
+        ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cpu"])
     }
 
     fn claim(&self, op: OpId, cx: &Context) -> Claim {

@@ -38,8 +38,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, FusionLimits,
-    Kernel, Refinement, Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, FusionLimits, Kernel, Refinement,
+    Region,
 };
 use switchyard_core::ir::{OpId, OpKind, ValueId};
 use switchyard_core::partition::op_device;
@@ -110,21 +110,9 @@ impl Options {
     }
 }
 
-fn is_view(kind: OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Reshape | OpKind::Transpose | OpKind::Slice | OpKind::Broadcast
-    )
-}
-
 impl Executor for FuserExecutor {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            kind: ExecutorKind::Fusion,
-            devices: vec!["cpu".into(), "cuda".into()],
-        }
+        ExecutorInfo::fusion(NAME, env!("CARGO_PKG_VERSION"), &["cpu", "cuda"])
     }
 
     fn availability_on(&self, device: Device) -> Availability {
@@ -153,7 +141,7 @@ impl Executor for FuserExecutor {
         // Inside a fusion an op costs only its arithmetic: its operands and
         // result stay in the tile, and views are index maps.
         let o = cx.trace.op(op);
-        if is_view(o.kind) {
+        if o.kind.is_view() {
             return Claim::Accept(0.0);
         }
         let dtype = cx.trace.meta(o.outputs[0]).dtype;
@@ -341,7 +329,7 @@ fn peel_bookends(ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
         .sum();
     let dtype = ops
         .iter()
-        .find(|&&o| !is_view(trace.op(o).kind))
+        .find(|&&o| !trace.op(o).kind.is_view())
         .map(|&o| trace.meta(trace.op(o).outputs[0]).dtype)
         .unwrap_or(switchyard_core::DType::F32);
     let mut fused = cx.device.kernel_ns(total, flops, dtype);
@@ -351,7 +339,7 @@ fn peel_bookends(ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
     let order: Vec<OpId> = ops.iter().rev().chain(ops.iter()).copied().collect();
     for op in order {
         let o = trace.op(op);
-        if !is_view(o.kind) || !inside.contains(&op) || inside.len() < 2 {
+        if !o.kind.is_view() || !inside.contains(&op) || inside.len() < 2 {
             continue;
         }
         let (Some(u), Some(&v)) = (o.input_values().next(), o.outputs.first()) else {

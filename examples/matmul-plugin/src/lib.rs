@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use switchyard_plugin::switchyard_core::executor::{
-    Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Region,
-};
+use switchyard_plugin::switchyard_core::executor::{Claim, Context, Executor, ExecutorInfo, Kernel, Region};
 use switchyard_plugin::switchyard_core::ir::{OpId, OpKind};
 use switchyard_plugin::switchyard_core::{DType, Error, Result, Tensor};
 
@@ -68,12 +66,7 @@ fn dims(op: OpId, cx: &Context) -> std::result::Result<[usize; 4], String> {
 
 impl Executor for TiledMatmul {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            kind: ExecutorKind::Operator,
-            devices: vec!["cpu".into()],
-        }
+        ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cpu"])
     }
 
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {

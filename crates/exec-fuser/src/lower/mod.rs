@@ -32,13 +32,6 @@ pub(crate) struct Failure {
     pub reason: String,
 }
 
-fn is_view(kind: OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Reshape | OpKind::Transpose | OpKind::Slice | OpKind::Broadcast
-    )
-}
-
 /// Why the fuser cannot take `op` at all, or `None` when its kernel IR can
 /// express it.
 pub(crate) fn unsupported(trace: &Trace, op: OpId) -> Option<String> {
@@ -51,7 +44,7 @@ pub(crate) fn unsupported(trace: &Trace, op: OpId) -> Option<String> {
         | OpKind::Reduce(_)
         | OpKind::Cat
         | OpKind::Full => {}
-        k if is_view(k) => {}
+        k if k.is_view() => {}
         other => return Some(format!("`{other}` is not in the fuser's kernel IR")),
     }
     for v in o.input_values().chain(o.outputs.iter().copied()) {
@@ -342,7 +335,7 @@ pub(crate) fn lower(
         let kind_of = |v: &ValueId| l.kinds.get(v).cloned();
         let first = op.input_values().next();
         let kind = match op.kind {
-            k if is_view(k) => match first.and_then(|v| kind_of(&v)) {
+            k if k.is_view() => match first.and_then(|v| kind_of(&v)) {
                 // A reshape the input's layout does not allow as a view would
                 // need a copy. On the CPU the value is then evaluated (and the
                 // reshape fails below, to be handed back: the fallback copies
@@ -545,7 +538,7 @@ pub(crate) fn lower(
                                     .ok_or_else(|| emit_err("cat index out of range".into()))?,
                             }
                         }
-                        (k, _) if is_view(k) => {
+                        (k, _) if k.is_view() => {
                             let m = maps.into_iter().next().flatten();
                             l.operand(&op.operands[0], m, Space::Full).map_err(emit_err)?
                         }

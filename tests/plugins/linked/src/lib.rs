@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use switchyard_core::executor::{
-    Claim, Context, Executor, ExecutorFactory, ExecutorInfo, ExecutorKind, Kernel, Region,
-};
+use switchyard_core::executor::{Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region};
 use switchyard_core::ir::{OpId, OpKind, UnaryOp};
 use switchyard_core::{DType, Result, Tensor};
 
@@ -18,12 +16,7 @@ pub struct LinkedAbs;
 
 impl Executor for LinkedAbs {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: NAME.into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            kind: ExecutorKind::Operator,
-            devices: vec!["cpu".into()],
-        }
+        ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cpu"])
     }
 
     fn claim(&self, op: OpId, cx: &Context) -> Claim {

@@ -4,9 +4,7 @@
 //! (rejects), `nan-cost`, `panic-compile`, `error-compile`, `panic-run`,
 //! `error-run`, `wrong-shape`, `wrong-count`.
 
-use switchyard_plugin::switchyard_core::executor::{
-    Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Region,
-};
+use switchyard_plugin::switchyard_core::executor::{Claim, Context, Executor, ExecutorInfo, Kernel, Region};
 use switchyard_plugin::switchyard_core::ir::{OpId, OpKind, UnaryOp};
 use switchyard_plugin::switchyard_core::{DType, Error, Result, Tensor};
 
@@ -33,12 +31,7 @@ pub struct Misbehaving;
 
 impl Executor for Misbehaving {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: "misbehaving".into(),
-            version: "0.0.1".into(),
-            kind: ExecutorKind::Operator,
-            devices: vec!["cpu".into()],
-        }
+        ExecutorInfo::operator("misbehaving", "0.0.1", &["cpu"])
     }
 
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
