@@ -17,8 +17,9 @@ use crate::error::{Error, Result};
 use crate::executor::{ExecutorKind, Region};
 use crate::hints::HintPolicy;
 use crate::ir::OpId;
+use crate::ir::Uses;
 use crate::plan::{Plan, region_boundary};
-use crate::schedule::{Strategy, schedule};
+use crate::schedule::{Strategy, schedule, scheduled_peak};
 
 /// Regions cut at the peak, one after another, at most.
 const VERTICAL_ROUNDS: usize = 8;
@@ -29,6 +30,8 @@ const CUTS: usize = 32;
 /// checks it against `budget` (bytes).
 pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
     let mut plan = schedule(plan, strategy);
+    // Splitting regions changes no op's readers.
+    let uses = plan.trace.uses();
     // A `group` hint keeps its ops in one region: those regions stay whole.
     let hints = crate::hints::Hints::of_trace(&plan.trace);
     let whole = |r: &Region| r.ops.iter().any(|o| hints[o.index()].group.is_some());
@@ -47,10 +50,8 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
         let pieces = components(&plan, &plan.regions[i].ops);
-        let candidate = schedule(replace(&plan, i, pieces), strategy);
-        let p = candidate.planned_peak_bytes().0;
-        if p < peak {
-            let mut c = candidate;
+        if let Some(p) = lowers(&plan, i, &pieces, &uses, strategy, peak) {
+            let mut c = apply(&plan, i, &pieces, &uses, strategy, p);
             let ops = plan.regions[i].ops.clone();
             annotate(
                 &mut c,
@@ -81,7 +82,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
                 .position(|r| r.ops == *ops)
                 .expect("the region is still there");
             let pieces = components(&candidate, ops);
-            candidate = replace(&candidate, i, pieces);
+            candidate = replace(&candidate, i, &pieces, &uses);
         }
         let candidate = schedule(candidate, strategy);
         let p = candidate.planned_peak_bytes().0;
@@ -107,19 +108,19 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
         if kind(&plan, r) != ExecutorKind::Fusion || r.ops.len() < 2 || whole(r) {
             break;
         }
-        let mut best: Option<(usize, Plan)> = None;
+        let mut best: Option<(usize, Vec<Vec<OpId>>)> = None;
         // At most CUTS cut points, spread over the region, so that a large
         // region costs a bounded number of reschedules.
         let stride = r.ops.len().div_ceil(CUTS).max(1);
         for k in (1..r.ops.len()).step_by(stride) {
             let pieces = vec![r.ops[..k].to_vec(), r.ops[k..].to_vec()];
-            let candidate = schedule(replace(&plan, step, pieces), strategy);
-            let p = candidate.planned_peak_bytes().0;
-            if p < best.as_ref().map_or(peak, |b| b.0) {
-                best = Some((p, candidate));
+            let below = best.as_ref().map_or(peak, |b| b.0);
+            if let Some(p) = lowers(&plan, step, &pieces, &uses, strategy, below) {
+                best = Some((p, pieces));
             }
         }
-        let Some((p, mut c)) = best else { break };
+        let Some((p, pieces)) = best else { break };
+        let mut c = apply(&plan, step, &pieces, &uses, strategy, p);
         let ops = plan.regions[step].ops.clone();
         annotate(
             &mut c,
@@ -186,8 +187,10 @@ fn annotate(plan: &mut Plan, ops: &[OpId], why: String) {
 
 /// The dataflow-connected pieces of `ops`, each in the region's order.
 fn components(plan: &Plan, ops: &[OpId]) -> Vec<Vec<OpId>> {
-    let inside: HashSet<OpId> = ops.iter().copied().collect();
-    let index = |o: OpId| ops.iter().position(|&x| x == o).expect("inside");
+    // Each op's place in `ops`: a linear search per operand made this
+    // quadratic in the region's size.
+    let index: std::collections::HashMap<OpId, usize> =
+        ops.iter().enumerate().map(|(i, &o)| (o, i)).collect();
     let mut parent: Vec<usize> = (0..ops.len()).collect();
     fn find(p: &mut [usize], mut i: usize) -> usize {
         while p[i] != i {
@@ -203,57 +206,106 @@ fn components(plan: &Plan, ops: &[OpId]) -> Vec<Vec<OpId>> {
     for (i, &o) in ops.iter().enumerate() {
         for v in plan.trace.op(o).input_values() {
             if let Some(&p) = producers.get(&v)
-                && inside.contains(&p)
+                && let Some(&j) = index.get(&p)
             {
-                let (a, b) = (find(&mut parent, i), find(&mut parent, index(p)));
+                let (a, b) = (find(&mut parent, i), find(&mut parent, j));
                 parent[a] = b;
             }
         }
     }
-    let mut groups: Vec<(usize, Vec<OpId>)> = Vec::new();
+    // Pieces in the order of their first op; each root's piece by index.
+    let mut group_of: Vec<Option<usize>> = vec![None; ops.len()];
+    let mut groups: Vec<Vec<OpId>> = Vec::new();
     for (i, &o) in ops.iter().enumerate() {
         let root = find(&mut parent, i);
-        match groups.iter_mut().find(|g| g.0 == root) {
-            Some(g) => g.1.push(o),
-            None => groups.push((root, vec![o])),
+        match group_of[root] {
+            Some(g) => groups[g].push(o),
+            None => {
+                group_of[root] = Some(groups.len());
+                groups.push(vec![o]);
+            }
         }
     }
-    groups.into_iter().map(|g| g.1).collect()
+    groups
 }
 
-/// `plan` with region `i` replaced by `pieces` (same executor and device),
-/// regions renumbered and the explanation pointing at them.
-fn replace(plan: &Plan, i: usize, pieces: Vec<Vec<OpId>>) -> Plan {
-    let uses = plan.trace.uses();
+/// `plan`'s regions with region `i` replaced by `pieces` (same executor
+/// and device), numbered in order. `uses` is the trace's [`Trace::uses`].
+///
+/// [`Trace::uses`]: crate::ir::Trace::uses
+fn split(plan: &Plan, i: usize, pieces: &[Vec<OpId>], uses: &Uses) -> Vec<Region> {
     let old = &plan.regions[i];
     let mut regions = plan.regions[..i].to_vec();
-    let mut estimates = plan.estimates[..i].to_vec();
     for ops in pieces {
-        let (inputs, outputs) = region_boundary(&plan.trace, &ops, &uses);
-        let mut r = Region {
+        let (inputs, outputs) = region_boundary(&plan.trace, ops, uses);
+        regions.push(Region {
             id: 0,
             executor: old.executor,
-            ops,
+            ops: ops.clone(),
             inputs,
             outputs,
             device: old.device,
-        };
-        estimates.push(plan.with_context(&r, &uses, |cx| plan.executor_of(&r).cost(&r.ops, cx)));
-        r.id = regions.len();
-        regions.push(r);
+        });
     }
     regions.extend(plan.regions[i + 1..].iter().cloned());
-    estimates.extend(plan.estimates[i + 1..].iter().copied());
-    let mut p = plan.clone();
     for (id, r) in regions.iter_mut().enumerate() {
         r.id = id;
+    }
+    regions
+}
+
+/// `plan` with region `i` replaced by `pieces` as [`split`] gives, the
+/// pieces costed by their executor and the explanation pointing at them.
+fn replace(plan: &Plan, i: usize, pieces: &[Vec<OpId>], uses: &Uses) -> Plan {
+    let regions = split(plan, i, pieces, uses);
+    let mut estimates = plan.estimates[..i].to_vec();
+    for r in &regions[i..i + pieces.len()] {
+        estimates.push(plan.with_context(r, uses, |cx| plan.executor_of(r).cost(&r.ops, cx)));
+    }
+    estimates.extend(plan.estimates[i + 1..].iter().copied());
+    let mut p = plan.clone();
+    for r in &regions {
         for op in &r.ops {
             if let Some(e) = p.explanation.ops.get_mut(op.index()) {
-                e.region = id;
+                e.region = r.id;
             }
         }
     }
     p.regions = regions;
     p.estimates = estimates;
+    p
+}
+
+/// Whether splitting region `i` of `plan` into `pieces` and rescheduling
+/// with `strategy` lowers the planned peak below `peak`: the new peak if
+/// so. Only the memory is worked out, not the plan.
+fn lowers(
+    plan: &Plan,
+    i: usize,
+    pieces: &[Vec<OpId>],
+    uses: &Uses,
+    strategy: Strategy,
+    peak: usize,
+) -> Option<usize> {
+    let p = scheduled_peak(plan, &split(plan, i, pieces, uses), strategy);
+    (p < peak).then_some(p)
+}
+
+/// `plan` with region `i` split into `pieces` and rescheduled: the plan a
+/// candidate that [`lowers`] the peak to `expected` becomes.
+fn apply(
+    plan: &Plan,
+    i: usize,
+    pieces: &[Vec<OpId>],
+    uses: &Uses,
+    strategy: Strategy,
+    expected: usize,
+) -> Plan {
+    let p = schedule(replace(plan, i, pieces, uses), strategy);
+    debug_assert_eq!(
+        p.planned_peak_bytes().0,
+        expected,
+        "the peak worked out for a candidate is the rescheduled plan's"
+    );
     p
 }

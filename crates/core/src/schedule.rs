@@ -21,7 +21,9 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::str::FromStr;
 
+use crate::executor::Region;
 use crate::hints::HintPolicy;
+use crate::ir::Trace;
 use crate::memory::MemoryGraph;
 use crate::plan::Plan;
 
@@ -206,17 +208,49 @@ pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
 /// for crossing orders) is left out, and its hints are marked not honoured
 /// in the plan's explanation. Returns whether any chain was added.
 fn constrain(g: &mut MemoryGraph, plan: &mut Plan) -> bool {
-    let hints = crate::hints::Hints::of_trace(&plan.trace);
-    let wanted: Vec<Option<Strategy>> = plan
-        .regions
+    let (added, refused) = chains(g, &plan.trace, &plan.regions);
+    for (s, chain) in refused {
+        let why =
+            format!("the order `{s}` gives its regions crosses the order another schedule hint asks for");
+        let hint = format!("schedule={s}");
+        for &r in &chain {
+            for o in &plan.regions[r].ops {
+                let Some(e) = plan.explanation.ops.get_mut(o.index()) else {
+                    continue;
+                };
+                for h in e.hints.iter_mut().filter(|h| h.hint == hint) {
+                    h.honoured = false;
+                    h.why = Some(why.clone());
+                }
+            }
+        }
+        let warning = format!("hint {hint} not honoured: {why}");
+        if plan.explanation.hint_policy == HintPolicy::Prefer && !plan.explanation.warnings.contains(&warning)
+        {
+            tracing::warn!("{warning}");
+            plan.explanation.warnings.push(warning);
+        }
+    }
+    added
+}
+
+/// The chains of [`constrain`], added to `g`: whether any was, and the
+/// chains refused (each with its strategy), which the caller reports.
+fn chains(g: &mut MemoryGraph, trace: &Trace, regions: &[Region]) -> (bool, Vec<(Strategy, Vec<usize>)>) {
+    let hints = crate::hints::Hints::of_trace(trace);
+    let wanted: Vec<Option<Strategy>> = regions
         .iter()
         .map(|r| r.ops.iter().find_map(|o| hints[o.index()].schedule))
         .collect();
     let mut strategies: Vec<Strategy> = wanted.iter().flatten().copied().collect();
     strategies.sort_by_key(|s| s.name());
     strategies.dedup();
-    let base = g.clone();
     let mut added = false;
+    let mut refused = Vec::new();
+    if strategies.is_empty() {
+        return (added, refused);
+    }
+    let base = g.clone();
     for s in strategies {
         let chain: Vec<usize> = order(&base, s)
             .into_iter()
@@ -231,30 +265,30 @@ fn constrain(g: &mut MemoryGraph, plan: &mut Plan) -> bool {
             *g = trial;
             added = true;
         } else {
-            let why =
-                format!("the order `{s}` gives its regions crosses the order another schedule hint asks for");
-            let hint = format!("schedule={s}");
-            for &r in &chain {
-                for o in &plan.regions[r].ops {
-                    let Some(e) = plan.explanation.ops.get_mut(o.index()) else {
-                        continue;
-                    };
-                    for h in e.hints.iter_mut().filter(|h| h.hint == hint) {
-                        h.honoured = false;
-                        h.why = Some(why.clone());
-                    }
-                }
-            }
-            let warning = format!("hint {hint} not honoured: {why}");
-            if plan.explanation.hint_policy == HintPolicy::Prefer
-                && !plan.explanation.warnings.contains(&warning)
-            {
-                tracing::warn!("{warning}");
-                plan.explanation.warnings.push(warning);
-            }
+            refused.push((s, chain));
         }
     }
-    added
+    (added, refused)
+}
+
+/// The peak of live bytes (without inputs) that `plan` with its regions
+/// replaced by `regions` would plan once scheduled with `strategy`: what
+/// `schedule(plan).planned_peak_bytes().0` gives for that plan, without
+/// building it (no copy of the trace or the explanation, no costs), so that
+/// trying many candidate regionings stays cheap.
+pub(crate) fn scheduled_peak(plan: &Plan, regions: &[Region], strategy: Strategy) -> usize {
+    let kinds: Vec<_> = regions
+        .iter()
+        .map(|r| plan.executors[r.executor].info().kind)
+        .collect();
+    let mut g = MemoryGraph::new(&plan.trace, regions, &kinds);
+    let (hinted, _) = chains(&mut g, &plan.trace, regions);
+    let order: Vec<usize> = if strategy == Strategy::Program && !hinted {
+        (0..regions.len()).collect()
+    } else {
+        order(&g, strategy)
+    };
+    g.timeline(&order).peak_bytes
 }
 
 /// Regions whose dependencies are all done, kept up to date as regions run.
