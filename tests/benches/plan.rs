@@ -7,6 +7,11 @@
 //! The `schedule` group times scheduling (min-peak, dfs, bfs) with the
 //! liveness and arena layout that follow it, on the same traces.
 //!
+//! The `pipeline` group times the whole of planning (`Planner::plan`:
+//! partitioning, scheduling and fitting to memory) with the default
+//! executors on `recent_elementwise` traces of 1 000, 10 000 and 100 000
+//! ops, all of which the fuser takes.
+//!
 //! `cargo bench -p switchyard-tests --bench plan`
 
 use std::sync::Arc;
@@ -15,11 +20,12 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::pipeline::Planner;
 use switchyard_core::schedule::{Strategy, order};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
-use switchyard_tests::workloads::random_ops;
+use switchyard_tests::workloads::{random_ops, recent_elementwise};
 
 fn plan_time(c: &mut Criterion) {
     let device = DeviceModel::cpu_default();
@@ -89,5 +95,29 @@ fn schedule_time(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(plan, plan_time, schedule_time);
+/// The whole of planning, with the fuser and the fallback.
+fn pipeline_time(c: &mut Criterion) {
+    let device = DeviceModel::cpu_default();
+    let set = ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
+    let options = PartitionOptions::default();
+    let planner = Planner {
+        set: &set,
+        device: &device,
+        options: &options,
+        strategy: Strategy::MinPeak,
+        budget: None,
+    };
+    let mut g = c.benchmark_group("pipeline");
+    g.sample_size(10);
+    for n in [1_000usize, 10_000, 100_000] {
+        let trace = recent_elementwise(n, 5).unwrap();
+        g.throughput(Throughput::Elements(trace.ops.len() as u64));
+        g.bench_with_input(BenchmarkId::new("fuser+fallback", n), &trace, |b, t| {
+            b.iter(|| planner.plan(t).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(plan, plan_time, schedule_time, pipeline_time);
 criterion_main!(plan);

@@ -405,3 +405,48 @@ pub fn random_ops(n: usize, seed: u64) -> Result<Trace> {
     b.output(&[last]);
     b.finish()
 }
+
+/// A planning-scale trace of `n` random elementwise ops over f32[64, 64]:
+/// half unary (tanh, exp, neg, sigmoid, relu) of one of the last 50 values,
+/// half binary (add, mul, sub, maximum) of one of the last 50 and one of
+/// the last 200. The fuser takes all of it, so this exercises fusion,
+/// memory fitting and scheduling at size.
+pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
+    use switchyard_core::ir::{BinaryOp, UnaryOp};
+    const UNARY: [UnaryOp; 5] = [
+        UnaryOp::Tanh,
+        UnaryOp::Exp,
+        UnaryOp::Neg,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+    ];
+    const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Maximum];
+    let mut b = TraceBuilder::new();
+    let mut vals = vec![
+        b.input("x0", DType::F32, &[64, 64])?,
+        b.input("x1", DType::F32, &[64, 64])?,
+    ];
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize
+    };
+    for _ in 0..n {
+        let recent = |k: usize, r: usize| vals[vals.len() - 1 - r % vals.len().min(k)];
+        let v = if next() % 2 == 0 {
+            let a = recent(50, next());
+            b.unary(UNARY[next() % UNARY.len()], a)?
+        } else {
+            let (a, c) = (recent(50, next()), recent(200, next()));
+            b.binary(BINARY[next() % BINARY.len()], a, c)?
+        };
+        vals.push(v);
+    }
+    let last = *vals.last().expect("values exist");
+    b.output(&[last]);
+    b.finish()
+}
