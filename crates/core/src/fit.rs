@@ -13,6 +13,8 @@
 
 use std::collections::HashSet;
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::executor::{ExecutorKind, Region};
 use crate::hints::HintPolicy;
@@ -108,19 +110,18 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
         if kind(&plan, r) != ExecutorKind::Fusion || r.ops.len() < 2 || whole(r) {
             break;
         }
-        let mut best: Option<(usize, Vec<Vec<OpId>>)> = None;
         // At most CUTS cut points, spread over the region, so that a large
-        // region costs a bounded number of reschedules.
+        // region costs a bounded number of reschedules; judged in parallel,
+        // the first cut of the lowest peak wins.
         let stride = r.ops.len().div_ceil(CUTS).max(1);
-        for k in (1..r.ops.len()).step_by(stride) {
-            let pieces = vec![r.ops[..k].to_vec(), r.ops[k..].to_vec()];
-            let below = best.as_ref().map_or(peak, |b| b.0);
-            if let Some(p) = lowers(&plan, step, &pieces, &uses, strategy, below) {
-                best = Some((p, pieces));
-            }
-        }
-        let Some((p, pieces)) = best else { break };
-        let mut c = apply(&plan, step, &pieces, &uses, strategy, p);
+        let cuts: Vec<usize> = (1..r.ops.len()).step_by(stride).collect();
+        let at = |k: usize| vec![r.ops[..k].to_vec(), r.ops[k..].to_vec()];
+        let best = cuts
+            .par_iter()
+            .filter_map(|&k| lowers(&plan, step, &at(k), &uses, strategy, peak).map(|p| (p, k)))
+            .min();
+        let Some((p, k)) = best else { break };
+        let mut c = apply(&plan, step, &at(k), &uses, strategy, p);
         let ops = plan.regions[step].ops.clone();
         annotate(
             &mut c,
