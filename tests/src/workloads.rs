@@ -363,6 +363,20 @@ pub fn examples() -> Result<Vec<(&'static str, Trace)>> {
     ])
 }
 
+/// A stream of pseudo-random draws from `seed` (a linear congruential
+/// generator's high bits): the same trace for the same seed everywhere.
+fn draws(seed: u64) -> impl FnMut() -> usize {
+    let step = |s: u64| {
+        s.wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+    };
+    let mut state = step(seed);
+    move || {
+        state = step(state);
+        (state >> 33) as usize
+    }
+}
+
 /// A random trace of about `n` ops for planning benchmarks: chains of
 /// elementwise ops, views, reductions and matmuls over f32[32, 32] values, each
 /// op reading recent values so the graph has both depth and width.
@@ -373,15 +387,7 @@ pub fn random_ops(n: usize, seed: u64) -> Result<Trace> {
         b.input("x", DType::F32, &[32, 32])?,
         b.input("w", DType::F32, &[32, 32])?,
     ];
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as usize
-    };
+    let mut next = draws(seed);
     while b.trace().ops.len() < n {
         let window = vals.len().min(16);
         let p = vals[vals.len() - 1 - next() % window];
@@ -426,18 +432,10 @@ pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
         b.input("x0", DType::F32, &[64, 64])?,
         b.input("x1", DType::F32, &[64, 64])?,
     ];
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as usize
-    };
+    let mut next = draws(seed);
     for _ in 0..n {
         let recent = |k: usize, r: usize| vals[vals.len() - 1 - r % vals.len().min(k)];
-        let v = if next() % 2 == 0 {
+        let v = if next().is_multiple_of(2) {
             let a = recent(50, next());
             b.unary(UNARY[next() % UNARY.len()], a)?
         } else {
