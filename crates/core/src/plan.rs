@@ -138,12 +138,15 @@ impl Plan {
 
     /// The memory facts of this plan's regions (see [`crate::memory`]).
     pub fn memory_graph(&self) -> MemoryGraph {
-        let kinds: Vec<_> = self
-            .regions
-            .iter()
-            .map(|r| self.executor_of(r).info().kind)
-            .collect();
-        MemoryGraph::new(&self.trace, &self.regions, &kinds)
+        self.memory_graph_of(&self.regions)
+    }
+
+    /// The memory graph of `regions` in place of the plan's own (of its
+    /// trace and executors): how a candidate regioning is judged without
+    /// building its plan.
+    pub fn memory_graph_of(&self, regions: &[Region]) -> MemoryGraph {
+        let kinds: Vec<_> = regions.iter().map(|r| self.executor_of(r).info().kind).collect();
+        MemoryGraph::new(&self.trace, regions, &kinds)
     }
 
     /// Live bytes over the plan's regions, in the order they run.

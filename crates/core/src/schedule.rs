@@ -176,11 +176,9 @@ fn program(g: &MemoryGraph) -> Vec<usize> {
 /// themselves.
 pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
     let mut g = plan.memory_graph();
-    let hinted = constrain(&mut g, &mut plan);
-    if strategy == Strategy::Program && !hinted {
-        return plan;
-    }
-    let order = order(&g, strategy);
+    let (order, refused) = hinted_order(&mut g, &plan.trace, &plan.regions, strategy);
+    report_refused(&mut plan, refused);
+    let Some(order) = order else { return plan };
     let mut new_index = vec![0usize; order.len()];
     for (new, &old) in order.iter().enumerate() {
         new_index[old] = new;
@@ -202,13 +200,29 @@ pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
     plan
 }
 
-/// Adds to `g`, for each strategy a `schedule` hint names, a chain through
-/// its hinted regions in the order that strategy gives the whole plan. A
-/// chain that would close a cycle with the others (two hinted spans asking
-/// for crossing orders) is left out, and its hints are marked not honoured
-/// in the plan's explanation. Returns whether any chain was added.
-fn constrain(g: &mut MemoryGraph, plan: &mut Plan) -> bool {
-    let (added, refused) = chains(g, &plan.trace, &plan.regions);
+/// Chains of hinted regions a plan could not take, each with the strategy
+/// its hint asks for.
+type Refused = Vec<(Strategy, Vec<usize>)>;
+
+/// The order `strategy` gives `regions`, with a chain through the regions
+/// of each strategy a `schedule` hint names added to `g` (see [`chains`]);
+/// `None` where that is the regions' own order (program order and no
+/// hint). Also the chains refused, for [`report_refused`].
+fn hinted_order(
+    g: &mut MemoryGraph,
+    trace: &Trace,
+    regions: &[Region],
+    strategy: Strategy,
+) -> (Option<Vec<usize>>, Refused) {
+    let (hinted, refused) = chains(g, trace, regions);
+    let order = (strategy != Strategy::Program || hinted).then(|| order(g, strategy));
+    (order, refused)
+}
+
+/// Marks the hints of refused chains (two hinted spans asking for crossing
+/// orders) not honoured in the plan's explanation, with a warning under
+/// the `prefer` policy.
+fn report_refused(plan: &mut Plan, refused: Refused) {
     for (s, chain) in refused {
         let why =
             format!("the order `{s}` gives its regions crosses the order another schedule hint asks for");
@@ -231,12 +245,13 @@ fn constrain(g: &mut MemoryGraph, plan: &mut Plan) -> bool {
             plan.explanation.warnings.push(warning);
         }
     }
-    added
 }
 
-/// The chains of [`constrain`], added to `g`: whether any was, and the
-/// chains refused (each with its strategy), which the caller reports.
-fn chains(g: &mut MemoryGraph, trace: &Trace, regions: &[Region]) -> (bool, Vec<(Strategy, Vec<usize>)>) {
+/// Adds to `g`, for each strategy a `schedule` hint names, a chain through
+/// its hinted regions in the order that strategy gives the whole plan,
+/// unless it would close a cycle with the others: whether any was added,
+/// and the chains refused (each with its strategy).
+fn chains(g: &mut MemoryGraph, trace: &Trace, regions: &[Region]) -> (bool, Refused) {
     let hints = crate::hints::Hints::of_trace(trace);
     let wanted: Vec<Option<Strategy>> = regions
         .iter()
@@ -277,17 +292,9 @@ fn chains(g: &mut MemoryGraph, trace: &Trace, regions: &[Region]) -> (bool, Vec<
 /// building it (no copy of the trace or the explanation, no costs), so that
 /// trying many candidate regionings stays cheap.
 pub(crate) fn scheduled_peak(plan: &Plan, regions: &[Region], strategy: Strategy) -> usize {
-    let kinds: Vec<_> = regions
-        .iter()
-        .map(|r| plan.executors[r.executor].info().kind)
-        .collect();
-    let mut g = MemoryGraph::new(&plan.trace, regions, &kinds);
-    let (hinted, _) = chains(&mut g, &plan.trace, regions);
-    let order: Vec<usize> = if strategy == Strategy::Program && !hinted {
-        (0..regions.len()).collect()
-    } else {
-        order(&g, strategy)
-    };
+    let mut g = plan.memory_graph_of(regions);
+    let (order, _) = hinted_order(&mut g, &plan.trace, regions, strategy);
+    let order = order.unwrap_or_else(|| (0..regions.len()).collect());
     g.timeline(&order).peak_bytes
 }
 

@@ -308,13 +308,11 @@ impl CompiledOp {
             Prim::Matmul => matmul::writes_into(args[0].dtype()),
             _ => false,
         };
-        // The general elementwise walk, the copying ops, scans and the
-        // creation ops write into a buffer too; views do not.
-        let writes = in_place
-            || !matches!(
-                self.prim,
-                Prim::Broadcast | Prim::Reshape | Prim::Transpose(_) | Prim::Slice(_)
-            );
+        // Every op but the views writes into a buffer.
+        let writes = !matches!(
+            self.prim,
+            Prim::Broadcast | Prim::Reshape | Prim::Transpose(_) | Prim::Slice(_)
+        );
         // The buffer given, if it fits the output; else, for ops that write
         // into one, one of their own (aligned, advised for huge pages when
         // large, and one the plan can take back).
