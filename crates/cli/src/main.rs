@@ -862,7 +862,7 @@ fn isolated_ops(
             if !claimed {
                 continue;
             }
-            let (inputs, outputs) = switchyard_core::plan::region_boundary(t, &[op.op], &uses);
+            let (inputs, outputs) = t.region_boundary(&[op.op], &uses);
             let mut alone = t.extract(&[op.op], &inputs, &outputs);
             for (i, v) in alone.values.iter_mut().enumerate() {
                 v.name = format!("v{i}");

@@ -15,111 +15,13 @@ use std::sync::{Arc, Weak};
 
 use smallvec::SmallVec;
 
-use crate::device::{DeviceBuffer, Transfer};
+use crate::buffer::{ARENA_ALIGN, ArenaBuf, Block, DeviceBuffer};
+use crate::device::Transfer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::meta::{Device, ShapeDisplay, numel};
-use crate::pages::{LINE, Pages};
-use crate::tensor::{HostData, HostDataMut, Stored, Tensor};
+use crate::tensor::{HostDataMut, Stored, Tensor};
 use crate::with_storage;
-
-/// Alignment of every buffer in an arena, in bytes: a cache line, so that no
-/// two buffers share one and vector loads start aligned.
-pub const ARENA_ALIGN: usize = LINE;
-
-/// One zeroed, cache-line aligned allocation (huge pages when large).
-struct Block {
-    pages: Pages,
-}
-
-// The block is only read and written through `ArenaBuf`s, and `Arena::take`
-// never lets two referenced ones overlap; a mutable slice is only made by an
-// `OutputBuffer`, which holds the only reference to its buffer.
-
-impl Block {
-    fn new(bytes: usize) -> Block {
-        // Large blocks come straight from the OS as untouched pages, so an
-        // arena costs nothing until it is used.
-        Block {
-            pages: Pages::zeroed(bytes),
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        self.pages.bytes()
-    }
-
-    fn base(&self) -> *mut u8 {
-        self.pages.base()
-    }
-}
-
-/// One buffer in an arena: `len` elements of `dtype` at byte `offset`.
-#[derive(Debug)]
-pub(crate) struct ArenaBuf {
-    block: Arc<Block>,
-    offset: usize,
-    dtype: DType,
-    len: usize,
-    /// Whether the block is this buffer's alone ([`OutputBuffer::new`]),
-    /// not an arena's that later runs write into.
-    own: bool,
-}
-
-impl std::fmt::Debug for Block {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Block({} bytes)", self.bytes())
-    }
-}
-
-macro_rules! typed {
-    ($dtype:expr, $ctor:ident, $from:ident, $ptr:expr, $len:expr) => {
-        match $dtype {
-            DType::F32 => $ctor::F32(std::slice::$from($ptr.cast(), $len)),
-            DType::F64 => $ctor::F64(std::slice::$from($ptr.cast(), $len)),
-            DType::F16 => $ctor::F16(std::slice::$from($ptr.cast(), $len)),
-            DType::BF16 => $ctor::BF16(std::slice::$from($ptr.cast(), $len)),
-            DType::I32 => $ctor::I32(std::slice::$from($ptr.cast(), $len)),
-            DType::I64 => $ctor::I64(std::slice::$from($ptr.cast(), $len)),
-            DType::Bool => $ctor::Bool(std::slice::$from($ptr.cast(), $len)),
-        }
-    };
-}
-
-impl ArenaBuf {
-    #[inline]
-    pub(crate) fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    #[inline]
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it lies in an arena (which a later run writes into), rather
-    /// than in a block of its own.
-    #[inline]
-    pub(crate) fn in_arena(&self) -> bool {
-        !self.own
-    }
-
-    fn ptr(&self) -> *mut u8 {
-        // SAFETY: `Arena::take` checked that the range lies in the block.
-        unsafe { self.block.base().add(self.offset) }
-    }
-
-    /// The elements.
-    #[inline]
-    pub(crate) fn data(&self) -> HostData<'_> {
-        let p = self.ptr();
-        // SAFETY: the range is aligned for the dtype and inside the block;
-        // every bit pattern is a valid element (bool ranges are zeroed when
-        // taken, and written only through `&mut [bool]`); no mutable slice
-        // of it exists while it is shared (see `OutputBuffer::data_mut`).
-        unsafe { typed!(self.dtype, HostData, from_raw_parts, p.cast_const(), self.len) }
-    }
-}
 
 /// A buffer a kernel writes one output into: dense, row-major, exactly the
 /// output's dtype and shape, in host memory or on the region's device. The
@@ -143,13 +45,7 @@ impl OutputBuffer {
     pub fn new(dtype: DType, shape: &[usize]) -> OutputBuffer {
         let len = numel(shape);
         OutputBuffer {
-            mem: Mem::Host(Arc::new(ArenaBuf {
-                block: Arc::new(Block::new(len * dtype.size())),
-                offset: 0,
-                dtype,
-                len,
-                own: true,
-            })),
+            mem: Mem::Host(Arc::new(ArenaBuf::alone(dtype, len))),
             shape: SmallVec::from_slice(shape),
         }
     }
@@ -165,7 +61,7 @@ impl OutputBuffer {
         // keeps weak references to what it handed out) or its block (an
         // arena's block is shared by its buffers).
         let unique = match Arc::get_mut(&mut buf) {
-            Some(b) => b.own && Arc::get_mut(&mut b.block).is_some(),
+            Some(b) => b.is_exclusive(),
             None => false,
         };
         if unique {
@@ -217,7 +113,7 @@ impl OutputBuffer {
     #[inline]
     pub fn dtype(&self) -> DType {
         match &self.mem {
-            Mem::Host(b) => b.dtype,
+            Mem::Host(b) => b.dtype(),
             Mem::Device(b) => b.dtype(),
         }
     }
@@ -263,11 +159,10 @@ impl OutputBuffer {
         let Mem::Host(buf) = &self.mem else {
             return None;
         };
-        let p = buf.ptr();
-        // SAFETY: as `ArenaBuf::data` for the range; exclusive because this
-        // value holds the only strong reference to its buffer (it is never
-        // cloned before `into_tensor` consumes it) and `&mut self` is unique.
-        Some(unsafe { typed!(buf.dtype, HostDataMut, from_raw_parts_mut, p, buf.len) })
+        // SAFETY: exclusive because this value holds the only strong
+        // reference to its buffer (it is never cloned before `into_tensor`
+        // consumes it) and `&mut self` is unique.
+        Some(unsafe { buf.data_mut() })
     }
 
     /// The elements as `T`, if `T` is the dtype and the buffer is on the host.
@@ -393,13 +288,7 @@ impl Arena {
             // overlaps it; zero bytes make it valid bools whatever was there.
             unsafe { self.block.base().add(offset).write_bytes(0, end - offset) };
         }
-        let buf = Arc::new(ArenaBuf {
-            block: self.block.clone(),
-            offset,
-            dtype,
-            len,
-            own: false,
-        });
+        let buf = Arc::new(ArenaBuf::in_block(self.block.clone(), offset, dtype, len));
         self.handed.push(offset, end, &buf);
         Some(OutputBuffer {
             mem: Mem::Host(buf),

@@ -139,6 +139,9 @@ struct Inner {
     stats: CacheStats,
 }
 
+/// Compiled kernels a cache keeps unless configured otherwise (`[cache]`).
+pub const DEFAULT_CAPACITY: usize = 1024;
+
 /// A thread-safe LRU cache of compiled kernels.
 pub struct KernelCache {
     capacity: usize,

@@ -42,10 +42,11 @@ use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::{self, Availability, ExecutorSet};
 use crate::hints::HintPolicy;
+use crate::partition::PartitionOptions;
 use crate::plugin::LoadedPlugin;
 
 /// `[partitioner]`
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PartitionerConfig {
     /// Merge independent ops of one fusion executor into one region. A merge
@@ -56,6 +57,14 @@ pub struct PartitionerConfig {
     /// which can cost more than not merging (the `mlp` example: 85.9 µs
     /// estimated against 71.2 µs).
     pub horizontal: bool,
+}
+
+impl Default for PartitionerConfig {
+    fn default() -> Self {
+        PartitionerConfig {
+            horizontal: PartitionOptions::default().horizontal,
+        }
+    }
 }
 
 /// `[scheduler]`
@@ -89,7 +98,9 @@ pub struct CacheConfig {
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig { capacity: 1024 }
+        CacheConfig {
+            capacity: crate::cache::DEFAULT_CAPACITY,
+        }
     }
 }
 

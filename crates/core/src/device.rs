@@ -15,31 +15,14 @@
 //! one block per device, laid out by the memory plan and kept between runs,
 //! as on the host.
 
-use std::any::Any;
-use std::sync::{Arc, Mutex};
-
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::meta::Device;
 use crate::tensor::Tensor;
 
-/// Memory on a device, holding `len` elements of one dtype, densely.
-pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
-    /// The device it is on.
-    fn device(&self) -> Device;
-    /// The element type.
-    fn dtype(&self) -> DType;
-    /// Number of elements.
-    fn len(&self) -> usize;
-    /// Whether it holds no elements.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// For the layer that made it, to get its own type back.
-    fn as_any(&self) -> &dyn Any;
-}
+pub use crate::buffer::{DeviceBuffer, MemoryStats, POOL_STEP, Pool};
 
 /// Copies tensors between the host and the devices one layer serves.
 pub trait Transfer: Send + Sync {
@@ -164,136 +147,6 @@ pub fn check_part(
 pub trait DeviceGraph: Send + Sync {
     /// Queues the recorded work again.
     fn launch(&self) -> Result<()>;
-}
-
-/// What a device's allocator has done, counted from the start of the
-/// process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryStats {
-    /// Allocations made from the device itself (the pool had nothing to
-    /// give): what a steady state makes none of.
-    pub device_allocations: u64,
-    /// Allocations the pool served with a buffer given back before.
-    pub reused: u64,
-    /// Bytes held from the device (in use and kept in the pool).
-    pub held_bytes: usize,
-    /// Bytes in use now.
-    pub in_use_bytes: usize,
-    /// The most bytes in use at once.
-    pub peak_in_use_bytes: usize,
-}
-
-/// A caching pool of one device's memory blocks of type `B`: a block that
-/// is given back is kept, and handed out again for a request it fits
-/// without wasting more than half of it. Blocks are sized in steps of 512
-/// bytes, so that requests of about one size share blocks.
-///
-/// Whether a block given back may be written again at once is the layer's
-/// to know: on a device whose work runs in one stream, in order, a later
-/// kernel that writes it runs after every earlier one that read it.
-pub struct Pool<B> {
-    inner: Mutex<PoolInner<B>>,
-}
-
-struct PoolInner<B> {
-    /// Blocks kept, with their sizes.
-    free: Vec<(usize, B)>,
-    stats: MemoryStats,
-}
-
-/// Pool block sizes are multiples of this.
-pub const POOL_STEP: usize = 512;
-
-impl<B> Default for Pool<B> {
-    fn default() -> Self {
-        Pool::new()
-    }
-}
-
-impl<B> Pool<B> {
-    /// An empty pool.
-    pub const fn new() -> Pool<B> {
-        Pool {
-            inner: Mutex::new(PoolInner {
-                free: Vec::new(),
-                stats: MemoryStats {
-                    device_allocations: 0,
-                    reused: 0,
-                    held_bytes: 0,
-                    in_use_bytes: 0,
-                    peak_in_use_bytes: 0,
-                },
-            }),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, PoolInner<B>> {
-        // Counters and a list stay consistent whatever panicked.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The size of the block a request of `bytes` gets.
-    pub fn block_size(bytes: usize) -> usize {
-        bytes.max(1).div_ceil(POOL_STEP) * POOL_STEP
-    }
-
-    /// A block of at least `bytes` and its size: a kept one that fits, or
-    /// a new one of [`Pool::block_size`] made by `make`.
-    pub fn take(&self, bytes: usize, make: impl FnOnce(usize) -> Result<B>) -> Result<(B, usize)> {
-        let want = Pool::<B>::block_size(bytes);
-        let mut inner = self.lock();
-        // The smallest kept block that fits, if it is not more than twice
-        // the request.
-        let best = inner
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, (size, _))| *size >= want && *size <= 2 * want)
-            .min_by_key(|(_, (size, _))| *size)
-            .map(|(i, _)| i);
-        let (block, size) = match best {
-            Some(i) => {
-                let (size, block) = inner.free.swap_remove(i);
-                inner.stats.reused += 1;
-                (block, size)
-            }
-            None => {
-                drop(inner);
-                let block = make(want)?;
-                inner = self.lock();
-                inner.stats.device_allocations += 1;
-                inner.stats.held_bytes += want;
-                (block, want)
-            }
-        };
-        let s = &mut inner.stats;
-        s.in_use_bytes += size;
-        s.peak_in_use_bytes = s.peak_in_use_bytes.max(s.in_use_bytes);
-        Ok((block, size))
-    }
-
-    /// Keeps a block of `size` (as [`Pool::take`] gave it) for a later request.
-    pub fn give(&self, size: usize, block: B) {
-        let mut inner = self.lock();
-        inner.stats.in_use_bytes = inner.stats.in_use_bytes.saturating_sub(size);
-        inner.free.push((size, block));
-    }
-
-    /// Drops every kept block (returning the memory to the device).
-    pub fn trim(&self) -> usize {
-        let mut inner = self.lock();
-        let freed: usize = inner.free.iter().map(|(s, _)| s).sum();
-        inner.stats.held_bytes -= freed;
-        let kept = std::mem::take(&mut inner.free);
-        drop(inner);
-        drop(kept);
-        freed
-    }
-
-    /// What the pool has done so far.
-    pub fn stats(&self) -> MemoryStats {
-        self.lock().stats
-    }
 }
 
 /// A link-time registration of a device layer's [`Transfer`].

@@ -127,6 +127,19 @@ pub struct Context<'a> {
     pub numerics: Numerics,
 }
 
+impl Context<'_> {
+    /// The inputs and outputs of a region made of `ops`
+    /// ([`Trace::region_boundary`]).
+    pub fn region_boundary(&self, ops: &[OpId]) -> (Vec<ValueId>, Vec<ValueId>) {
+        self.trace.region_boundary(ops, self.uses)
+    }
+
+    /// The device `op` works on ([`Trace::op_device`]).
+    pub fn op_device(&self, op: OpId) -> Device {
+        self.trace.op_device(op)
+    }
+}
+
 /// A set of ops that one executor runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {

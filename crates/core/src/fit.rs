@@ -20,7 +20,7 @@ use crate::executor::{ExecutorKind, Region};
 use crate::hints::HintPolicy;
 use crate::ir::OpId;
 use crate::ir::Uses;
-use crate::plan::{Plan, region_boundary};
+use crate::plan::Plan;
 use crate::schedule::{Strategy, schedule, scheduled_peak};
 
 /// Regions cut at the peak, one after another, at most.
@@ -238,7 +238,7 @@ fn split(plan: &Plan, i: usize, pieces: &[Vec<OpId>], uses: &Uses) -> Vec<Region
     let old = &plan.regions[i];
     let mut regions = plan.regions[..i].to_vec();
     for ops in pieces {
-        let (inputs, outputs) = region_boundary(&plan.trace, ops, uses);
+        let (inputs, outputs) = plan.trace.region_boundary(ops, uses);
         regions.push(Region {
             id: 0,
             executor: old.executor,

@@ -13,30 +13,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ir::hint::Strategy;
+pub use crate::ir::hint::{KEYS, check};
 use crate::ir::{Attr, OpId, SpanId, Trace};
-use crate::schedule::Strategy;
-
-/// The hint keys.
-pub const KEYS: &[&str] = &["executor", "schedule", "fuse", "group"];
-
-/// Checks one hint's value; the message says what was expected.
-pub fn check(key: &str, value: &Attr) -> Result<(), String> {
-    match (key, value) {
-        ("fuse", Attr::Bool(_)) => Ok(()),
-        ("fuse", _) => Err(format!("hint `fuse` must be true or false, got `{value}`")),
-        ("schedule", Attr::Str(s)) if s.parse::<Strategy>().is_ok() => Ok(()),
-        ("schedule", _) => Err(format!(
-            "hint `schedule` must be one of {} (quote \"min-peak\"), got `{value}`",
-            Strategy::names()
-        )),
-        ("executor" | "group", Attr::Str(_)) => Ok(()),
-        ("executor" | "group", _) => Err(format!("hint `{key}` must be a name, got `{value}`")),
-        _ => Err(format!(
-            "unknown hint `{key}` (expected one of: {})",
-            KEYS.join(", ")
-        )),
-    }
-}
 
 /// The hints in force for one op.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

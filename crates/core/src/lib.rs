@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod arena;
+pub mod buffer;
 pub mod cache;
 pub mod config;
 pub mod cost;
@@ -30,11 +31,14 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod executor;
+pub mod explain;
 pub mod fit;
 pub mod graph;
 pub mod hints;
 pub mod io;
 pub mod ir;
+#[cfg(test)]
+mod layering;
 pub mod memory;
 pub mod meta;
 mod outputs;

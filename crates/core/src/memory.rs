@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::arena::ARENA_ALIGN;
+use crate::buffer::ARENA_ALIGN;
 use crate::cost::is_free_view;
 use crate::executor::{ExecutorKind, Region};
 use crate::ir::{Trace, ValueId};

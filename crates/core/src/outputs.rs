@@ -20,8 +20,11 @@ use smallvec::SmallVec;
 use crate::arena::OutputBuffer;
 use crate::dtype::DType;
 use crate::meta::{TensorMeta, numel};
-use crate::runtime::Reused;
 use crate::tensor::Tensor;
+
+/// Per output, whether it went into a buffer given or handed back; inline
+/// for up to eight outputs, so that a small plan's run allocates no flags.
+pub type Reused = smallvec::SmallVec<[bool; 8]>;
 
 /// Buffers handed back, waiting for the next run.
 #[derive(Debug)]

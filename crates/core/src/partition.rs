@@ -23,15 +23,14 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use serde::Serialize;
-
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::{Availability, Claim, Context, Executor, ExecutorKind, ExecutorSet, Region};
+use crate::explain::{Candidate, Explanation, OpExplanation};
 use crate::hints::{HintOutcome, HintPolicy, Hints};
 use crate::ir::{OpId, Trace, decompose_round};
 use crate::meta::Device;
-use crate::plan::{Plan, region_boundary};
+use crate::plan::Plan;
 
 /// Partitioner options (`[partitioner]` in config).
 #[derive(Clone, Debug, PartialEq)]
@@ -47,64 +46,17 @@ pub struct PartitionOptions {
 }
 
 impl Default for PartitionOptions {
-    /// The defaults of the config.
+    /// No horizontal merges: on the CPU a merge saves little (one pass over
+    /// a shared input), and independent ops of different iteration shapes
+    /// merged into one region are handed back by the fuser op by op, which
+    /// can cost more than not merging.
     fn default() -> Self {
         PartitionOptions {
-            horizontal: crate::config::PartitionerConfig::default().horizontal,
+            horizontal: false,
             hint_policy: HintPolicy::default(),
             plan_only: false,
         }
     }
-}
-
-/// One executor's answer for one op.
-#[derive(Clone, Debug, Serialize)]
-pub struct Candidate {
-    /// Executor name.
-    pub executor: String,
-    /// Its claim: accepted with a cost, or rejected with a reason.
-    pub claim: Claim,
-}
-
-/// Why an op ended where it did.
-#[derive(Clone, Debug, Serialize)]
-pub struct OpExplanation {
-    /// The op, in the plan's (lowered) trace.
-    pub op: OpId,
-    /// Every enabled, available executor's claim.
-    pub candidates: Vec<Candidate>,
-    /// The executor that runs it.
-    pub chosen: String,
-    /// The region it is in.
-    pub region: usize,
-    /// What moved it, in order (handed back, dissolved, split out).
-    pub notes: Vec<String>,
-    /// Each hint in force on it, and whether the plan honours it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub hints: Vec<HintOutcome>,
-}
-
-/// Everything the partitioner decided, and why.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Explanation {
-    /// Executors skipped because they cannot run here, with the reason.
-    pub unavailable: Vec<(String, String)>,
-    /// Executors or backends unavailable here that a plan-only partition
-    /// used as if available, with the reason they are unavailable.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub assumed_available: Vec<(String, String)>,
-    /// Composites kept whole, with the executor that claimed them.
-    pub kept_whole: Vec<String>,
-    /// Composites decomposed because no executor claimed them whole.
-    pub decomposed: Vec<String>,
-    /// Per op of the lowered trace.
-    pub ops: Vec<OpExplanation>,
-    /// How many times regions were re-formed after refinement.
-    pub rounds: usize,
-    /// Hints not honoured under `hint_policy = "prefer"`, one line each.
-    pub warnings: Vec<String>,
-    /// The policy the plan was made under, for the passes after partitioning.
-    pub hint_policy: HintPolicy,
 }
 
 struct Exec {
@@ -123,24 +75,13 @@ impl Exec {
     /// Its claim of `op`, or a rejection when `op` is on a device it lacks.
     fn claim(&self, e: &dyn Executor, op: OpId, cx: &Context) -> Claim {
         if !self.missing.is_empty() {
-            let device = op_device(cx.trace, op);
+            let device = cx.op_device(op);
             if let Some((d, why)) = self.missing.iter().find(|(d, _)| *d == device) {
                 return Claim::Reject(format!("cannot run ops on {d} here: {why}"));
             }
         }
         e.claim(op, cx)
     }
-}
-
-/// The device an op works on: its first output's (or first operand's).
-pub fn op_device(trace: &Trace, op: OpId) -> Device {
-    let o = trace.op(op);
-    o.outputs
-        .first()
-        .copied()
-        .or_else(|| o.input_values().next())
-        .map(|v| trace.meta(v).device)
-        .unwrap_or(Device::Cpu)
 }
 
 /// Partitions `trace` onto the executors of `set`.
@@ -377,7 +318,7 @@ pub fn partition_owned(
     let mut estimates = Vec::with_capacity(regions.len());
     let mut region_of = vec![0usize; n];
     for (id, (k, ops)) in regions.into_iter().enumerate() {
-        let (inputs, outputs) = region_boundary(&lowered, &ops, &uses);
+        let (inputs, outputs) = lowered.region_boundary(&ops, &uses);
         estimates.push(set.executors[execs[k].index].cost(&ops, &cx_for(k)));
         for op in &ops {
             region_of[op.index()] = id;

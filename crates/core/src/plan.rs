@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use crate::cost::DeviceModel;
 use crate::executor::{Context, Executor, Numerics, Region};
-use crate::ir::{OpId, Trace, Uses, ValueId};
+use crate::explain::Explanation;
+use crate::ir::{Trace, Uses};
 use crate::memory::{Buffer, MemoryGraph, Timeline};
 use crate::meta::Device;
-use crate::partition::Explanation;
 
 /// A trace ready to compile: composites lowered, every op in exactly one region.
 #[derive(Clone)]
@@ -43,36 +43,6 @@ impl std::fmt::Debug for Plan {
             .field("regions", &self.regions)
             .finish()
     }
-}
-
-/// Computes a region's inputs and outputs from its ops.
-///
-/// `uses` is [`Trace::uses`]. A value the region defines is an output when the
-/// trace returns it, when an op outside the region reads it, or when nothing
-/// reads it (it is still produced, and must be accounted for).
-pub fn region_boundary(trace: &Trace, ops: &[OpId], uses: &Uses) -> (Vec<ValueId>, Vec<ValueId>) {
-    let mut sorted = ops.to_vec();
-    sorted.sort_unstable();
-    let inside = |o: OpId| sorted.binary_search(&o).is_ok();
-    let mut defined = std::collections::HashSet::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut inputs = Vec::new();
-    let mut outputs = Vec::new();
-    for &id in ops {
-        let op = trace.op(id);
-        for v in op.input_values() {
-            if !defined.contains(&v) && seen.insert(v) {
-                inputs.push(v);
-            }
-        }
-        for &v in &op.outputs {
-            defined.insert(v);
-            if uses.escapes(v, inside) {
-                outputs.push(v);
-            }
-        }
-    }
-    (inputs, outputs)
 }
 
 impl Plan {

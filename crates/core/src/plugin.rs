@@ -25,7 +25,6 @@ use crate::executor::{
 };
 use crate::ir::{OpId, Trace};
 use crate::meta::Device;
-use crate::plan::region_boundary;
 use crate::tensor::{HostData, Tensor};
 
 /// What the host asks a plugin about (the JSON of the ABI's requests).
@@ -51,7 +50,7 @@ pub struct Request {
 impl Request {
     /// The request for `ops` of `cx.trace`.
     pub fn new(ops: &[OpId], cx: &Context) -> Request {
-        let (inputs, outputs) = region_boundary(cx.trace, ops, cx.uses);
+        let (inputs, outputs) = cx.region_boundary(ops);
         let trace = cx.trace.extract(ops, &inputs, &outputs);
         Request {
             format: abi::REQUEST_FORMAT,

@@ -299,7 +299,7 @@ pub fn memory_timeline_svg(plan: &Plan) -> String {
     svg
 }
 
-/// [`crate::partition::Explanation`] with each op written out as a statement.
+/// [`crate::explain::Explanation`] with each op written out as a statement.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExplanationReport {
     /// Executors skipped because they cannot run here, with the reason.
@@ -324,7 +324,7 @@ pub struct OpExplanationReport {
     /// The op, as a statement with its line.
     pub op: String,
     /// Every enabled, available executor's claim.
-    pub candidates: Vec<crate::partition::Candidate>,
+    pub candidates: Vec<crate::explain::Candidate>,
     /// The executor that runs it.
     pub chosen: String,
     /// Its region.

@@ -33,6 +33,7 @@ use crate::executor::Kernel;
 use crate::graph::{self, Captured, GraphInput, GraphSlot, GraphUse};
 use crate::ir::ValueId;
 use crate::meta::{Device, ShapeDisplay};
+pub use crate::outputs::Reused;
 use crate::outputs::{OutputPool, RunOutputs};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
@@ -292,10 +293,6 @@ pub struct RunResult {
     pub outputs_reused: Reused,
 }
 
-/// Per output, whether it went into a buffer given or handed back; inline
-/// for up to eight outputs, so that a small plan's run allocates no flags.
-pub type Reused = smallvec::SmallVec<[bool; 8]>;
-
 /// Live buffers, by identity. A plan rarely has more than a few dozen live at
 /// once, so a vector beats a hash map here.
 #[derive(Default)]
@@ -356,7 +353,7 @@ impl LiveBuffers {
 impl CompiledPlan {
     /// Compiles every region with its executor, through a cache of its own.
     pub fn compile(plan: Plan) -> Result<CompiledPlan> {
-        let cache = KernelCache::new(crate::config::CacheConfig::default().capacity);
+        let cache = KernelCache::new(crate::cache::DEFAULT_CAPACITY);
         CompiledPlan::compile_with(plan, &cache)
     }
 

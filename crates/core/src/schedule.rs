@@ -19,7 +19,8 @@
 //! plan's strategy places everything around them.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::str::FromStr;
+
+pub use crate::ir::hint::Strategy;
 
 use crate::executor::Region;
 use crate::hints::HintPolicy;
@@ -33,55 +34,6 @@ pub const EXACT_MAX: usize = 16;
 /// Ready regions the greedy scheduler compares at each step; beyond this it
 /// looks at the earliest ones only, which keeps it O(n) on wide graphs.
 const GREEDY_WINDOW: usize = 256;
-
-/// How regions are ordered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    /// The partitioner's order.
-    Program,
-    /// The lowest peak of live bytes found.
-    MinPeak,
-    /// Depth-first from the outputs.
-    Dfs,
-    /// Level by level.
-    Bfs,
-}
-
-impl Strategy {
-    /// Every strategy, as config and `--schedule` name them.
-    pub const ALL: [Strategy; 4] = [Strategy::Program, Strategy::MinPeak, Strategy::Dfs, Strategy::Bfs];
-
-    /// The config name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Program => "program",
-            Strategy::MinPeak => "min-peak",
-            Strategy::Dfs => "dfs",
-            Strategy::Bfs => "bfs",
-        }
-    }
-
-    /// The names, comma-separated, for messages.
-    pub fn names() -> String {
-        Strategy::ALL.map(Strategy::name).join(", ")
-    }
-}
-
-impl FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Strategy, String> {
-        Strategy::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| format!("unknown strategy `{s}` (known: {})", Strategy::names()))
-    }
-}
-
-impl std::fmt::Display for Strategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The order `strategy` gives the regions of `g`.
 pub fn order(g: &MemoryGraph, strategy: Strategy) -> Vec<usize> {

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use smallvec::SmallVec;
 
-use crate::arena::ArenaBuf;
-use crate::device::DeviceBuffer;
+use crate::buffer::{ArenaBuf, DeviceBuffer};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::meta::{Device, ShapeDisplay, TensorMeta, fill_contiguous_strides, is_contiguous, numel};
@@ -147,6 +146,46 @@ pub enum HostDataMut<'a> {
     I64(&'a mut [i64]),
     /// bool elements.
     Bool(&'a mut [bool]),
+}
+
+macro_rules! typed {
+    ($dtype:expr, $ctor:ident, $from:ident, $ptr:expr, $len:expr) => {
+        match $dtype {
+            DType::F32 => $ctor::F32(std::slice::$from($ptr.cast(), $len)),
+            DType::F64 => $ctor::F64(std::slice::$from($ptr.cast(), $len)),
+            DType::F16 => $ctor::F16(std::slice::$from($ptr.cast(), $len)),
+            DType::BF16 => $ctor::BF16(std::slice::$from($ptr.cast(), $len)),
+            DType::I32 => $ctor::I32(std::slice::$from($ptr.cast(), $len)),
+            DType::I64 => $ctor::I64(std::slice::$from($ptr.cast(), $len)),
+            DType::Bool => $ctor::Bool(std::slice::$from($ptr.cast(), $len)),
+        }
+    };
+}
+
+// How an arena buffer's bytes are seen as elements: here, beside the
+// element views, so that the buffer layer need not know them.
+impl ArenaBuf {
+    /// The elements.
+    #[inline]
+    pub(crate) fn data(&self) -> HostData<'_> {
+        let p = self.ptr();
+        // SAFETY: the range is aligned for the dtype and inside the block;
+        // every bit pattern is a valid element (bool ranges are zeroed when
+        // taken, and written only through `&mut [bool]`); no mutable slice
+        // of it exists while it is shared (see `OutputBuffer::data_mut`).
+        unsafe { typed!(self.dtype(), HostData, from_raw_parts, p.cast_const(), self.len()) }
+    }
+
+    /// The elements, to write.
+    ///
+    /// # Safety
+    /// No other slice of the buffer may exist while the result lives.
+    #[inline]
+    pub(crate) unsafe fn data_mut(&self) -> HostDataMut<'_> {
+        let p = self.ptr();
+        // SAFETY: as `data` for the range; the caller promises exclusivity.
+        unsafe { typed!(self.dtype(), HostDataMut, from_raw_parts_mut, p, self.len()) }
+    }
 }
 
 impl Storage {

@@ -449,10 +449,7 @@ impl Executor for FallbackExecutor {
     /// On the host, except a region of views of device tensors, which stays
     /// on their device.
     fn placement(&self, region: &[OpId], cx: &Context) -> Device {
-        let device = region
-            .first()
-            .map(|&op| switchyard_core::partition::op_device(cx.trace, op))
-            .unwrap_or(Device::Cpu);
+        let device = region.first().map(|&op| cx.op_device(op)).unwrap_or(Device::Cpu);
         if region.iter().all(|&op| is_free_view(cx.trace, op)) {
             device
         } else {

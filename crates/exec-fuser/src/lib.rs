@@ -42,8 +42,6 @@ use switchyard_core::executor::{
     Region,
 };
 use switchyard_core::ir::{OpId, OpKind, ValueId};
-use switchyard_core::partition::op_device;
-use switchyard_core::plan::region_boundary;
 use switchyard_core::{Device, Error, OutputBuffer, Result, Tensor};
 
 /// The executor's registered name.
@@ -155,9 +153,9 @@ impl Executor for FuserExecutor {
         let mut handed_back: Vec<(OpId, String)> = Vec::new();
         // A kernel runs on one device: the region's first op's.
         if let Some(&first) = ops.first() {
-            let device = op_device(cx.trace, first);
+            let device = cx.op_device(first);
             ops.retain(|&o| {
-                let d = op_device(cx.trace, o);
+                let d = cx.op_device(o);
                 if d != device {
                     handed_back.push((o, format!("is on {d}, and this region runs on {device}")));
                 }
@@ -167,7 +165,7 @@ impl Executor for FuserExecutor {
         // What the kernel IR cannot hold together goes first; each round
         // leaves at least one op out, so this ends.
         while !ops.is_empty() {
-            let (inputs, outputs) = region_boundary(cx.trace, &ops, cx.uses);
+            let (inputs, outputs) = cx.region_boundary(&ops);
             let out: Vec<(OpId, String)> = match lower::lower(cx.trace, &ops, &inputs, &outputs) {
                 Ok(_) => break,
                 Err(failures) => failures.into_iter().map(|f| (f.op, f.reason)).collect(),
@@ -194,7 +192,7 @@ impl Executor for FuserExecutor {
     /// arithmetic of its program, re-evaluations included, so that a cat
     /// whose parts are expensive to evaluate twice shows its price.
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
-        let (inputs, outputs) = region_boundary(cx.trace, region, cx.uses);
+        let (inputs, outputs) = cx.region_boundary(region);
         match lower::lower(cx.trace, region, &inputs, &outputs) {
             Ok(p) => {
                 let bytes: usize = inputs
@@ -317,7 +315,7 @@ impl FuserExecutor {
 /// from the region's totals.
 fn peel_bookends(ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
     let trace = cx.trace;
-    let (inputs, outputs) = region_boundary(trace, ops, cx.uses);
+    let (inputs, outputs) = cx.region_boundary(ops);
     let mut inside: HashSet<OpId> = ops.iter().copied().collect();
     let mut ins: HashSet<ValueId> = inputs.into_iter().collect();
     let mut outs: HashSet<ValueId> = outputs.into_iter().collect();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use switchyard_core::arena::ARENA_ALIGN;
+use switchyard_core::buffer::ARENA_ALIGN;
 use switchyard_core::executor::Executor;
 use switchyard_core::io::random_inputs;
 use switchyard_core::memory::arena_bytes;

@@ -8,10 +8,11 @@ mod builder;
 mod decompose;
 mod einsum;
 mod graph;
+pub mod hint;
 mod infer;
 mod ops;
+mod region;
 
-use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -284,7 +285,7 @@ impl Trace {
     /// A trace of its own holding just `ops` (in order): `inputs` become its
     /// inputs and `outputs` its outputs, names and metadata kept, hints
     /// dropped. `inputs` and `outputs` are the region's boundary
-    /// ([`crate::plan::region_boundary`]).
+    /// ([`Trace::region_boundary`]).
     pub fn extract(&self, ops: &[OpId], inputs: &[ValueId], outputs: &[ValueId]) -> Trace {
         let mut map: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
         let mut t = Trace::default();
@@ -464,7 +465,7 @@ impl Trace {
                 )));
             }
             for (k, v) in span.hints.iter() {
-                crate::hints::check(k, v).map_err(|m| Error::InvalidTrace(format!("hint span #{s}: {m}")))?;
+                hint::check(k, v).map_err(|m| Error::InvalidTrace(format!("hint span #{s}: {m}")))?;
             }
         }
         for (id, op) in self.ops_with_ids() {
@@ -562,11 +563,5 @@ impl Trace {
         let t: Trace = serde_json::from_str(text)?;
         t.validate()?;
         Ok(t)
-    }
-}
-
-impl fmt::Display for Trace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::text::print(self))
     }
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::hints;
+use crate::ir::hint as hints;
 use crate::ir::{Attr, Attrs, OpKind, Operand, Trace, TraceBuilder, ValueId, is_reserved_word};
 use crate::meta::{Device, TensorMeta, contiguous_strides};
 use crate::text::lexer::{Spanned, Tok, lex};

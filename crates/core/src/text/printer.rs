@@ -4,6 +4,13 @@ use std::fmt::Write;
 
 use crate::ir::{Operand, SpanId, Trace};
 
+/// A trace prints as its text ([`print`]).
+impl std::fmt::Display for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&print(self))
+    }
+}
+
 fn span_chain(trace: &Trace, span: Option<SpanId>) -> Vec<SpanId> {
     let mut chain = Vec::new();
     let mut s = span;

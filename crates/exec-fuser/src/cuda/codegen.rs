@@ -635,14 +635,13 @@ mod tests {
     use std::path::PathBuf;
 
     use switchyard_core::ir::OpId;
-    use switchyard_core::plan::region_boundary;
 
     use super::*;
 
     fn program_of(text: &str) -> Program {
         let trace = switchyard_core::text::parse(text).unwrap();
         let ops: Vec<OpId> = trace.ops_with_ids().map(|(id, _)| id).collect();
-        let (inputs, outputs) = region_boundary(&trace, &ops, &trace.uses());
+        let (inputs, outputs) = trace.region_boundary(&ops, &trace.uses());
         crate::lower::lower(&trace, &ops, &inputs, &outputs)
             .map_err(|f| format!("{}: {}", trace.describe_op(f[0].op), f[0].reason))
             .unwrap()

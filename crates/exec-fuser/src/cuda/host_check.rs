@@ -18,7 +18,6 @@ use std::process::Command;
 use switchyard_cuda::host::{build, cxx, for_host};
 
 use switchyard_core::ir::OpId;
-use switchyard_core::plan::region_boundary;
 use switchyard_core::{DType, Tensor};
 
 use super::codegen::{ENTRY, ENTRY_DENSE, dense_launch, generate, has_dense_entry, stored};
@@ -270,7 +269,7 @@ fn the_generated_source_computes_what_the_cpu_backend_does() {
             trace = switchyard_core::ir::decompose_composites(&trace, |_, _| true).unwrap();
         }
         let ops: Vec<OpId> = trace.ops_with_ids().map(|(id, _)| id).collect();
-        let (ins, outs) = region_boundary(&trace, &ops, &trace.uses());
+        let (ins, outs) = trace.region_boundary(&ops, &trace.uses());
         let p = crate::lower::lower(&trace, &ops, &ins, &outs)
             .map_err(|f| format!("{name}: {}", f[0].reason))
             .unwrap();

@@ -7,7 +7,7 @@
 //!   sigmoid, exp of the input, add, mul) on 16M f32;
 //! - rms_norm (with a weight) and softmax over the last dim of [4096, 4096] f32.
 //!
-//! `cargo bench -p switchyard-exec-fuser`
+//! `cargo bench -p switchyard-tests --bench fuser`
 
 use std::sync::Arc;
 
