@@ -1,0 +1,314 @@
+//! What the partitioner knows and has decided: its executors, and per op
+//! the claims, bans, notes and hints that the phases read and write.
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::cost::DeviceModel;
+use crate::error::{Error, Result};
+use crate::executor::{Availability, Claim, Context, Executor, ExecutorKind, ExecutorSet};
+use crate::explain::Explanation;
+use crate::hints::{HintPolicy, Hints};
+use crate::ir::{OpId, SpanId, Trace, Uses};
+use crate::meta::Device;
+
+use super::PartitionOptions;
+
+/// An index into the partitioner's executors ([`State::execs`]): those of
+/// the set that can run here, or are planned as if they could. Not the
+/// set's own index, which a plan's regions carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct ExecId(pub(super) usize);
+
+/// One executor the partitioner places ops on.
+pub(super) struct Exec {
+    /// Its index in the executor set.
+    pub(super) set_index: usize,
+    pub(super) name: String,
+    pub(super) kind: ExecutorKind,
+    /// Whether its regions may merge independent ops.
+    pub(super) horizontal: bool,
+    /// How many of its regions may stay fused.
+    pub(super) fuel: Option<usize>,
+    /// Devices of the trace it cannot run ops on here, with the reason.
+    pub(super) missing: Vec<(Device, String)>,
+}
+
+impl Exec {
+    pub(super) fn is_fusion(&self) -> bool {
+        self.kind == ExecutorKind::Fusion
+    }
+
+    /// Its claim of `op`, or a rejection when `op` is on a device it lacks.
+    pub(super) fn claim(&self, e: &dyn Executor, op: OpId, cx: &Context) -> Claim {
+        if !self.missing.is_empty() {
+            let device = cx.op_device(op);
+            if let Some((d, why)) = self.missing.iter().find(|(d, _)| *d == device) {
+                return Claim::Reject(format!("cannot run ops on {d} here: {why}"));
+            }
+        }
+        e.claim(op, cx)
+    }
+}
+
+/// Everything known and decided about one op.
+pub(super) struct OpState {
+    /// Each executor's claim, by [`ExecId`].
+    pub(super) claims: Vec<Claim>,
+    /// Executors it may no longer go to: handed back, dissolved, split out,
+    /// or out of fuel. Each is set at most once, so partitioning ends.
+    pub(super) banned: Vec<bool>,
+    /// What moved it, in order, for the explanation.
+    pub(super) notes: Vec<String>,
+    /// The hints in force on it.
+    pub(super) hints: Hints,
+    /// Why its `executor` hint cannot be honoured (under `prefer`; then it
+    /// is placed as if unhinted).
+    pub(super) executor_failed: Option<String>,
+    /// The executor it is on this round.
+    pub(super) exec: ExecId,
+    /// Whether a hint holds it there: no cost-based move takes it off.
+    pub(super) pinned: bool,
+    /// The hint group it was placed with this round.
+    pub(super) group: Option<usize>,
+}
+
+impl OpState {
+    /// Whether executor `k` claims it and has not been banned from it.
+    pub(super) fn open(&self, k: ExecId) -> bool {
+        !self.banned[k.0] && self.claims[k.0].cost().is_some()
+    }
+}
+
+/// The ops of one `group=NAME` hint span.
+pub(super) struct Group {
+    pub(super) span: SpanId,
+    pub(super) name: String,
+    pub(super) ops: Vec<OpId>,
+    /// An op outside the group on a path between two of its ops: then no
+    /// region can hold exactly them.
+    pub(super) outsider: Option<OpId>,
+    /// Why it cannot be placed (under `prefer`; then its ops are placed as
+    /// if ungrouped).
+    pub(super) failed: Option<String>,
+}
+
+/// The partitioner's state, from the lowered trace to the final regions.
+pub(super) struct State<'a> {
+    /// The trace with the composites no executor claims whole decomposed.
+    pub(super) trace: Trace,
+    pub(super) uses: Uses,
+    pub(super) set: &'a ExecutorSet,
+    pub(super) device: &'a DeviceModel,
+    pub(super) execs: Vec<Exec>,
+    /// Per op of `trace`.
+    pub(super) ops: Vec<OpState>,
+    pub(super) groups: Vec<Group>,
+    /// Fusion regions that came back whole from their executor's `refine`,
+    /// not offered again.
+    pub(super) settled: HashSet<(ExecId, Vec<OpId>)>,
+    pub(super) policy: HintPolicy,
+    pub(super) explanation: Explanation,
+}
+
+impl<'a> State<'a> {
+    /// The executors that can run here, the lowered trace, and every
+    /// executor's claim of every op.
+    pub(super) fn new(
+        trace: Trace,
+        set: &'a ExecutorSet,
+        device: &'a DeviceModel,
+        opts: &PartitionOptions,
+    ) -> Result<State<'a>> {
+        let mut explanation = Explanation::default();
+        let execs = executors(&trace, set, opts, &mut explanation);
+        let trace = super::lower::lower(trace, set, device, &execs, &mut explanation)?;
+        let uses = trace.uses();
+        let mut state = State {
+            trace,
+            uses,
+            set,
+            device,
+            execs,
+            ops: Vec::new(),
+            groups: Vec::new(),
+            settled: HashSet::new(),
+            policy: opts.hint_policy,
+            explanation,
+        };
+        let hints = Hints::of_trace(&state.trace);
+        state.groups = crate::hints::groups(&hints)
+            .into_iter()
+            .map(|(span, name, ops)| Group {
+                outsider: super::hints::outsider(&state.trace, &ops, &state.uses.consumers),
+                span,
+                name,
+                ops,
+                failed: None,
+            })
+            .collect();
+        let claims: Vec<Vec<Claim>> = state
+            .trace
+            .ops_with_ids()
+            .map(|(id, _)| state.all_ids().map(|k| state.claim(k, id)).collect())
+            .collect();
+        state.ops = claims
+            .into_iter()
+            .zip(hints)
+            .map(|(claims, hints)| OpState {
+                banned: vec![false; claims.len()],
+                claims,
+                notes: Vec::new(),
+                hints,
+                executor_failed: None,
+                exec: ExecId(0),
+                pinned: false,
+                group: None,
+            })
+            .collect();
+        Ok(state)
+    }
+
+    /// Every executor's id.
+    pub(super) fn all_ids(&self) -> impl Iterator<Item = ExecId> + use<> {
+        (0..self.execs.len()).map(ExecId)
+    }
+
+    pub(super) fn exec(&self, k: ExecId) -> &Exec {
+        &self.execs[k.0]
+    }
+
+    /// The executor itself.
+    pub(super) fn executor(&self, k: ExecId) -> &std::sync::Arc<dyn Executor> {
+        &self.set.executors[self.exec(k).set_index]
+    }
+
+    /// What executor `k`'s hooks are given.
+    pub(super) fn cx(&self, k: ExecId) -> Context<'_> {
+        Context {
+            trace: &self.trace,
+            device: self.device,
+            options: self.set.options_of(&self.exec(k).name),
+            uses: &self.uses,
+            numerics: self.set.numerics,
+        }
+    }
+
+    /// Executor `k`'s claim of `op`.
+    fn claim(&self, k: ExecId, op: OpId) -> Claim {
+        self.exec(k).claim(&**self.executor(k), op, &self.cx(k))
+    }
+
+    pub(super) fn op(&self, op: OpId) -> &OpState {
+        &self.ops[op.index()]
+    }
+
+    /// Bans `op` from executor `k`, noting why.
+    pub(super) fn ban(&mut self, op: OpId, k: ExecId, note: String) {
+        let o = &mut self.ops[op.index()];
+        o.banned[k.0] = true;
+        o.notes.push(note);
+    }
+
+    /// The cheapest operator executor that accepts `op` and has not been
+    /// banned from it, with its cost.
+    pub(super) fn best_operator(&self, op: OpId) -> Option<(ExecId, f64)> {
+        let o = self.op(op);
+        let mut best: Option<(ExecId, f64)> = None;
+        for k in self.all_ids() {
+            if self.exec(k).kind != ExecutorKind::Operator || o.banned[k.0] {
+                continue;
+            }
+            if let Some(c) = o.claims[k.0].cost()
+                && best.is_none_or(|(_, b)| c < b)
+            {
+                best = Some((k, c));
+            }
+        }
+        best
+    }
+
+    /// Where `op` goes unhinted: the first fusion executor open to it, else
+    /// its cheapest operator executor.
+    pub(super) fn pick(&self, op: OpId) -> Option<ExecId> {
+        let o = self.op(op);
+        self.all_ids()
+            .find(|&k| o.open(k) && self.exec(k).is_fusion())
+            .or_else(|| self.best_operator(op).map(|(k, _)| k))
+    }
+
+    /// The error for an op no executor will take, with every reason.
+    pub(super) fn unclaimed(&self, op: OpId) -> Error {
+        let o = self.op(op);
+        let mut reasons: Vec<String> = self
+            .execs
+            .iter()
+            .zip(&o.claims)
+            .map(|(e, c)| match c {
+                Claim::Reject(r) => format!("{} rejects it: {r}", e.name),
+                Claim::Accept(_) => format!("{} accepted it but gave it up", e.name),
+            })
+            .collect();
+        reasons.extend(o.notes.iter().cloned());
+        reasons.extend(
+            self.explanation
+                .unavailable
+                .iter()
+                .map(|(n, r)| format!("{n} is unavailable: {r}")),
+        );
+        if reasons.is_empty() {
+            reasons.push("no executor is enabled".into());
+        }
+        Error::Unclaimed {
+            op: self.trace.describe_op(op),
+            reasons: reasons.join("; "),
+        }
+    }
+}
+
+/// The executors of `set` that can run here (all of them for a plan-only
+/// partition), with the devices each lacks; the others are explained.
+fn executors(
+    trace: &Trace,
+    set: &ExecutorSet,
+    opts: &PartitionOptions,
+    explanation: &mut Explanation,
+) -> Vec<Exec> {
+    let devices: BTreeSet<Device> = trace.values.iter().map(|v| v.meta.device).collect();
+    let mut execs = Vec::new();
+    for (set_index, e) in set.executors.iter().enumerate() {
+        let info = e.info();
+        let mut missing = Vec::new();
+        match e.availability() {
+            Availability::Unavailable(reason) if !opts.plan_only => {
+                explanation.unavailable.push((info.name, reason));
+                continue;
+            }
+            Availability::Unavailable(reason) => {
+                explanation.assumed_available.push((info.name.clone(), reason));
+            }
+            Availability::Available => {
+                for &d in &devices {
+                    if let Availability::Unavailable(why) = e.availability_on(d) {
+                        if opts.plan_only {
+                            explanation
+                                .assumed_available
+                                .push((format!("{} on {d}", info.name), why));
+                        } else {
+                            missing.push((d, why));
+                        }
+                    }
+                }
+            }
+        }
+        let limits = e.fusion_limits(set.options_of(&info.name));
+        execs.push(Exec {
+            set_index,
+            name: info.name,
+            kind: info.kind,
+            horizontal: opts.horizontal && limits.horizontal,
+            fuel: limits.fuel,
+            missing,
+        })
+    }
+    execs
+}
