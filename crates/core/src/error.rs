@@ -32,6 +32,15 @@ pub enum Error {
     /// A trace is structurally invalid (ids out of range, values used before definition).
     #[error("invalid trace: {0}")]
     InvalidTrace(String),
+    /// A pass left a plan that breaks an invariant of plans: a bug in that
+    /// pass ([`crate::verify`]).
+    #[error("the plan is invalid after {pass}: {problems}")]
+    InvalidPlan {
+        /// The pass, as a noun (`partitioning`).
+        pass: String,
+        /// What is wrong, the first few problems.
+        problems: String,
+    },
     /// A tensor given to a run does not match what the trace declares.
     #[error("tensor `{name}`: {message}")]
     Tensor {

@@ -22,6 +22,7 @@ use crate::ir::OpId;
 use crate::ir::Uses;
 use crate::plan::Plan;
 use crate::schedule::{Strategy, schedule, scheduled_peak};
+use crate::verify::Pass;
 
 /// Regions cut at the peak, one after another, at most.
 const VERTICAL_ROUNDS: usize = 8;
@@ -31,7 +32,14 @@ const CUTS: usize = 32;
 /// Schedules `plan` with `strategy`, undoes fusions that raise its peak, and
 /// checks it against `budget` (bytes).
 pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
-    let mut plan = schedule(plan, strategy);
+    let plan = fit_unverified(plan, strategy, budget)?;
+    plan.verify_if(Pass::Fit)?;
+    Ok(plan)
+}
+
+/// [`fit`], without the check of the result.
+fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
+    let mut plan = schedule(plan, strategy)?;
     // Splitting regions changes no op's readers.
     let uses = plan.trace.uses();
     // A `group` hint keeps its ops in one region: those regions stay whole.
@@ -53,7 +61,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
         tried.insert(plan.regions[i].ops[0]);
         let pieces = components(&plan, &plan.regions[i].ops);
         if let Some(p) = lowers(&plan, i, &pieces, &uses, strategy, peak) {
-            let mut c = apply(&plan, i, &pieces, &uses, strategy, p);
+            let mut c = apply(&plan, i, &pieces, &uses, strategy, p)?;
             let ops = plan.regions[i].ops.clone();
             annotate(
                 &mut c,
@@ -86,7 +94,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
             let pieces = components(&candidate, ops);
             candidate = replace(&candidate, i, &pieces, &uses);
         }
-        let candidate = schedule(candidate, strategy);
+        let candidate = schedule(candidate, strategy)?;
         let p = candidate.planned_peak_bytes().0;
         if p < peak {
             plan = candidate;
@@ -121,7 +129,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
             .filter_map(|&k| lowers(&plan, step, &at(k), &uses, strategy, peak).map(|p| (p, k)))
             .min();
         let Some((p, k)) = best else { break };
-        let mut c = apply(&plan, step, &at(k), &uses, strategy, p);
+        let mut c = apply(&plan, step, &at(k), &uses, strategy, p)?;
         let ops = plan.regions[step].ops.clone();
         annotate(
             &mut c,
@@ -149,7 +157,7 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
     }
     let Some(budget) = budget else { return Ok(plan) };
     if peak > budget && strategy != Strategy::MinPeak {
-        return fit(plan, Strategy::MinPeak, Some(budget));
+        return fit_unverified(plan, Strategy::MinPeak, Some(budget));
     }
     if peak > budget {
         let t = plan.timeline();
@@ -301,12 +309,12 @@ fn apply(
     uses: &Uses,
     strategy: Strategy,
     expected: usize,
-) -> Plan {
-    let p = schedule(replace(plan, i, pieces, uses), strategy);
+) -> Result<Plan> {
+    let p = schedule(replace(plan, i, pieces, uses), strategy)?;
     debug_assert_eq!(
         p.planned_peak_bytes().0,
         expected,
         "the peak worked out for a candidate is the rescheduled plan's"
     );
-    p
+    Ok(p)
 }

@@ -64,33 +64,40 @@ fn imports(mods: &[(Vec<String>, String, String)]) -> Vec<Import> {
             if line.trim_start().starts_with("//") {
                 continue;
             }
-            for (at, _) in line.match_indices("crate::") {
-                let mut path = Vec::new();
-                for seg in line[at + "crate::".len()..].split("::") {
-                    let id: String = seg
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    let whole = !id.is_empty() && id.len() == seg.len();
-                    if !id.is_empty() {
-                        path.push(id);
+            // `crate::a::b` from the root; `super::b` from the parent module.
+            let roots = [
+                ("crate::", &[][..]),
+                ("super::", &from[..from.len().saturating_sub(1)]),
+            ];
+            for (root, base) in roots {
+                for (at, _) in line.match_indices(root) {
+                    let mut path = base.to_vec();
+                    for seg in line[at + root.len()..].split("::") {
+                        let id: String = seg
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        let whole = !id.is_empty() && id.len() == seg.len();
+                        if !id.is_empty() {
+                            path.push(id);
+                        }
+                        if !whole {
+                            break;
+                        }
                     }
-                    if !whole {
-                        break;
+                    let to = (1..=path.len())
+                        .rev()
+                        .map(|n| &path[..n])
+                        .find(|p| known.contains(p))
+                        .map(<[String]>::to_vec);
+                    if let Some(to) = to {
+                        out.push(Import {
+                            file: file.clone(),
+                            from: from.clone(),
+                            to,
+                            line: i + 1,
+                        });
                     }
-                }
-                let to = (1..=path.len())
-                    .rev()
-                    .map(|n| &path[..n])
-                    .find(|p| known.contains(p))
-                    .map(<[String]>::to_vec);
-                if let Some(to) = to {
-                    out.push(Import {
-                        file: file.clone(),
-                        from: from.clone(),
-                        to,
-                        line: i + 1,
-                    });
                 }
             }
         }

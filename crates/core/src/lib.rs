@@ -54,6 +54,7 @@ pub mod schedule;
 pub mod tensor;
 pub mod text;
 pub mod threads;
+pub mod verify;
 
 pub use arena::OutputBuffer;
 pub use dtype::{DType, Element, Scalar};

@@ -22,11 +22,13 @@ use std::collections::{BTreeSet, VecDeque};
 
 pub use crate::ir::hint::Strategy;
 
+use crate::error::Result;
 use crate::executor::Region;
 use crate::hints::HintPolicy;
 use crate::ir::Trace;
 use crate::memory::MemoryGraph;
 use crate::plan::Plan;
+use crate::verify::Pass;
 
 /// Plans of at most this many regions are also scheduled by exact search.
 pub const EXACT_MAX: usize = 16;
@@ -125,8 +127,16 @@ fn program(g: &MemoryGraph) -> Vec<usize> {
 
 /// `plan` with its regions in the order `strategy` gives them, renumbered
 /// in that order; regions under a `schedule` hint keep its order among
-/// themselves.
-pub fn schedule(mut plan: Plan, strategy: Strategy) -> Plan {
+/// themselves. An error only if the result breaks a plan invariant (a bug;
+/// checked in debug builds, [`Plan::verify_if`]).
+pub fn schedule(plan: Plan, strategy: Strategy) -> Result<Plan> {
+    let plan = reorder(plan, strategy);
+    plan.verify_if(Pass::Schedule)?;
+    Ok(plan)
+}
+
+/// [`schedule`], unverified.
+fn reorder(mut plan: Plan, strategy: Strategy) -> Plan {
     let mut g = plan.memory_graph();
     let (order, refused) = hinted_order(&mut g, &plan.trace, &plan.regions, strategy);
     report_refused(&mut plan, refused);

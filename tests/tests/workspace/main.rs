@@ -21,3 +21,4 @@ mod runtime;
 mod schedule;
 mod snapshots;
 mod text_format;
+mod verify;

@@ -2,7 +2,6 @@
 //! cost-based dissolving and splitting, composites, availability; and, on random
 //! DAGs with random claim tables, the invariants every plan must keep.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -12,6 +11,7 @@ use switchyard_core::io::random_inputs;
 use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::plan::Plan;
 use switchyard_core::text::parse;
+use switchyard_core::verify::Pass;
 use switchyard_core::{Error, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
@@ -32,37 +32,6 @@ fn plan_with(trace: &Trace, executors: Vec<Arc<dyn Executor>>, horizontal: bool)
 
 fn fallback() -> Arc<dyn Executor> {
     Arc::new(FallbackExecutor)
-}
-
-/// Every op is in exactly one region, and every region reads only trace inputs
-/// and values of earlier regions, so the region graph has no cycle.
-fn check_invariants(plan: &Plan) {
-    let mut seen = HashSet::new();
-    for r in &plan.regions {
-        for op in &r.ops {
-            assert!(seen.insert(*op), "op {op:?} is in two regions");
-        }
-    }
-    assert_eq!(seen.len(), plan.trace.ops.len(), "some op is in no region");
-    let producers = plan.trace.producers();
-    let mut region_of = vec![usize::MAX; plan.trace.ops.len()];
-    for r in &plan.regions {
-        for op in &r.ops {
-            region_of[op.index()] = r.id;
-        }
-    }
-    for r in &plan.regions {
-        for v in &r.inputs {
-            if let Some(p) = producers[v.index()] {
-                assert!(
-                    region_of[p.index()] < r.id,
-                    "region {} reads a value of later region {}",
-                    r.id,
-                    region_of[p.index()]
-                );
-            }
-        }
-    }
 }
 
 /// Runs a plan and the fallback-only plan and compares every output exactly.
@@ -101,7 +70,7 @@ fn a_fuser_that_rejects_cat_hands_it_to_another_executor() {
     let t = parse(ROPE).unwrap();
     let fuser = Scripted::fuser("fuser").with("cat", Script::Reject("poor at cat".into()));
     let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(executor_of_op(&plan, "r"), "fallback");
     assert_eq!(executor_of_op(&plan, "z"), "fuser");
     let fused = plan
@@ -125,7 +94,7 @@ fn cat_stays_fused_when_that_is_cheaper() {
     let t = parse(ROPE).unwrap();
     let fuser = Scripted::fuser("fuser").with("cat", Script::Accept(500.0));
     let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(
         plan.regions.len(),
         1,
@@ -141,7 +110,7 @@ fn cat_is_split_out_when_fusing_it_costs_more() {
     let t = parse(ROPE).unwrap();
     let fuser = Scripted::fuser("fuser").with("cat", Script::Accept(1e6));
     let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(executor_of_op(&plan, "r"), "fallback");
     assert!(
         notes_of(&plan, "r")
@@ -159,7 +128,7 @@ fn a_region_of_views_alone_is_dissolved() {
     // apart, each is a zero-copy view costing host overhead only.
     let t = parse("input x: f32[64, 64]\nt = transpose(x, perm=[1, 0])\ns = slice(t, start=[0, 0], end=[32, 64])\noutput s\n").unwrap();
     let plan = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "fallback"));
     assert!(
         notes_of(&plan, "s")[0].starts_with("region of 2 ops dissolved"),
@@ -185,7 +154,7 @@ fn composites_are_claimed_whole_or_decomposed() {
     let t = parse(src).unwrap();
     let attn = Scripted::operator("attn").with("softmax", Script::Accept(10.0));
     let plan = plan_with(&t, vec![attn.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(plan.trace.ops.len(), 2, "softmax kept whole");
     assert_eq!(executor_of_op(&plan, "y"), "attn");
     assert!(plan.explanation.kept_whole[0].contains("claimed whole by attn"));
@@ -229,7 +198,7 @@ fn refine_hands_ops_back_to_their_next_claimant() {
     let mut fuser = Scripted::fuser("fuser");
     fuser.hand_back = vec!["exp".into()];
     let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(executor_of_op(&plan, "z"), "fallback");
     assert_eq!(
         notes_of(&plan, "z"),
@@ -247,7 +216,7 @@ fn horizontal_merging_can_be_turned_off() {
     let on = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], true).unwrap();
     let off = plan_with(&t, vec![Scripted::fuser("fuser").arc(), fallback()], false).unwrap();
     assert_eq!((on.regions.len(), off.regions.len()), (1, 2));
-    check_invariants(&off);
+    off.verify(Pass::Partition).unwrap();
 }
 
 #[test]
@@ -260,7 +229,7 @@ fn a_cheaper_operator_executor_wins_its_op() {
     let fuser = Scripted::fuser("fuser").with("matmul", Script::Accept(1e6));
     let blas = Scripted::operator("blas").with("matmul", Script::Accept(100.0));
     let plan = plan_with(&t, vec![fuser.arc(), blas.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(executor_of_op(&plan, "m"), "blas");
     same_results(&t, plan);
 }
@@ -293,7 +262,7 @@ fn operator_ops_a_fused_consumer_waits_on_run_first() {
             .with("matmul", Script::Reject("scripted".into()))
             .with("transpose", Script::Reject("scripted".into()));
         let plan = plan_with(&t, vec![fuser.arc(), fallback()], horizontal).unwrap();
-        check_invariants(&plan);
+        plan.verify(Pass::Partition).unwrap();
         assert_eq!(
             region_names(&plan),
             [vec!["g"], vec!["w3t"], vec!["u"], vec!["a", "m"]],
@@ -313,7 +282,7 @@ fn an_operator_op_that_reads_the_region_is_not_run_first() {
     .unwrap();
     let fuser = Scripted::fuser("fuser").with("matmul", Script::Reject("scripted".into()));
     let plan = plan_with(&t, vec![fuser.arc(), fallback()], true).unwrap();
-    check_invariants(&plan);
+    plan.verify(Pass::Partition).unwrap();
     assert_eq!(region_names(&plan), [vec!["a"], vec!["m"], vec!["b"]]);
     same_results(&t, plan);
 }
@@ -330,7 +299,7 @@ fn plans_are_deterministic() {
     let a = plan_with(&t, ex(), true).unwrap();
     let b = plan_with(&t, ex(), true).unwrap();
     assert_eq!(a.regions, b.regions);
-    check_invariants(&a);
+    a.verify(Pass::Partition).unwrap();
     same_results(&t, a);
 }
 
@@ -386,7 +355,7 @@ proptest! {
             }
         }
         let plan = plan_with(&t, vec![fuser.arc(), oper.arc(), fallback()], horizontal).unwrap();
-        check_invariants(&plan);
+        plan.verify(Pass::Partition).unwrap();
         same_results(&t, plan);
     }
 }

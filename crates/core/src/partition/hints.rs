@@ -7,12 +7,27 @@ use std::collections::HashSet;
 
 use crate::error::{Error, Result};
 use crate::executor::Claim;
-use crate::hints::{HintOutcome, HintPolicy};
+use crate::hints::{HintOutcome, HintPolicy, Hints};
 use crate::ir::{OpId, Trace};
 
-use super::state::{ExecId, State};
+use super::state::{ExecId, Group, State};
 
 impl State<'_> {
+    /// Gathers the `group` hint spans, each with its ops.
+    pub(super) fn gather_groups(&mut self) {
+        let hints: Vec<Hints> = self.ops.iter().map(|o| o.hints.clone()).collect();
+        self.groups = crate::hints::groups(&hints)
+            .into_iter()
+            .map(|(span, name, ops)| Group {
+                outsider: outsider(&self.trace, &ops, &self.uses.consumers),
+                span,
+                name,
+                ops,
+                failed: None,
+            })
+            .collect();
+    }
+
     /// This round's executor of every op: its hinted one, else where it
     /// goes unhinted; then the groups, each on one fusion executor.
     pub(super) fn assign(&mut self) -> Result<()> {
@@ -192,7 +207,7 @@ impl State<'_> {
 
 /// An op outside `ops` on a path between two of them, if there is one: then
 /// no region can hold exactly them without a cycle.
-pub(super) fn outsider(trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> Option<OpId> {
+fn outsider(trace: &Trace, ops: &[OpId], consumers: &[Vec<OpId>]) -> Option<OpId> {
     let inside: HashSet<OpId> = ops.iter().copied().collect();
     // Ops outside reachable from the group, and where each came from.
     let mut seen: HashSet<OpId> = HashSet::new();

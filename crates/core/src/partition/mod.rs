@@ -30,10 +30,11 @@ use std::time::Instant;
 use crate::cost::DeviceModel;
 use crate::error::Result;
 use crate::executor::{ExecutorSet, Region};
-use crate::explain::{Candidate, OpExplanation};
+use crate::explain::{Candidate, Explanation, OpExplanation};
 use crate::hints::HintPolicy;
 use crate::ir::{OpId, Trace};
 use crate::plan::Plan;
+use crate::verify::Pass;
 
 mod cluster;
 mod hints;
@@ -89,7 +90,11 @@ pub fn partition_owned(
     opts: &PartitionOptions,
 ) -> Result<Plan> {
     let t0 = Instant::now();
-    let mut state = State::new(trace, set, device, opts)?;
+    let mut explanation = Explanation::default();
+    let execs = state::executors(&trace, set, opts, &mut explanation);
+    let trace = lower::lower(trace, set, device, &execs, &mut explanation)?;
+    let mut state = State::new(trace, set, device, execs, opts.hint_policy, explanation);
+    state.gather_groups();
     let t_claims = t0.elapsed();
     let mut rounds = 0;
     let regions = loop {
@@ -113,6 +118,7 @@ pub fn partition_owned(
         report_ms = (t0.elapsed() - t_regions).as_secs_f64() * 1e3,
         "partitioned"
     );
+    plan.verify_if(Pass::Partition)?;
     Ok(plan)
 }
 

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use crate::cost::DeviceModel;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::executor::{Availability, Claim, Context, Executor, ExecutorKind, ExecutorSet};
 use crate::explain::Explanation;
 use crate::hints::{HintPolicy, Hints};
@@ -111,17 +111,16 @@ pub(super) struct State<'a> {
 }
 
 impl<'a> State<'a> {
-    /// The executors that can run here, the lowered trace, and every
-    /// executor's claim of every op.
+    /// The state of partitioning the lowered `trace` onto `execs`, with
+    /// every executor's claim of every op; no groups yet.
     pub(super) fn new(
         trace: Trace,
         set: &'a ExecutorSet,
         device: &'a DeviceModel,
-        opts: &PartitionOptions,
-    ) -> Result<State<'a>> {
-        let mut explanation = Explanation::default();
-        let execs = executors(&trace, set, opts, &mut explanation);
-        let trace = super::lower::lower(trace, set, device, &execs, &mut explanation)?;
+        execs: Vec<Exec>,
+        policy: HintPolicy,
+        explanation: Explanation,
+    ) -> State<'a> {
         let uses = trace.uses();
         let mut state = State {
             trace,
@@ -132,25 +131,15 @@ impl<'a> State<'a> {
             ops: Vec::new(),
             groups: Vec::new(),
             settled: HashSet::new(),
-            policy: opts.hint_policy,
+            policy,
             explanation,
         };
-        let hints = Hints::of_trace(&state.trace);
-        state.groups = crate::hints::groups(&hints)
-            .into_iter()
-            .map(|(span, name, ops)| Group {
-                outsider: super::hints::outsider(&state.trace, &ops, &state.uses.consumers),
-                span,
-                name,
-                ops,
-                failed: None,
-            })
-            .collect();
         let claims: Vec<Vec<Claim>> = state
             .trace
             .ops_with_ids()
             .map(|(id, _)| state.all_ids().map(|k| state.claim(k, id)).collect())
             .collect();
+        let hints = Hints::of_trace(&state.trace);
         state.ops = claims
             .into_iter()
             .zip(hints)
@@ -165,7 +154,7 @@ impl<'a> State<'a> {
                 group: None,
             })
             .collect();
-        Ok(state)
+        state
     }
 
     /// Every executor's id.
@@ -267,7 +256,7 @@ impl<'a> State<'a> {
 
 /// The executors of `set` that can run here (all of them for a plan-only
 /// partition), with the devices each lacks; the others are explained.
-fn executors(
+pub(super) fn executors(
     trace: &Trace,
     set: &ExecutorSet,
     opts: &PartitionOptions,
