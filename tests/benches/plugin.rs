@@ -21,7 +21,7 @@ fn overhead(c: &mut Criterion) {
     let mut g = c.benchmark_group("plugin_call");
     let t = parse("input x: f32[64]\ny = exp(x)\noutput y\n").unwrap();
     let inputs = random_inputs(&t, 0);
-    let loaded = switchyard_core::plugin::load(&switchyard_tests::built_library(
+    let loaded = switchyard_plugin_host::load(&switchyard_tests::built_library(
         "switchyard-test-plugin-misbehaving",
     ))
     .unwrap();

@@ -266,7 +266,7 @@ fn partition_options(config: &Config) -> PartitionOptions {
 /// The config's plugins and `extra`; each that cannot be loaded is a
 /// warning, and skipped.
 fn load_plugins(config: &Config, extra: &[PathBuf]) -> Vec<LoadedPlugin> {
-    let (loaded, failed) = config.load_plugins(extra);
+    let (loaded, failed) = switchyard_plugin_host::load_configured(config, extra);
     for e in failed {
         eprintln!("warning: {e} (skipped)");
     }

@@ -34,7 +34,7 @@
 //! that name the key.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -214,38 +214,16 @@ impl Config {
         Ok(c)
     }
 
-    /// Loads the config's plugins, then those in `extra` (paths as given).
-    /// Returns the loaded ones and, for each that could not be loaded, the
-    /// error naming it and the cause: callers skip those and say so.
-    pub fn load_plugins(&self, extra: &[std::path::PathBuf]) -> (Vec<LoadedPlugin>, Vec<Error>) {
-        let paths = self
-            .plugin
+    /// The paths of the config's `[[plugin]]` libraries, relative ones
+    /// against the config file's folder.
+    pub fn plugin_paths(&self) -> Vec<PathBuf> {
+        self.plugin
             .iter()
             .map(|p| match &self.dir {
                 Some(d) if p.path.is_relative() => d.join(&p.path),
                 _ => p.path.clone(),
             })
-            .chain(extra.iter().cloned());
-        let (mut loaded, mut failed): (Vec<LoadedPlugin>, Vec<Error>) = (Vec::new(), Vec::new());
-        for path in paths {
-            match crate::plugin::load(&path) {
-                Ok(p) => {
-                    let name = p.executor.info().name;
-                    let builtin = executor::registered().iter().any(|f| f.name == name);
-                    let twice = loaded.iter().any(|q| q.executor.info().name == name);
-                    if builtin || twice {
-                        failed.push(Error::Plugin {
-                            path,
-                            message: format!("its executor `{name}` has the name of another executor"),
-                        });
-                    } else {
-                        loaded.push(p);
-                    }
-                }
-                Err(e) => failed.push(e),
-            }
-        }
-        (loaded, failed)
+            .collect()
     }
 
     /// The scheduling strategy `[scheduler] strategy` names.
@@ -277,12 +255,21 @@ impl Config {
     /// The executors to use: `cli_list` (from `--executors`) or `executors` or the
     /// registered defaults, then `enable` in front and `disable` removed; each
     /// with its options, which the executor checks.
+    /// A config that names plugins is an error here: they are loaded by
+    /// the plugin host, and their executors given to
+    /// [`Config::executor_set_with`].
     pub fn executor_set(&self, cli_list: Option<&str>) -> Result<ExecutorSet> {
-        let (plugins, failed) = self.load_plugins(&[]);
-        for e in failed {
-            tracing::warn!("{e} (skipped)");
+        if let Some(p) = self.plugin.first() {
+            return Err(Error::Config {
+                key: "plugin".into(),
+                message: format!(
+                    "`{}` is a plugin, which this program does not load (load the config's plugins with the \
+                     plugin host, then build the set with them)",
+                    p.path.display()
+                ),
+            });
         }
-        self.executor_set_with(cli_list, &plugins)
+        self.executor_set_with(cli_list, &[])
     }
 
     /// As [`Config::executor_set`], with these plugins' executors known

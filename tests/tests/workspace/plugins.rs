@@ -12,13 +12,14 @@ use switchyard_core::executor::{Claim, Executor, ExecutorSet};
 use switchyard_core::io::random_inputs;
 use switchyard_core::partition::PartitionOptions;
 use switchyard_core::pipeline::Planner;
-use switchyard_core::plugin::{LoadedPlugin, load};
+use switchyard_core::plugin::LoadedPlugin;
 use switchyard_core::runtime::RunOptions;
 use switchyard_core::schedule::Strategy;
 use switchyard_core::text::parse;
 use switchyard_core::{Error, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
+use switchyard_plugin_host::{load, load_configured};
 use switchyard_tests::workloads::{BlockSize, llama};
 use switchyard_tests::{assert_close, built_library, run};
 
@@ -41,7 +42,7 @@ type Outcome = (Vec<switchyard_core::Tensor>, Vec<String>, Vec<String>);
 /// setting aside plugins that fail to compile; returns the outputs of one
 /// run, the executor of every region, and what was set aside.
 fn plan_and_run(trace: &Trace, config: &Config) -> Result<Outcome, Error> {
-    let (plugins, failed) = config.load_plugins(&[]);
+    let (plugins, failed) = load_configured(config, &[]);
     assert!(failed.is_empty(), "{failed:?}");
     let names: Vec<String> = plugins.iter().map(|p| p.executor.info().name).collect();
     let set = config.executor_set_with(None, &plugins)?;
@@ -169,11 +170,11 @@ fn libraries_that_cannot_be_loaded_are_clear_errors() {
         missing.display().to_string(),
         matmul_plugin().display().to_string()
     ));
-    let (loaded, failed): (Vec<LoadedPlugin>, Vec<Error>) = c.load_plugins(std::slice::from_ref(&text));
+    let (loaded, failed): (Vec<LoadedPlugin>, Vec<Error>) = load_configured(&c, std::slice::from_ref(&text));
     assert_eq!(loaded.len(), 1);
     assert_eq!(failed.len(), 2);
     // The same plugin twice: the second is refused by name.
-    let (loaded, failed) = c.load_plugins(&[matmul_plugin()]);
+    let (loaded, failed) = load_configured(&c, &[matmul_plugin()]);
     assert_eq!(loaded.len(), 1);
     assert!(
         failed
@@ -206,7 +207,7 @@ fn a_well_behaved_plugin_runs_and_matches_the_fallback() {
 #[test]
 fn claims_that_panic_fail_or_cost_nan_are_rejections_with_the_reason() {
     let t = exp_trace();
-    let p = Config::default().load_plugins(&[misbehaving()]).0.remove(0);
+    let p = load_configured(&Config::default(), &[misbehaving()]).0.remove(0);
     for (mode, want) in [
         ("panic-claim", "plugin misbehaving panicked: claim blew up"),
         ("error-claim", "refuses on principle"),
