@@ -18,8 +18,7 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::executor::{ExecutorKind, Region};
 use crate::hints::HintPolicy;
-use crate::ir::OpId;
-use crate::ir::Uses;
+use crate::ir::{Cuts, OpId, Uses, ValueId};
 use crate::plan::Plan;
 use crate::schedule::{Strategy, schedule, scheduled_peak};
 use crate::verify::Pass;
@@ -59,16 +58,15 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         });
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
-        let pieces = components(&plan, &plan.regions[i].ops);
-        if let Some(p) = lowers(&plan, i, &pieces, &uses, strategy, peak) {
-            let mut c = apply(&plan, i, &pieces, &uses, strategy, p)?;
+        let pieces = bounded(&plan, components(&plan, &plan.regions[i].ops), &uses);
+        if let Some(p) = lowers(&plan, i, &pieces, strategy, peak) {
             let ops = plan.regions[i].ops.clone();
+            plan = apply(plan, i, &pieces, &uses, strategy, p)?;
             annotate(
-                &mut c,
+                &mut plan,
                 &ops,
                 format!("independent ops split apart: merged, the plan peaks at {peak} bytes; split, at {p}"),
             );
-            plan = c;
             peak = p;
             // Others may help now that this one is apart.
             tried.clear();
@@ -91,8 +89,8 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
                 .iter()
                 .position(|r| r.ops == *ops)
                 .expect("the region is still there");
-            let pieces = components(&candidate, ops);
-            candidate = replace(&candidate, i, &pieces, &uses);
+            let pieces = bounded(&candidate, components(&candidate, ops), &uses);
+            candidate = replace(candidate, i, &pieces, &uses);
         }
         let candidate = schedule(candidate, strategy)?;
         let p = candidate.planned_peak_bytes().0;
@@ -123,20 +121,19 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         // the first cut of the lowest peak wins.
         let stride = r.ops.len().div_ceil(CUTS).max(1);
         let cuts: Vec<usize> = (1..r.ops.len()).step_by(stride).collect();
-        let at = |k: usize| vec![r.ops[..k].to_vec(), r.ops[k..].to_vec()];
+        let at = Cuts::new(&plan.trace, &r.ops, &r.outputs, &uses);
         let best = cuts
             .par_iter()
-            .filter_map(|&k| lowers(&plan, step, &at(k), &uses, strategy, peak).map(|p| (p, k)))
+            .filter_map(|&k| lowers(&plan, step, &at.pieces(k), strategy, peak).map(|p| (p, k)))
             .min();
         let Some((p, k)) = best else { break };
-        let mut c = apply(&plan, step, &at(k), &uses, strategy, p)?;
-        let ops = plan.regions[step].ops.clone();
+        let (ops, pieces) = (r.ops.clone(), at.pieces(k));
+        plan = apply(plan, step, &pieces, &uses, strategy, p)?;
         annotate(
-            &mut c,
+            &mut plan,
             &ops,
             format!("fused region cut at the peak: {peak} bytes fused, {p} bytes cut"),
         );
-        plan = c;
         peak = p;
     }
     // Scheduling is where a `schedule` hint can fail; under the strict
@@ -238,21 +235,35 @@ fn components(plan: &Plan, ops: &[OpId]) -> Vec<Vec<OpId>> {
     groups
 }
 
-/// `plan`'s regions with region `i` replaced by `pieces` (same executor
-/// and device), numbered in order. `uses` is the trace's [`Trace::uses`].
+/// A piece of a region: its ops, inputs and outputs.
+type Piece = (Vec<OpId>, Vec<ValueId>, Vec<ValueId>);
+
+/// `pieces` of ops with their boundaries. `uses` is the trace's
+/// [`Trace::uses`].
 ///
 /// [`Trace::uses`]: crate::ir::Trace::uses
-fn split(plan: &Plan, i: usize, pieces: &[Vec<OpId>], uses: &Uses) -> Vec<Region> {
+fn bounded(plan: &Plan, pieces: Vec<Vec<OpId>>, uses: &Uses) -> Vec<Piece> {
+    pieces
+        .into_iter()
+        .map(|ops| {
+            let (inputs, outputs) = plan.trace.region_boundary(&ops, uses);
+            (ops, inputs, outputs)
+        })
+        .collect()
+}
+
+/// `plan`'s regions with region `i` replaced by `pieces` (same executor
+/// and device), numbered in order.
+fn split(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
     let old = &plan.regions[i];
     let mut regions = plan.regions[..i].to_vec();
-    for ops in pieces {
-        let (inputs, outputs) = plan.trace.region_boundary(ops, uses);
+    for (ops, inputs, outputs) in pieces {
         regions.push(Region {
             id: 0,
             executor: old.executor,
             ops: ops.clone(),
-            inputs,
-            outputs,
+            inputs: inputs.clone(),
+            outputs: outputs.clone(),
             device: old.device,
         });
     }
@@ -265,47 +276,38 @@ fn split(plan: &Plan, i: usize, pieces: &[Vec<OpId>], uses: &Uses) -> Vec<Region
 
 /// `plan` with region `i` replaced by `pieces` as [`split`] gives, the
 /// pieces costed by their executor and the explanation pointing at them.
-fn replace(plan: &Plan, i: usize, pieces: &[Vec<OpId>], uses: &Uses) -> Plan {
-    let regions = split(plan, i, pieces, uses);
-    let mut estimates = plan.estimates[..i].to_vec();
-    for r in &regions[i..i + pieces.len()] {
-        estimates.push(plan.with_context(r, uses, |cx| plan.executor_of(r).cost(&r.ops, cx)));
-    }
-    estimates.extend(plan.estimates[i + 1..].iter().copied());
-    let mut p = plan.clone();
+fn replace(mut plan: Plan, i: usize, pieces: &[Piece], uses: &Uses) -> Plan {
+    let regions = split(&plan, i, pieces);
+    let costs: Vec<f64> = regions[i..i + pieces.len()]
+        .iter()
+        .map(|r| plan.with_context(r, uses, |cx| plan.executor_of(r).cost(&r.ops, cx)))
+        .collect();
+    plan.estimates.splice(i..=i, costs);
     for r in &regions {
         for op in &r.ops {
-            if let Some(e) = p.explanation.ops.get_mut(op.index()) {
+            if let Some(e) = plan.explanation.ops.get_mut(op.index()) {
                 e.region = r.id;
             }
         }
     }
-    p.regions = regions;
-    p.estimates = estimates;
-    p
+    plan.regions = regions;
+    plan
 }
 
 /// Whether splitting region `i` of `plan` into `pieces` and rescheduling
 /// with `strategy` lowers the planned peak below `peak`: the new peak if
 /// so. Only the memory is worked out, not the plan.
-fn lowers(
-    plan: &Plan,
-    i: usize,
-    pieces: &[Vec<OpId>],
-    uses: &Uses,
-    strategy: Strategy,
-    peak: usize,
-) -> Option<usize> {
-    let p = scheduled_peak(plan, &split(plan, i, pieces, uses), strategy);
+fn lowers(plan: &Plan, i: usize, pieces: &[Piece], strategy: Strategy, peak: usize) -> Option<usize> {
+    let p = scheduled_peak(plan, &split(plan, i, pieces), strategy);
     (p < peak).then_some(p)
 }
 
 /// `plan` with region `i` split into `pieces` and rescheduled: the plan a
 /// candidate that [`lowers`] the peak to `expected` becomes.
 fn apply(
-    plan: &Plan,
+    plan: Plan,
     i: usize,
-    pieces: &[Vec<OpId>],
+    pieces: &[Piece],
     uses: &Uses,
     strategy: Strategy,
     expected: usize,

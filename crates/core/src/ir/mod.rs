@@ -24,6 +24,7 @@ pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;
 pub use infer::{OperandMeta, check_size, infer, reduce_dims, reduced_shape, slice_params};
 pub use ops::{BinaryOp, CompositeOp, OpKind, ReduceOp, UnaryOp};
+pub use region::Cuts;
 
 pub(crate) use attr::is_reserved_word;
 

@@ -3,8 +3,6 @@
 //! partitioner, the memory fitter and executors (through
 //! [`crate::executor::Context`]) all draw region boundaries with these.
 
-use std::collections::HashSet;
-
 use crate::ir::{OpId, Trace, Uses, ValueId};
 use crate::meta::Device;
 
@@ -17,28 +15,44 @@ impl Trace {
     /// when nothing reads it (it is still produced, and must be accounted
     /// for).
     pub fn region_boundary(&self, ops: &[OpId], uses: &Uses) -> (Vec<ValueId>, Vec<ValueId>) {
+        // Sorted vectors and binary searches, not hash sets: the memory
+        // fitter draws thousands of boundaries of large regions.
         let mut sorted = ops.to_vec();
         sorted.sort_unstable();
         let inside = |o: OpId| sorted.binary_search(&o).is_ok();
-        let mut defined = HashSet::new();
-        let mut seen = HashSet::new();
-        let mut inputs = Vec::new();
+        // Each value the region defines, with the position of its op.
+        let mut defined: Vec<(ValueId, usize)> = ops
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &o)| self.op(o).outputs.iter().map(move |&v| (v, i)))
+            .collect();
+        defined.sort_unstable();
+        let defined_before = |v: ValueId, at: usize| {
+            defined
+                .binary_search_by_key(&v, |&(w, _)| w)
+                .is_ok_and(|k| defined[k].1 < at)
+        };
+        // Reads of values not defined before them, with their order.
+        let mut reads: Vec<(ValueId, usize)> = Vec::new();
         let mut outputs = Vec::new();
-        for &id in ops {
+        for (at, &id) in ops.iter().enumerate() {
             let op = self.op(id);
             for v in op.input_values() {
-                if !defined.contains(&v) && seen.insert(v) {
-                    inputs.push(v);
+                if !defined_before(v, at) {
+                    reads.push((v, reads.len()));
                 }
             }
             for &v in &op.outputs {
-                defined.insert(v);
                 if uses.escapes(v, inside) {
                     outputs.push(v);
                 }
             }
         }
-        (inputs, outputs)
+        // Each value once, at its first read.
+        reads.sort_unstable();
+        reads.dedup_by_key(|r| r.0);
+        reads.sort_unstable_by_key(|r| r.1);
+        (reads.into_iter().map(|(v, _)| v).collect(), outputs)
     }
 
     /// The device an op works on: its first output's (or first operand's).
@@ -50,5 +64,199 @@ impl Trace {
             .or_else(|| o.input_values().next())
             .map(|v| self.meta(v).device)
             .unwrap_or(Device::Cpu)
+    }
+}
+
+/// A region's ops, ready to be cut in two at any position: each cut's two
+/// pieces' boundaries in O(region) (no sorting, no search), equal to
+/// [`Trace::region_boundary`] of each piece. The memory fitter tries many
+/// cut points of one large region.
+pub struct Cuts<'a> {
+    ops: &'a [OpId],
+    /// Per op position, the range of its reads in `reads` and of its
+    /// results in `results`.
+    read_at: Vec<usize>,
+    result_at: Vec<usize>,
+    /// Each operand read: the value, its slot among the distinct values
+    /// read, and the position of the op defining it (`OUTSIDE` if none).
+    reads: Vec<(ValueId, usize, usize)>,
+    /// Each result: the value, whether it leaves the whole region, and the
+    /// first and last positions that read it (`OUTSIDE` if none).
+    results: Vec<(ValueId, bool, usize, usize)>,
+    slots: usize,
+}
+
+/// The position of no op of the region.
+const OUTSIDE: usize = usize::MAX;
+
+impl<'a> Cuts<'a> {
+    /// The cuts of the region of `ops` whose outputs are `outputs` (its
+    /// boundary's); `uses` is [`Trace::uses`].
+    pub fn new(trace: &Trace, ops: &'a [OpId], outputs: &[ValueId], uses: &Uses) -> Cuts<'a> {
+        let mut at: Vec<(OpId, usize)> = ops.iter().enumerate().map(|(p, &o)| (o, p)).collect();
+        at.sort_unstable();
+        let position = |o: OpId| {
+            at.binary_search_by_key(&o, |&(x, _)| x)
+                .map_or(OUTSIDE, |k| at[k].1)
+        };
+        let mut leaving = outputs.to_vec();
+        leaving.sort_unstable();
+        let mut defined: Vec<(ValueId, usize)> = ops
+            .iter()
+            .enumerate()
+            .flat_map(|(p, &o)| trace.op(o).outputs.iter().map(move |&v| (v, p)))
+            .collect();
+        defined.sort_unstable();
+        let def_of = |v: ValueId| {
+            defined
+                .binary_search_by_key(&v, |&(w, _)| w)
+                .map_or(OUTSIDE, |k| defined[k].1)
+        };
+        let mut distinct: Vec<ValueId> = ops.iter().flat_map(|&o| trace.op(o).input_values()).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (mut read_at, mut result_at) = (vec![0], vec![0]);
+        let (mut reads, mut results) = (Vec::new(), Vec::new());
+        for &o in ops {
+            let op = trace.op(o);
+            for v in op.input_values() {
+                let slot = distinct.binary_search(&v).expect("collected above");
+                reads.push((v, slot, def_of(v)));
+            }
+            for &v in &op.outputs {
+                let readers = uses.consumers[v.index()]
+                    .iter()
+                    .map(|&u| position(u))
+                    .filter(|&p| p != OUTSIDE);
+                let (first, last) = readers.fold((OUTSIDE, OUTSIDE), |(f, l), p| {
+                    (f.min(p), if l == OUTSIDE { p } else { l.max(p) })
+                });
+                results.push((v, leaving.binary_search(&v).is_ok(), first, last));
+            }
+            read_at.push(reads.len());
+            result_at.push(results.len());
+        }
+        Cuts {
+            ops,
+            read_at,
+            result_at,
+            reads,
+            results,
+            slots: distinct.len(),
+        }
+    }
+
+    /// The two pieces of a cut before position `k` (0 < k < the region's
+    /// length): each piece's ops, inputs and outputs.
+    pub fn pieces(&self, k: usize) -> [(Vec<OpId>, Vec<ValueId>, Vec<ValueId>); 2] {
+        let n = self.ops.len();
+        let mut seen = vec![0u8; self.slots];
+        let mut piece = |from: usize, to: usize, mark: u8| {
+            let mut inputs = Vec::new();
+            for p in from..to {
+                for &(v, slot, def) in &self.reads[self.read_at[p]..self.read_at[p + 1]] {
+                    // Not defined earlier in this piece.
+                    let outside = def == OUTSIDE || def < from || def >= p;
+                    if outside && seen[slot] != mark {
+                        seen[slot] = mark;
+                        inputs.push(v);
+                    }
+                }
+            }
+            let outputs = self.results[self.result_at[from]..self.result_at[to]]
+                .iter()
+                .filter(|&&(_, leaves, first, last)| {
+                    leaves || (first != OUTSIDE && first < from) || (last != OUTSIDE && last >= to)
+                })
+                .map(|&(v, ..)| v)
+                .collect();
+            (self.ops[from..to].to_vec(), inputs, outputs)
+        };
+        [piece(0, k, 1), piece(k, n, 2)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use proptest::prelude::*;
+
+    use super::Cuts;
+    use crate::dtype::DType;
+    use crate::ir::{OpId, Trace, TraceBuilder, ValueId};
+
+    /// The boundary by its definition, with hash sets.
+    fn reference(t: &Trace, ops: &[OpId]) -> (Vec<ValueId>, Vec<ValueId>) {
+        let uses = t.uses();
+        let inside: HashSet<OpId> = ops.iter().copied().collect();
+        let (mut defined, mut seen) = (HashSet::new(), HashSet::new());
+        let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
+        for &id in ops {
+            for v in t.op(id).input_values() {
+                if !defined.contains(&v) && seen.insert(v) {
+                    inputs.push(v);
+                }
+            }
+            for &v in &t.op(id).outputs {
+                defined.insert(v);
+                let users = &uses.consumers[v.index()];
+                if uses.is_output[v.index()] || users.is_empty() || users.iter().any(|u| !inside.contains(u))
+                {
+                    outputs.push(v);
+                }
+            }
+        }
+        (inputs, outputs)
+    }
+
+    /// A random chain of binary ops over recent values.
+    fn trace(picks: &[(usize, usize)]) -> Trace {
+        let mut b = TraceBuilder::new();
+        let mut vals = vec![b.input("x", DType::F32, &[4]).unwrap()];
+        for &(i, j) in picks {
+            let (a, c) = (
+                vals[vals.len() - 1 - i % vals.len()],
+                vals[vals.len() - 1 - j % vals.len()],
+            );
+            vals.push(b.add(a, c).unwrap());
+        }
+        b.output(&[*vals.last().unwrap()]);
+        b.finish().unwrap()
+    }
+
+    proptest! {
+        #[test]
+        fn the_boundary_is_the_definitions(
+            picks in prop::collection::vec((0usize..6, 0usize..6), 1..40),
+            keep in prop::collection::vec(any::<bool>(), 40),
+            reversed in any::<bool>(),
+        ) {
+            let t = trace(&picks);
+            let mut ops: Vec<OpId> = (0..t.ops.len()).filter(|&i| keep[i]).map(|i| OpId(i as u32)).collect();
+            // Out of order too: a value read before the op defining it is an input.
+            if reversed {
+                ops.reverse();
+            }
+            prop_assert_eq!(t.region_boundary(&ops, &t.uses()), reference(&t, &ops));
+        }
+
+        #[test]
+        fn every_cut_has_the_boundaries_of_its_pieces(
+            picks in prop::collection::vec((0usize..6, 0usize..6), 2..40),
+            keep in prop::collection::vec(any::<bool>(), 40),
+        ) {
+            let t = trace(&picks);
+            let uses = t.uses();
+            let ops: Vec<OpId> = (0..t.ops.len()).filter(|&i| keep[i]).map(|i| OpId(i as u32)).collect();
+            let (_, outputs) = t.region_boundary(&ops, &uses);
+            let cuts = Cuts::new(&t, &ops, &outputs, &uses);
+            for k in 1..ops.len() {
+                for (piece, range) in cuts.pieces(k).into_iter().zip([0..k, k..ops.len()]) {
+                    let (i, o) = t.region_boundary(&ops[range.clone()], &uses);
+                    prop_assert_eq!(piece, (ops[range].to_vec(), i, o), "cut at {}", k);
+                }
+            }
+        }
     }
 }
