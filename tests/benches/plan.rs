@@ -97,13 +97,10 @@ fn schedule_time(c: &mut Criterion) {
 
 /// The whole of planning, with the fuser and the fallback.
 fn pipeline_time(c: &mut Criterion) {
-    let device = DeviceModel::cpu_default();
-    let set = ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]);
-    let options = PartitionOptions::default();
     let planner = Planner {
-        set: &set,
-        device: &device,
-        options: &options,
+        set: ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]),
+        device: DeviceModel::cpu_default(),
+        options: PartitionOptions::default(),
         strategy: Strategy::MinPeak,
         budget: None,
     };

@@ -9,31 +9,26 @@
 
 mod bench;
 mod calibrate;
+mod executors;
 mod model;
 mod onnx;
+mod planning;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use switchyard_core::Device;
 use switchyard_core::cache::KernelCache;
-use switchyard_core::config::{Config, executor_statuses};
-use switchyard_core::cost::DeviceModel;
-use switchyard_core::executor::{Availability, ExecutorSet};
 use switchyard_core::io::{preview, random_inputs, write_safetensors};
-use switchyard_core::partition::PartitionOptions;
-use switchyard_core::pipeline::Planner;
-use switchyard_core::plan::Plan;
-use switchyard_core::plugin::LoadedPlugin;
 use switchyard_core::report::{
-    CacheReport, OutputReport, RunReport, human_ns, memory_report, memory_timeline_svg, plan_dot,
-    plan_report, region_reports, render_plan,
+    RunReport, memory_timeline_svg, plan_dot, plan_report, render_plan, render_run,
 };
 use switchyard_core::runtime::RunOptions;
-use switchyard_core::{Device, Trace, text};
 
-use crate::model::{ModelArgs, Program, read_feeds};
+use crate::model::{ModelArgs, read_feeds};
+use crate::planning::Planning;
 
 /// Keeps the built-in executors and device layers linked: their `inventory`
 /// entries live in crates this binary would otherwise never reference.
@@ -84,7 +79,7 @@ enum Command {
     },
     /// Time executor sets side by side on the same workloads (a built-in
     /// suite or trace files), or one executor's ops against the fallback.
-    Bench(BenchArgs),
+    Bench(bench::BenchArgs),
     /// Parse and validate a trace; print it back in canonical form with --print,
     /// or as JSON with --json.
     Check {
@@ -105,172 +100,6 @@ enum Command {
     /// Run the ONNX backend node tests in DIR and count pass, fail and
     /// unsupported cases.
     Conformance(onnx::ConformanceArgs),
-}
-
-/// How to choose executors and cost a plan.
-#[derive(clap::Args)]
-struct Planning {
-    /// A config file (TOML): executors, their options, partitioner, cost model.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Executors to use, comma-separated, in order of preference (replaces the
-    /// config's list; `enable`/`disable` in the config still apply).
-    #[arg(long)]
-    executors: Option<String>,
-    /// Region order: program, min-peak (the default), dfs or bfs (replaces
-    /// the config's `[scheduler] strategy`).
-    #[arg(long, value_name = "NAME")]
-    schedule: Option<String>,
-    /// Load this executor plugin (a shared library) besides the config's;
-    /// may be repeated.
-    #[arg(long, value_name = "PATH")]
-    plugin: Vec<PathBuf>,
-    /// Let float32 matrix products run on TF32 tensor cores (the config's
-    /// `allow_tf32`; an executor's `tf32` option still overrides it).
-    /// Without it, f32 is computed as IEEE f32.
-    #[arg(long)]
-    allow_tf32: bool,
-    #[command(flatten)]
-    targeting: Targeting,
-    #[command(flatten)]
-    model: ModelArgs,
-}
-
-/// Where traces run, and the cost model they are planned with.
-#[derive(clap::Args)]
-struct Targeting {
-    /// Put the whole trace on this device (`cpu` or `cuda:N`) instead of the
-    /// devices it declares. `plan` plans for it whether or not this machine
-    /// has it; `run` and `bench` need it. A GPU target needs a GPU cost
-    /// model (`--device-model` or `[cost] profile`).
-    #[arg(long, value_name = "DEVICE")]
-    target: Option<String>,
-    /// The cost model: a built-in device model (cpu, h100, h200, a100) or a
-    /// profile file (replaces the config's `[cost] profile`).
-    #[arg(long, value_name = "NAME|FILE")]
-    device_model: Option<String>,
-}
-
-impl Targeting {
-    /// Moves `trace` to `--target` when one is given, refusing to cost a GPU
-    /// target with the CPU model.
-    fn apply(&self, trace: &mut Trace, config: &Config) -> Result<()> {
-        let Some(target) = self.device()? else {
-            return Ok(());
-        };
-        if target != Device::Cpu && self.model(config)?.name == "cpu" {
-            anyhow::bail!(
-                "--target {target} needs a GPU cost model: pass --device-model (h200, h100, a100 or a profile \
-                 file) or set [cost] profile"
-            );
-        }
-        trace.retarget(target);
-        Ok(())
-    }
-
-    fn device(&self) -> Result<Option<Device>> {
-        self.target
-            .as_deref()
-            .map(|t| {
-                Device::parse(t)
-                    .ok_or_else(|| anyhow::anyhow!("--target: `{t}` is not a device (cpu or cuda:N)"))
-            })
-            .transpose()
-    }
-
-    /// `--device-model`, else the config's cost model.
-    fn model(&self, config: &Config) -> Result<DeviceModel> {
-        match &self.device_model {
-            Some(name) => DeviceModel::load(name).with_context(|| "--device-model"),
-            None => Ok(config.device_model()?),
-        }
-    }
-}
-
-impl Planning {
-    /// The trace or model in `path`, moved to `--target` when one is
-    /// given; `feeds` are the tensors a model will run on.
-    fn program(
-        &self,
-        path: &Path,
-        config: &Config,
-        feeds: Option<&std::collections::HashMap<String, switchyard_core::Tensor>>,
-    ) -> Result<Program> {
-        let mut program = model::load(path, &self.model, feeds)?;
-        self.targeting.apply(&mut program.trace, config)?;
-        Ok(program)
-    }
-
-    /// The partitioner's options; a plan made for `--target` alone
-    /// (`plan_only`) may use executors this machine lacks.
-    fn partition_options(&self, config: &Config, plan_only: bool) -> PartitionOptions {
-        PartitionOptions {
-            plan_only: plan_only && self.targeting.target.is_some(),
-            ..partition_options(config)
-        }
-    }
-
-    fn config(&self) -> Result<Config> {
-        load_config(self.config.as_deref(), self.allow_tf32)
-    }
-
-    /// Loads the plugins (warning about those that cannot be), and returns
-    /// the executor set with them and their names.
-    fn executors(&self, config: &Config) -> Result<(ExecutorSet, Vec<String>)> {
-        let plugins = load_plugins(config, &self.plugin);
-        let names = plugins.iter().map(|p| p.executor.info().name).collect();
-        Ok((
-            config.executor_set_with(self.executors.as_deref(), &plugins)?,
-            names,
-        ))
-    }
-
-    fn planner<'a>(
-        &self,
-        config: &Config,
-        set: &'a ExecutorSet,
-        device: &'a DeviceModel,
-        options: &'a PartitionOptions,
-    ) -> Result<Planner<'a>> {
-        let strategy = match &self.schedule {
-            Some(name) => name
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
-            None => config.strategy()?,
-        };
-        Ok(Planner {
-            set,
-            device,
-            options,
-            strategy,
-            budget: config.scheduler.memory_budget.map(|b| b as usize),
-        })
-    }
-
-    fn plan(&self, trace: Trace, config: &Config) -> Result<Plan> {
-        let (set, _) = self.executors(config)?;
-        let device = self.targeting.model(config)?;
-        let opts = self.partition_options(config, true);
-        Ok(self.planner(config, &set, &device, &opts)?.plan(&trace)?)
-    }
-}
-
-fn partition_options(config: &Config) -> PartitionOptions {
-    PartitionOptions {
-        horizontal: config.partitioner.horizontal,
-        hint_policy: config.hint_policy,
-        plan_only: false,
-    }
-}
-
-/// The config's plugins and `extra`; each that cannot be loaded is a
-/// warning, and skipped.
-fn load_plugins(config: &Config, extra: &[PathBuf]) -> Vec<LoadedPlugin> {
-    let (loaded, failed) = switchyard_plugin_host::load_configured(config, extra);
-    for e in failed {
-        eprintln!("warning: {e} (skipped)");
-    }
-    loaded
 }
 
 #[derive(clap::Args)]
@@ -329,77 +158,6 @@ struct RunArgs {
     no_graphs: bool,
 }
 
-#[derive(clap::Args)]
-struct BenchArgs {
-    /// Trace files or ONNX models to measure, instead of a suite (a model
-    /// runs on random inputs and its own weights).
-    traces: Vec<PathBuf>,
-    /// A built-in suite: standard (every workload; the default), elementwise,
-    /// reduction, matmul or overhead.
-    #[arg(long, conflicts_with = "traces")]
-    suite: Option<String>,
-    /// Executor sets to compare, `;`-separated, each a comma-separated list in
-    /// order of preference, e.g. "fallback;fuser,fallback"; ratios are against
-    /// the first. Default: the fallback alone, then every enabled executor
-    /// available here.
-    #[arg(long, value_name = "SETS")]
-    executors_sets: Option<String>,
-    /// Measure the ops this executor claims in the workloads, each alone,
-    /// against the fallback.
-    #[arg(long, value_name = "NAME", conflicts_with = "executors_sets")]
-    executor: Option<String>,
-    /// Samples per measurement (each of enough runs to last about 10 ms,
-    /// after a warm-up).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
-    repeat: u32,
-    /// Write the results to this file (JSON), for `--baseline` later.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Compare with an earlier `--json` file; slowdowns beyond the measured
-    /// noise are reported, and make the command fail.
-    #[arg(long, value_name = "FILE")]
-    baseline: Option<PathBuf>,
-    /// Draw every set's time relative to the first as a bar chart (SVG).
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
-    /// A config file: executors, options, plugins, cost model, scheduler.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Load this executor plugin; may be repeated.
-    #[arg(long, value_name = "PATH")]
-    plugin: Vec<PathBuf>,
-    /// Let float32 matrix products run on TF32 tensor cores (the config's
-    /// `allow_tf32`; an executor's `tf32` option still overrides it).
-    /// Without it, f32 is computed as IEEE f32.
-    #[arg(long)]
-    allow_tf32: bool,
-    /// Never replay a plan as a device graph: every run calls every
-    /// kernel. For comparison.
-    #[arg(long)]
-    no_graphs: bool,
-    #[command(flatten)]
-    targeting: Targeting,
-    #[command(flatten)]
-    model: ModelArgs,
-}
-
-fn median(v: &[u64]) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s.get(s.len() / 2).copied().unwrap_or(0)
-}
-
-fn human_bytes(b: usize) -> String {
-    let f = b as f64;
-    if f >= 1024.0 * 1024.0 {
-        format!("{:.2} MiB ({b} bytes)", f / (1024.0 * 1024.0))
-    } else if f >= 1024.0 {
-        format!("{:.2} KiB ({b} bytes)", f / 1024.0)
-    } else {
-        format!("{b} bytes")
-    }
-}
-
 fn run(args: RunArgs) -> Result<()> {
     let config = args.planning.config()?;
     let feeds = if args.inputs.is_empty() {
@@ -408,13 +166,9 @@ fn run(args: RunArgs) -> Result<()> {
         Some(read_feeds(&args.inputs)?)
     };
     let program = args.planning.program(&args.trace, &config, feeds.as_ref())?;
-    let trace = program.trace;
-    let (set, plugins) = args.planning.executors(&config)?;
-    let device = args.planning.targeting.model(&config)?;
-    let opts = args.planning.partition_options(&config, false);
-    let planner = args.planning.planner(&config, &set, &device, &opts)?;
+    let (planner, plugins) = args.planning.planner(&config, false)?;
     let cache = KernelCache::new(config.cache.capacity);
-    let (compiled, set_aside) = planner.compile(&trace, &cache, &plugins)?;
+    let (compiled, set_aside) = planner.compile(&program.trace, &cache, &plugins)?;
     for why in set_aside {
         eprintln!("warning: {why}");
     }
@@ -481,116 +235,16 @@ fn run(args: RunArgs) -> Result<()> {
             .collect();
         write_safetensors(path, &named)?;
     }
+    let report = RunReport::new(&compiled, &result, times, &region_times, &out_names);
     if args.json {
-        let report = RunReport {
-            regions: region_reports(plan)
-                .into_iter()
-                .zip(&region_times)
-                .map(|(mut r, t)| {
-                    r.time_ns = (!t.is_empty()).then(|| median(t));
-                    r
-                })
-                .collect(),
-            peak_bytes: result.peak_bytes,
-            peak_bytes_with_inputs: result.peak_bytes_with_inputs,
-            estimated_ns: Some(plan.estimated_ns().round() as u64),
-            cache: CacheReport {
-                hits: compiled.cache_stats().hits,
-                misses: compiled.cache_stats().misses,
-                compiled: compiled.cache_stats().compiled,
-            },
-            outputs: out_names
-                .iter()
-                .zip(&result.outputs)
-                .zip(&result.outputs_reused)
-                .map(|((n, t), &reused)| OutputReport {
-                    name: n.clone(),
-                    dtype: t.dtype().to_string(),
-                    shape: t.shape().to_vec(),
-                    reused,
-                })
-                .collect(),
-            time_ns: median(&times),
-            times_ns: times,
-            compile_ns: compiled.compile_ns(),
-            planned_peak_bytes: plan.planned_peak_bytes().0,
-            timeline: memory_report(plan),
-            arena_bytes: result.arena_bytes,
-            devices: result.devices.clone(),
-            graph: (!result.devices.is_empty()).then(|| result.graph.clone()),
-        };
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let mut by_exec: Vec<(String, usize)> = Vec::new();
-    for r in &plan.regions {
-        let name = plan.executor_name(r);
-        match by_exec.iter_mut().find(|(n, _)| *n == name) {
-            Some(e) => e.1 += 1,
-            None => by_exec.push((name, 1)),
-        }
-    }
-    let execs: Vec<String> = by_exec.iter().map(|(n, c)| format!("{c} on {n}")).collect();
-    println!(
-        "trace: {} ({} ops after lowering; regions: {})",
-        args.trace.display(),
-        plan.trace.ops.len(),
-        execs.join(", ")
+    let previews: Vec<String> = host_outputs.iter().map(|t| preview(t, 6)).collect();
+    print!(
+        "{}",
+        render_run(&report, &args.trace.display().to_string(), &previews)
     );
-    println!("outputs:");
-    for (n, t) in out_names.iter().zip(&host_outputs) {
-        println!("  {n}: {}", preview(t, 6));
-    }
-    let (min, max) = (
-        times.iter().min().copied().unwrap_or(0),
-        times.iter().max().copied().unwrap_or(0),
-    );
-    println!(
-        "time: {} median of {} run(s) (min {}, max {}); compile {}",
-        human_ns(median(&times) as f64),
-        times.len(),
-        human_ns(min as f64),
-        human_ns(max as f64),
-        human_ns(compiled.compile_ns() as f64)
-    );
-    println!(
-        "peak memory: {} of intermediates and outputs",
-        human_bytes(result.peak_bytes)
-    );
-    println!(
-        "             {} counting inputs",
-        human_bytes(result.peak_bytes_with_inputs)
-    );
-    if result.arena_bytes > 0 {
-        println!(
-            "             {} arena for the intermediates, kept between runs",
-            human_bytes(result.arena_bytes)
-        );
-    }
-    let reused = result.outputs_reused.iter().filter(|r| **r).count();
-    if args.repeat > 1 {
-        println!(
-            "             {reused} of {} outputs written into the buffers of the run before",
-            result.outputs.len()
-        );
-    }
-    if !result.devices.is_empty() {
-        println!("device graph: {}", result.graph);
-    }
-    for d in &result.devices {
-        println!(
-            "             {}: {} arena{}, {} allocation(s) from the device in the last run, {} in use at most",
-            d.device,
-            human_bytes(d.arena_bytes),
-            if d.arena_reused {
-                " (kept from the run before)"
-            } else {
-                ""
-            },
-            d.device_allocations,
-            human_bytes(d.after.peak_in_use_bytes)
-        );
-    }
     if let Some(path) = &args.outputs {
         println!("outputs written to {}", path.display());
     }
@@ -599,9 +253,8 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn plan(args: PlanArgs) -> Result<()> {
     let config = args.planning.config()?;
-    let plan = args
-        .planning
-        .plan(args.planning.program(&args.trace, &config, None)?.trace, &config)?;
+    let trace = args.planning.program(&args.trace, &config, None)?.trace;
+    let plan = args.planning.planner(&config, true)?.0.plan(&trace)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -620,325 +273,6 @@ fn plan(args: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// The config file (or the default), with `--allow-tf32`; sizes the
-/// kernels' thread pool from it (or `SWITCHYARD_THREADS`) before anything runs.
-fn load_config(path: Option<&std::path::Path>, allow_tf32: bool) -> Result<Config> {
-    let mut config = match path {
-        Some(p) => Config::from_file(p)?,
-        None => Config::default(),
-    };
-    config.allow_tf32 |= allow_tf32;
-    switchyard_core::threads::configure(config.threads)?;
-    Ok(config)
-}
-
-fn executors(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
-    let config = load_config(config.as_deref(), false)?;
-    let loaded = load_plugins(&config, &plugins);
-    println!(
-        "{:<14} {:<9} {:<9} {:<10} {:<4} availability",
-        "name", "version", "kind", "devices", "abi"
-    );
-    let rows = executor_statuses()
-        .into_iter()
-        .map(|(info, a)| (info, a, None))
-        .chain(
-            loaded
-                .iter()
-                .map(|p| (p.executor.info(), p.executor.availability(), Some(p))),
-        );
-    for (info, availability, plugin) in rows {
-        // An executor with a CUDA backend may lack just that one here.
-        let cuda_missing = info.devices.iter().any(|d| d == "cuda")
-            && switchyard_core::executor::create(&info.name)
-                .is_ok_and(|e| e.availability_on(Device::Cuda(0)) != Availability::Available);
-        let avail = match availability {
-            Availability::Available if cuda_missing && info.devices.len() > 1 => {
-                "available (not on cuda here: see below)".to_string()
-            }
-            Availability::Available => "available".to_string(),
-            Availability::Unavailable(why) => format!("unavailable: {why}"),
-        };
-        let kind = format!("{:?}", info.kind).to_lowercase();
-        let (abi, from) = match plugin {
-            Some(p) => (
-                p.abi_version.to_string(),
-                format!(" (plugin {})", p.path.display()),
-            ),
-            None => ("-".to_string(), String::new()),
-        };
-        println!(
-            "{:<14} {:<9} {:<9} {:<10} {:<4} {avail}{from}",
-            info.name,
-            info.version,
-            kind,
-            info.devices.join(","),
-            abi
-        );
-    }
-    println!("\nCUDA on this machine:");
-    for line in switchyard_cuda::probe().summary() {
-        println!("  {line}");
-    }
-    Ok(())
-}
-
-/// A planner for one executor list of the config.
-struct SetPlanner {
-    name: String,
-    set: ExecutorSet,
-}
-
-fn bench_command(args: BenchArgs) -> Result<()> {
-    let config = load_config(args.config.as_deref(), args.allow_tf32)?;
-    let plugins = load_plugins(&config, &args.plugin);
-    // A model's workload runs on its own weights.
-    let mut weights = std::collections::HashMap::new();
-    let (suite_name, mut workloads) = if args.traces.is_empty() {
-        let name = args.suite.clone().unwrap_or_else(|| "standard".into());
-        let w = bench::suite(&name)?;
-        (name, w)
-    } else {
-        let names = model::workload_names(&args.traces);
-        let w = args
-            .traces
-            .iter()
-            .zip(names)
-            .map(|(p, name)| {
-                let program = model::load(p, &args.model, None)?;
-                if let Some(m) = &program.onnx {
-                    weights.insert(name.clone(), m.random_inputs(0));
-                }
-                Ok((name, program.trace))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        ("traces".to_string(), w)
-    };
-    let device = args.targeting.model(&config)?;
-    for (_, trace) in &mut workloads {
-        args.targeting.apply(trace, &config)?;
-    }
-    let lists: Vec<String> = match (&args.executor, &args.executors_sets) {
-        (Some(name), _) => vec!["fallback".into(), format!("{name},fallback")],
-        (None, Some(sets)) => sets
-            .split(';')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
-        (None, None) => {
-            let all = config.executor_set_with(None, &plugins)?;
-            // Those this machine can run: the others would only be skipped.
-            let names: Vec<String> = all
-                .executors
-                .iter()
-                .filter(|e| e.availability() == Availability::Available)
-                .map(|e| e.info().name)
-                .collect();
-            vec!["fallback".into(), names.join(",")]
-        }
-    };
-    if lists.is_empty() {
-        bail!("--executors-sets: no executor set given");
-    }
-    let sets: Vec<SetPlanner> = lists
-        .iter()
-        .map(|l| {
-            let set = config
-                .executor_set_with(Some(l), &plugins)
-                .with_context(|| format!("executor set `{l}`"))?;
-            let name = set
-                .executors
-                .iter()
-                .map(|e| e.info().name)
-                .collect::<Vec<_>>()
-                .join(",");
-            Ok(SetPlanner { name, set })
-        })
-        .collect::<Result<_>>()?;
-    if let Some(name) = &args.executor {
-        workloads = isolated_ops(name, &workloads, &sets[1].set, &config, &device)?;
-        if workloads.is_empty() {
-            bail!("--executor {name}: it claims none of the ops of these workloads");
-        }
-    }
-    let opts = partition_options(&config);
-    let strategy = config.strategy()?;
-    let budget = config.scheduler.memory_budget.map(|b| b as usize);
-    let bar = indicatif::ProgressBar::new((workloads.len() * sets.len()) as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
-    );
-    let mut results = Vec::new();
-    for (w, trace) in &workloads {
-        for s in &sets {
-            bar.set_message(format!("{w} on {}", s.name));
-            let planner = Planner {
-                set: &s.set,
-                device: &device,
-                options: &opts,
-                strategy,
-                budget,
-            };
-            let inputs = weights.get(w).map(Vec::as_slice);
-            let run = RunOptions {
-                no_graphs: args.no_graphs,
-                ..RunOptions::default()
-            };
-            results.push(bench::measure(
-                w,
-                &s.name,
-                trace,
-                inputs,
-                &planner,
-                args.repeat,
-                run,
-            )?);
-            bar.inc(1);
-        }
-    }
-    bar.finish_and_clear();
-    bench::set_ratios(&mut results, &sets[0].name);
-    let report = bench::Report {
-        format: bench::FORMAT,
-        suite: if args.executor.is_some() {
-            format!("{suite_name}: ops of {}", sets[1].name)
-        } else {
-            suite_name
-        },
-        sets: sets.iter().map(|s| s.name.clone()).collect(),
-        samples: args.repeat,
-        results,
-    };
-    print_bench(&report);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.plot {
-        std::fs::write(path, bench::plot_svg(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.baseline {
-        let base = bench::read_report(path)?;
-        let (regressions, compared) = bench::regressions(&report, &base);
-        println!(
-            "\nagainst {}: {compared} measurement(s) compared, {} slower beyond the noise",
-            path.display(),
-            regressions.len()
-        );
-        for r in &regressions {
-            println!(
-                "  regression: {} on {}: {:.2}x the baseline's time (noise allows {:.2}x)",
-                r.workload, r.set, r.slowdown, r.threshold
-            );
-        }
-        if !regressions.is_empty() {
-            bail!("{} regression(s) against {}", regressions.len(), path.display());
-        }
-    }
-    Ok(())
-}
-
-/// Each distinct op of `workloads` that the first executor of `set` claims,
-/// as a trace of its own (named by its statement).
-fn isolated_ops(
-    name: &str,
-    workloads: &[(String, Trace)],
-    set: &ExecutorSet,
-    config: &Config,
-    device: &DeviceModel,
-) -> Result<Vec<(String, Trace)>> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for (_, trace) in workloads {
-        let plan = switchyard_core::partition::partition(trace, set, device, &partition_options(config))?;
-        let t = &plan.trace;
-        let uses = t.uses();
-        for op in &plan.explanation.ops {
-            let claimed = op
-                .candidates
-                .iter()
-                .any(|c| c.executor == name && c.claim.cost().is_some());
-            if !claimed {
-                continue;
-            }
-            let (inputs, outputs) = t.region_boundary(&[op.op], &uses);
-            let mut alone = t.extract(&[op.op], &inputs, &outputs);
-            for (i, v) in alone.values.iter_mut().enumerate() {
-                v.name = format!("v{i}");
-            }
-            let key = text::print(&alone);
-            if seen.insert(key) {
-                let label = op_label(&alone);
-                // Ops that differ only in what the label leaves out stay apart.
-                let n = out
-                    .iter()
-                    .filter(|(l, _): &&(String, Trace)| l.starts_with(&label))
-                    .count();
-                let label = if n == 0 {
-                    label
-                } else {
-                    format!("{label} #{}", n + 1)
-                };
-                out.push((label, alone));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// `kind(operand types and scalars) attrs`, for a one-op trace.
-fn op_label(t: &Trace) -> String {
-    let o = &t.ops[0];
-    let operands: Vec<String> = o
-        .operands
-        .iter()
-        .map(|x| match x {
-            switchyard_core::ir::Operand::Value(v) => t.meta(*v).to_string(),
-            switchyard_core::ir::Operand::Scalar(s) => s.to_string(),
-        })
-        .collect();
-    let attrs: String = o.attrs.iter().map(|(k, v)| format!(" {k}={v}")).collect();
-    format!("{}({}){attrs}", o.kind, operands.join(", "))
-}
-
-fn print_bench(r: &bench::Report) {
-    println!(
-        "suite: {} ({} samples each; ratios against {})",
-        r.suite, r.samples, r.sets[0]
-    );
-    let ww = r
-        .results
-        .iter()
-        .map(|m| m.workload.len())
-        .max()
-        .unwrap_or(0)
-        .max(8);
-    let sw = r.results.iter().map(|m| m.set.len()).max().unwrap_or(0).max(9);
-    println!(
-        "{:<ww$} {:<sw$} {:>11} {:>7} {:>8} {:>11} {:>7} {:>10} {:>10}",
-        "workload", "executors", "median", "±mad", "ratio", "peak", "kernels", "plan", "compile"
-    );
-    for m in &r.results {
-        println!(
-            "{:<ww$} {:<sw$} {:>11} {:>6.1}% {:>7.3}x {:>11} {:>7} {:>10} {:>10}",
-            m.workload,
-            m.set,
-            human_ns(m.stats.median_ns),
-            100.0 * m.stats.noise(),
-            m.ratio,
-            human_bytes_short(m.peak_bytes),
-            m.kernels_compiled,
-            human_ns(m.plan_ns as f64),
-            human_ns(m.compile_ns as f64)
-        );
-    }
-}
-
-fn human_bytes_short(b: usize) -> String {
-    switchyard_core::report::human_bytes(b)
-}
-
 fn main() -> ExitCode {
     link_builtin_executors();
     tracing_subscriber::fmt()
@@ -949,7 +283,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Plan(args) => plan(args),
-        Command::Executors { config, plugin } => executors(config, plugin),
+        Command::Executors { config, plugin } => executors::list(config, plugin),
         Command::Calibrate { output, quick } => calibrate::measure(quick).and_then(|m| {
             match output {
                 Some(path) => {
@@ -965,7 +299,7 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
-        Command::Bench(args) => bench_command(args),
+        Command::Bench(args) => bench::command(args),
         Command::Check {
             trace,
             print,

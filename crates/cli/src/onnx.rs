@@ -8,8 +8,8 @@ use switchyard_core::io::write_safetensors;
 use switchyard_core::runtime::RunOptions;
 use switchyard_core::{Trace, text};
 
-use crate::Planning;
 use crate::model::{self, ModelArgs};
+use crate::planning::Planning;
 
 /// `switchyard import`'s arguments.
 #[derive(clap::Args)]
@@ -94,10 +94,7 @@ pub fn import_command(args: ImportArgs) -> Result<()> {
 pub fn conformance_command(args: ConformanceArgs) -> Result<()> {
     use switchyard_onnx::conformance::{self, Outcome};
     let config = args.planning.config()?;
-    let (set, _) = args.planning.executors(&config)?;
-    let device = args.planning.targeting.model(&config)?;
-    let opts = args.planning.partition_options(&config, false);
-    let planner = args.planning.planner(&config, &set, &device, &opts)?;
+    let (planner, _) = args.planning.planner(&config, false)?;
     let runner = |t: &Trace, inputs: &[switchyard_core::Tensor]| {
         let plan = planner.plan(t)?;
         Ok(switchyard_core::runtime::CompiledPlan::compile(plan)?

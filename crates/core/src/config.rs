@@ -43,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::executor::{self, Availability, ExecutorSet};
 use crate::hints::HintPolicy;
 use crate::partition::PartitionOptions;
+use crate::pipeline::Planner;
 use crate::plugin::LoadedPlugin;
 
 /// `[partitioner]`
@@ -177,6 +178,20 @@ pub struct PluginConfig {
     pub path: std::path::PathBuf,
 }
 
+/// Choices that replace the config's, as a command line makes them.
+#[derive(Clone, Debug, Default)]
+pub struct Choices {
+    /// The executors, comma-separated, in order of preference
+    /// (`--executors`; `enable` and `disable` still apply).
+    pub executors: Option<String>,
+    /// The region order (`--schedule`).
+    pub strategy: Option<crate::schedule::Strategy>,
+    /// The cost model (`--device-model`).
+    pub device: Option<DeviceModel>,
+    /// Plan for a target this machine need not have (`plan --target`).
+    pub plan_only: bool,
+}
+
 impl Config {
     /// Parses config text; `source` names it in messages.
     pub fn parse(text: &str, source: &str) -> Result<Config> {
@@ -224,6 +239,37 @@ impl Config {
                 _ => p.path.clone(),
             })
             .collect()
+    }
+
+    /// The partitioner's options this config sets.
+    pub fn partition_options(&self) -> PartitionOptions {
+        PartitionOptions {
+            horizontal: self.partitioner.horizontal,
+            hint_policy: self.hint_policy,
+            plan_only: false,
+        }
+    }
+
+    /// What planning with this config takes, with `choices` made on the
+    /// command line in place of the config's, and the executors of
+    /// `plugins` known beside the registered ones.
+    pub fn planner(&self, choices: &Choices, plugins: &[LoadedPlugin]) -> Result<Planner> {
+        Ok(Planner {
+            set: self.executor_set_with(choices.executors.as_deref(), plugins)?,
+            device: match &choices.device {
+                Some(d) => d.clone(),
+                None => self.device_model()?,
+            },
+            options: PartitionOptions {
+                plan_only: choices.plan_only,
+                ..self.partition_options()
+            },
+            strategy: match choices.strategy {
+                Some(s) => s,
+                None => self.strategy()?,
+            },
+            budget: self.scheduler.memory_budget.map(|b| b as usize),
+        })
     }
 
     /// The scheduling strategy `[scheduler] strategy` names.

@@ -14,26 +14,27 @@ use crate::plan::Plan;
 use crate::runtime::CompiledPlan;
 use crate::schedule::Strategy;
 
-/// Everything planning takes besides the trace.
+/// Everything planning takes besides the trace ([`crate::config::Config::planner`]
+/// makes one from a config).
 #[derive(Clone, Debug)]
-pub struct Planner<'a> {
+pub struct Planner {
     /// The executors, in order of preference, with their options.
-    pub set: &'a ExecutorSet,
+    pub set: ExecutorSet,
     /// The cost model.
-    pub device: &'a DeviceModel,
+    pub device: DeviceModel,
     /// Partitioner options.
-    pub options: &'a PartitionOptions,
+    pub options: PartitionOptions,
     /// The region order.
     pub strategy: Strategy,
     /// Bytes the plan may peak at.
     pub budget: Option<usize>,
 }
 
-impl Planner<'_> {
+impl Planner {
     /// Partitions `trace`, then schedules and fits it to memory.
     pub fn plan(&self, trace: &Trace) -> Result<Plan> {
         fit(
-            partition(trace, self.set, self.device, self.options)?,
+            partition(trace, &self.set, &self.device, &self.options)?,
             self.strategy,
             self.budget,
         )
@@ -53,7 +54,7 @@ impl Planner<'_> {
         let mut set_aside = Vec::new();
         loop {
             let planner = Planner {
-                set: &set,
+                set: set.clone(),
                 ..self.clone()
             };
             let plan = planner.plan(trace)?;

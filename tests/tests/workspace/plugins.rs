@@ -6,15 +6,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use switchyard_core::cache::KernelCache;
-use switchyard_core::config::Config;
+use switchyard_core::config::{Choices, Config};
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Claim, Executor, ExecutorSet};
 use switchyard_core::io::random_inputs;
 use switchyard_core::partition::PartitionOptions;
-use switchyard_core::pipeline::Planner;
 use switchyard_core::plugin::LoadedPlugin;
 use switchyard_core::runtime::RunOptions;
-use switchyard_core::schedule::Strategy;
 use switchyard_core::text::parse;
 use switchyard_core::{Error, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
@@ -45,16 +43,7 @@ fn plan_and_run(trace: &Trace, config: &Config) -> Result<Outcome, Error> {
     let (plugins, failed) = load_configured(config, &[]);
     assert!(failed.is_empty(), "{failed:?}");
     let names: Vec<String> = plugins.iter().map(|p| p.executor.info().name).collect();
-    let set = config.executor_set_with(None, &plugins)?;
-    let device = DeviceModel::cpu_default();
-    let options = PartitionOptions::default();
-    let planner = Planner {
-        set: &set,
-        device: &device,
-        options: &options,
-        strategy: Strategy::MinPeak,
-        budget: None,
-    };
+    let planner = config.planner(&Choices::default(), &plugins)?;
     let (compiled, set_aside) = planner.compile(trace, &KernelCache::new(64), &names)?;
     let executors = compiled
         .plan()

@@ -6,11 +6,21 @@ use std::process::{Command, Output};
 use switchyard_core::io::{random_inputs, read_safetensors, write_safetensors};
 use switchyard_core::text::parse;
 
-mod onnx;
-
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
 }
+
+/// Runs `switchyard` with these arguments (strings, paths, anything a
+/// command takes) and returns what it did.
+macro_rules! sw {
+    ($($arg:expr),* $(,)?) => {{
+        let mut command = bin();
+        $(command.arg($arg);)*
+        command.output().unwrap()
+    }};
+}
+
+mod onnx;
 
 fn example(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -35,13 +45,7 @@ fn ok(out: Output) -> String {
 }
 
 fn run_with_inputs(trace: &std::path::Path, inputs: &std::path::Path) -> Output {
-    bin()
-        .arg("run")
-        .arg(trace)
-        .arg("--inputs")
-        .arg(inputs)
-        .output()
-        .unwrap()
+    sw!("run", trace, "--inputs", inputs)
 }
 
 fn fails(out: Output) -> String {
@@ -56,12 +60,7 @@ fn fails(out: Output) -> String {
 
 #[test]
 fn run_prints_a_summary() {
-    let s = ok(bin()
-        .args(["run"])
-        .arg(example("mlp.trace"))
-        .args(["--repeat", "3"])
-        .output()
-        .unwrap());
+    let s = ok(sw!("run", example("mlp.trace"), "--repeat", "3"));
     assert!(s.contains("outputs:\n  y: f32[32, 128] ["), "{s}");
     assert!(s.contains("median of 3 run(s)"), "{s}");
     assert!(s.contains("peak memory: "), "{s}");
@@ -69,12 +68,7 @@ fn run_prints_a_summary() {
 
 #[test]
 fn run_json_has_the_report_fields() {
-    let s = ok(bin()
-        .arg("run")
-        .arg(example("transformer_block.trace"))
-        .arg("--json")
-        .output()
-        .unwrap());
+    let s = ok(sw!("run", example("transformer_block.trace"), "--json"));
     let v: serde_json::Value = serde_json::from_str(&s).unwrap();
     for key in [
         "regions",
@@ -138,13 +132,12 @@ fn workload_1_peak_in_the_report() {
         peak(&["--executors", "fallback", "--schedule", "program"]),
         2_883_584
     );
-    let e = fails(
-        bin()
-            .args(["plan", "--schedule", "sideways"])
-            .arg(example("parallel_paths_inefficient.trace"))
-            .output()
-            .unwrap(),
-    );
+    let e = fails(sw!(
+        "plan",
+        "--schedule",
+        "sideways",
+        example("parallel_paths_inefficient.trace")
+    ));
     assert!(
         e.contains("--schedule: unknown strategy `sideways` (known: program, min-peak, dfs, bfs)"),
         "{e}"
@@ -166,23 +159,9 @@ fn inputs_and_outputs_through_safetensors() {
     write_safetensors(&in_path, &named).unwrap();
     let out_a = scratch("a.safetensors");
     let out_b = scratch("b.safetensors");
-    ok(bin()
-        .arg("run")
-        .arg(&trace_path)
-        .arg("--inputs")
-        .arg(&in_path)
-        .arg("--outputs")
-        .arg(&out_a)
-        .output()
-        .unwrap());
+    ok(sw!("run", &trace_path, "--inputs", &in_path, "--outputs", &out_a));
     // The same inputs as random ones with that seed give the same outputs.
-    ok(bin()
-        .arg("run")
-        .arg(&trace_path)
-        .args(["--seed", "9", "--outputs"])
-        .arg(&out_b)
-        .output()
-        .unwrap());
+    ok(sw!("run", &trace_path, "--seed", "9", "--outputs", &out_b));
     let a = read_safetensors(&out_a).unwrap();
     let b = read_safetensors(&out_b).unwrap();
     assert_eq!(a["y"].to_f64_vec().unwrap(), b["y"].to_f64_vec().unwrap());
@@ -212,43 +191,26 @@ fn inputs_and_outputs_through_safetensors() {
 fn bad_traces_and_arguments_are_clear_errors() {
     let path = scratch("bad.trace");
     std::fs::write(&path, "input x: f32[2]\ny = relu(z)\noutput y\n").unwrap();
-    let e = fails(bin().arg("run").arg(&path).output().unwrap());
+    let e = fails(sw!("run", &path));
     assert!(e.contains("bad.trace:2:10: undefined value `z`"), "{e}");
-    let e = fails(bin().arg("check").arg(&path).output().unwrap());
+    let e = fails(sw!("check", &path));
     assert!(e.contains(":2:10:"), "{e}");
-    let e = fails(
-        bin()
-            .arg("run")
-            .arg(example("mlp.trace"))
-            .args(["--executors", "mkl"])
-            .output()
-            .unwrap(),
-    );
+    let e = fails(sw!("run", example("mlp.trace"), "--executors", "mkl"));
     assert!(
         e.contains("`--executors`: unknown executor `mkl` (known: cudnn, cublas, fuser, fallback)"),
         "{e}"
     );
-    let e = fails(bin().arg("run").arg(scratch("missing.trace")).output().unwrap());
+    let e = fails(sw!("run", scratch("missing.trace")));
     assert!(e.contains("missing.trace") && e.contains("No such file"), "{e}");
-    let out = bin()
-        .arg("run")
-        .arg(example("mlp.trace"))
-        .args(["--repeat", "0"])
-        .output()
-        .unwrap();
+    let out = sw!("run", example("mlp.trace"), "--repeat", "0");
     assert!(!out.status.success());
 }
 
 #[test]
 fn check_validates_and_prints() {
-    let s = ok(bin().arg("check").arg(example("tiny.trace")).output().unwrap());
+    let s = ok(sw!("check", example("tiny.trace")));
     assert!(s.contains("ok (2 inputs, 6 ops, 2 outputs)"), "{s}");
-    let s = ok(bin()
-        .arg("check")
-        .arg(example("tiny.trace"))
-        .arg("--print")
-        .output()
-        .unwrap());
+    let s = ok(sw!("check", example("tiny.trace"), "--print"));
     assert!(
         s.contains("hint executor=fallback fuse=false schedule=dfs {\n  z = exp(y)\n}"),
         "{s}"
@@ -257,16 +219,11 @@ fn check_validates_and_prints() {
 
 #[test]
 fn json_traces_run_like_text_ones() {
-    let json = ok(bin()
-        .arg("check")
-        .arg(example("mlp.trace"))
-        .arg("--json")
-        .output()
-        .unwrap());
+    let json = ok(sw!("check", example("mlp.trace"), "--json"));
     let path = scratch("mlp.json");
     std::fs::write(&path, json).unwrap();
-    let a = ok(bin().arg("run").arg(&path).output().unwrap());
-    let b = ok(bin().arg("run").arg(example("mlp.trace")).output().unwrap());
+    let a = ok(sw!("run", &path));
+    let b = ok(sw!("run", example("mlp.trace")));
     let outputs = |s: &str| {
         s.lines()
             .find(|l| l.trim_start().starts_with("y:"))
@@ -275,19 +232,19 @@ fn json_traces_run_like_text_ones() {
     };
     assert_eq!(outputs(&a), outputs(&b));
     std::fs::write(&path, "{\"values\": 3}").unwrap();
-    let e = fails(bin().arg("run").arg(&path).output().unwrap());
+    let e = fails(sw!("run", &path));
     assert!(e.contains("mlp.json") && e.contains("json"), "{e}");
 }
 
 #[test]
 fn plan_explains_and_draws() {
-    let s = ok(bin()
-        .arg("plan")
-        .arg(example("mlp.trace"))
-        .args(["--executors", "fallback"])
-        .arg("--explain")
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "plan",
+        example("mlp.trace"),
+        "--executors",
+        "fallback",
+        "--explain"
+    ));
     assert!(s.contains("11 ops in 11 regions on cpu"), "{s}");
     assert!(
         s.contains("decomposed: line 7: h = linear(x, w1, b1): no enabled executor claims `linear` whole"),
@@ -295,14 +252,7 @@ fn plan_explains_and_draws() {
     );
     assert!(s.contains("fallback: accepts,"), "{s}");
     let dot = scratch("plan.dot");
-    let s = ok(bin()
-        .arg("plan")
-        .arg(example("mlp.trace"))
-        .arg("--json")
-        .arg("--dot")
-        .arg(&dot)
-        .output()
-        .unwrap());
+    let s = ok(sw!("plan", example("mlp.trace"), "--json", "--dot", &dot));
     let v: serde_json::Value = serde_json::from_str(&s).unwrap();
     for key in [
         "regions",
@@ -323,7 +273,7 @@ fn plan_explains_and_draws() {
 
 #[test]
 fn executors_lists_the_registry() {
-    let s = ok(bin().arg("executors").output().unwrap());
+    let s = ok(sw!("executors"));
     assert!(
         s.contains("fallback") && s.contains("operator") && s.contains("available"),
         "{s}"
@@ -353,11 +303,7 @@ fn matmul_plugin() -> PathBuf {
 #[test]
 fn plugins_load_from_the_command_line_and_config() {
     let plugin = matmul_plugin();
-    let s = ok(bin()
-        .args(["executors", "--plugin"])
-        .arg(&plugin)
-        .output()
-        .unwrap());
+    let s = ok(sw!("executors", "--plugin", &plugin));
     let line = s
         .lines()
         .find(|l| l.starts_with("tiled_matmul"))
@@ -380,22 +326,11 @@ fn plugins_load_from_the_command_line_and_config() {
         ),
     )
     .unwrap();
-    let out = bin()
-        .arg("run")
-        .arg(example("transformer_block.trace"))
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = sw!("run", example("transformer_block.trace"), "--config", &cfg);
     let s = ok(out);
     assert!(s.contains("9 on tiled_matmul"), "{s}");
     // A plugin that cannot be loaded is a warning; the run goes on.
-    let out = bin()
-        .arg("run")
-        .arg(example("mlp.trace"))
-        .args(["--plugin", "/no/such/plugin.so"])
-        .output()
-        .unwrap();
+    let out = sw!("run", example("mlp.trace"), "--plugin", "/no/such/plugin.so");
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{err}");
     assert!(
@@ -408,13 +343,7 @@ fn plugins_load_from_the_command_line_and_config() {
 fn with_config(command: &str, config: &str) -> Output {
     let cfg = scratch(&format!("{command}-{}.toml", config.len()));
     std::fs::write(&cfg, config).unwrap();
-    bin()
-        .arg(command)
-        .arg(example("mlp.trace"))
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap()
+    sw!(command, example("mlp.trace"), "--config", &cfg)
 }
 
 #[test]
@@ -454,7 +383,7 @@ fn config_files_choose_executors_and_cost_model() {
 fn threads_come_from_the_environment_or_the_config() {
     // One thread runs, and gives the bits of the default.
     let one = ok(with_config("run", "threads = 1\n"));
-    let all = ok(bin().arg("run").arg(example("mlp.trace")).output().unwrap());
+    let all = ok(sw!("run", example("mlp.trace")));
     let outputs = |s: &str| s[s.find("outputs:").unwrap()..s.find("time:").unwrap()].to_string();
     assert_eq!(outputs(&one), outputs(&all));
     // Every command that runs kernels reads it, bench included.
@@ -490,11 +419,7 @@ fn threads_come_from_the_environment_or_the_config() {
 #[test]
 fn calibrate_writes_a_profile_config_can_use() {
     let profile = scratch("cpu.toml");
-    ok(bin()
-        .args(["calibrate", "--quick", "--output"])
-        .arg(&profile)
-        .output()
-        .unwrap());
+    ok(sw!("calibrate", "--quick", "--output", &profile));
     let m = switchyard_core::cost::DeviceModel::load(profile.to_str().unwrap()).unwrap();
     assert_eq!(m.name, "cpu-calibrated");
     assert!(m.bandwidth_gb_s > 0.0 && m.gflops["f32"] > 0.0);
@@ -506,13 +431,7 @@ fn calibrate_writes_a_profile_config_can_use() {
         format!("[cost]\nprofile = {:?}\n", profile.display().to_string()),
     )
     .unwrap();
-    let s = ok(bin()
-        .arg("plan")
-        .arg(example("mlp.trace"))
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap());
+    let s = ok(sw!("plan", example("mlp.trace"), "--config", &cfg));
     assert!(s.contains("regions on cpu-calibrated"), "{s}");
 }
 
@@ -520,12 +439,15 @@ fn calibrate_writes_a_profile_config_can_use() {
 fn memory_timeline_in_json_and_svg() {
     // `run --json`: the measured peak agrees with the planned one, and the
     // timeline says where it is and what is live there.
-    let s = ok(bin()
-        .arg("run")
-        .arg(example("parallel_paths_inefficient.trace"))
-        .args(["--json", "--executors", "fallback", "--schedule", "program"])
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "run",
+        example("parallel_paths_inefficient.trace"),
+        "--json",
+        "--executors",
+        "fallback",
+        "--schedule",
+        "program"
+    ));
     let v: serde_json::Value = serde_json::from_str(&s).unwrap();
     assert_eq!(v["peak_bytes"], v["planned_peak_bytes"]);
     let steps = v["timeline"]["steps"].as_array().unwrap();
@@ -535,19 +457,16 @@ fn memory_timeline_in_json_and_svg() {
     assert_eq!(v["timeline"]["live_at_peak"].as_array().unwrap().len(), 11);
     // `plan --memory-timeline`: an SVG with the peak marked and the tensors listed.
     let svg_path = scratch("timeline.svg");
-    ok(bin()
-        .arg("plan")
-        .arg(example("parallel_paths_inefficient.trace"))
-        .args([
-            "--executors",
-            "fallback",
-            "--schedule",
-            "program",
-            "--memory-timeline",
-        ])
-        .arg(&svg_path)
-        .output()
-        .unwrap());
+    ok(sw!(
+        "plan",
+        example("parallel_paths_inefficient.trace"),
+        "--executors",
+        "fallback",
+        "--schedule",
+        "program",
+        "--memory-timeline",
+        &svg_path
+    ));
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("peak 2.75 MiB at step 10"), "{svg}");
@@ -555,12 +474,7 @@ fn memory_timeline_in_json_and_svg() {
         svg.contains("t1_9 — 256.00 KiB") && svg.contains("and 1 more"),
         "{svg}"
     );
-    let json = ok(bin()
-        .arg("plan")
-        .arg(example("parallel_paths_inefficient.trace"))
-        .arg("--json")
-        .output()
-        .unwrap());
+    let json = ok(sw!("plan", example("parallel_paths_inefficient.trace"), "--json"));
     let p: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(p["peak_bytes"], 786_432);
     assert!(p["timeline"]["steps"].as_array().is_some_and(|s| !s.is_empty()));
@@ -570,13 +484,9 @@ fn memory_timeline_in_json_and_svg() {
 fn bench_reports_every_set_side_by_side_and_writes_json() {
     let json = scratch("bench.json");
     let svg = scratch("bench.svg");
-    let out = bin()
-        .args(["bench", "--suite", "overhead", "--repeat", "2", "--json"])
-        .arg(&json)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let out = sw!(
+        "bench", "--suite", "overhead", "--repeat", "2", "--json", &json, "--plot", &svg
+    );
     let s = ok(out);
     assert!(
         s.contains("suite: overhead (2 samples each; ratios against fallback)"),
@@ -666,18 +576,15 @@ fn bench_flags_an_injected_slowdown_against_a_baseline() {
 
 #[test]
 fn bench_compares_one_executor_op_by_op_and_rejects_bad_arguments() {
-    let s = ok(bin()
-        .args([
-            "bench",
-            "--suite",
-            "elementwise",
-            "--executor",
-            "fuser",
-            "--repeat",
-            "2",
-        ])
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "bench",
+        "--suite",
+        "elementwise",
+        "--executor",
+        "fuser",
+        "--repeat",
+        "2"
+    ));
     assert!(s.contains("suite: elementwise: ops of fuser,fallback"), "{s}");
     assert!(
         s.lines()
@@ -708,32 +615,33 @@ fn bench_compares_one_executor_op_by_op_and_rejects_bad_arguments() {
         let e = fails(bin().args(&args).output().unwrap());
         assert!(e.contains(want), "{args:?}: {e}");
     }
-    let out = bin()
-        .args(["bench", "--suite", "overhead", "--repeat", "0"])
-        .output()
-        .unwrap();
+    let out = sw!("bench", "--suite", "overhead", "--repeat", "0");
     assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--repeat"));
     let not_json = scratch("not.json");
     std::fs::write(&not_json, "[1, 2]").unwrap();
-    let e = fails(
-        bin()
-            .args(["bench", "--suite", "overhead", "--repeat", "1", "--baseline"])
-            .arg(&not_json)
-            .output()
-            .unwrap(),
-    );
+    let e = fails(sw!(
+        "bench",
+        "--suite",
+        "overhead",
+        "--repeat",
+        "1",
+        "--baseline",
+        &not_json
+    ));
     assert!(e.contains("is not a `switchyard bench --json` file"), "{e}");
 }
 
 #[test]
 fn plan_targets_a_gpu_this_machine_need_not_have() {
-    let s = ok(bin()
-        .arg("plan")
-        .arg(example("transformer_block.trace"))
-        .args(["--target", "cuda:0", "--device-model", "h100"])
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "plan",
+        example("transformer_block.trace"),
+        "--target",
+        "cuda:0",
+        "--device-model",
+        "h100"
+    ));
     assert!(s.contains("on h100: estimated"), "{s}");
     for executor in ["cublas at cuda:0", "cudnn at cuda:0", "fuser at cuda:0"] {
         assert!(s.contains(&format!("on {executor}")), "{executor}: {s}");
@@ -744,12 +652,15 @@ fn plan_targets_a_gpu_this_machine_need_not_have() {
         missing,
         "{s}"
     );
-    let json = ok(bin()
-        .arg("plan")
-        .arg(example("transformer_block.trace"))
-        .args(["--target", "cuda:0", "--device-model", "a100", "--json"])
-        .output()
-        .unwrap());
+    let json = ok(sw!(
+        "plan",
+        example("transformer_block.trace"),
+        "--target",
+        "cuda:0",
+        "--device-model",
+        "a100",
+        "--json"
+    ));
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let sdpa = v["regions"]
         .as_array()
@@ -775,32 +686,30 @@ fn plan_targets_a_gpu_this_machine_need_not_have() {
         s.contains("  # math: IEEE f32 (config allow_tf32 = false)\n"),
         "{s}"
     );
-    let tf32 = ok(bin()
-        .arg("plan")
-        .arg(example("transformer_block.trace"))
-        .args(["--target", "cuda:0", "--device-model", "h100", "--allow-tf32"])
-        .output()
-        .unwrap());
+    let tf32 = ok(sw!(
+        "plan",
+        example("transformer_block.trace"),
+        "--target",
+        "cuda:0",
+        "--device-model",
+        "h100",
+        "--allow-tf32"
+    ));
     assert!(
         tf32.contains("  # math: f32 on TF32 tensor cores, f32 accumulation (config allow_tf32 = true)\n"),
         "{tf32}"
     );
     assert!(!tf32.contains("IEEE"), "{tf32}");
     if missing {
-        let e = fails(
-            bin()
-                .args([
-                    "bench",
-                    "--suite",
-                    "overhead",
-                    "--target",
-                    "cuda:0",
-                    "--device-model",
-                    "h200",
-                ])
-                .output()
-                .unwrap(),
-        );
+        let e = fails(sw!(
+            "bench",
+            "--suite",
+            "overhead",
+            "--target",
+            "cuda:0",
+            "--device-model",
+            "h200"
+        ));
         assert!(e.contains("cuda:0 is unavailable: no NVIDIA driver"), "{e}");
     }
     for (args, want) in [

@@ -25,15 +25,14 @@ fn run_takes_a_model_with_inputs_and_writes_outputs_by_their_onnx_names() {
     let inputs = scratch("onnx-in.safetensors");
     write_safetensors(&inputs, &[("x".into(), x())]).unwrap();
     let outputs = scratch("onnx-out.safetensors");
-    let s = ok(bin()
-        .arg("run")
-        .arg(example_model())
-        .arg("--inputs")
-        .arg(&inputs)
-        .arg("--outputs")
-        .arg(&outputs)
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "run",
+        example_model(),
+        "--inputs",
+        &inputs,
+        "--outputs",
+        &outputs
+    ));
     assert!(s.contains("outputs:\n  y: f32[4, 16] ["), "{s}");
     assert!(s.contains("on fuser"), "{s}");
     let out = read_safetensors(&outputs).unwrap();
@@ -45,39 +44,36 @@ fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
     let inputs = scratch("imp-in.safetensors");
     write_safetensors(&inputs, &[("x".into(), x())]).unwrap();
     let (trace, weights) = (scratch("mlp.trace"), scratch("mlp.weights.safetensors"));
-    let s = ok(bin()
-        .arg("import")
-        .arg(example_model())
-        .arg("-o")
-        .arg(&trace)
-        .arg("--weights")
-        .arg(&weights)
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "import",
+        example_model(),
+        "-o",
+        &trace,
+        "--weights",
+        &weights
+    ));
     assert!(s.contains("5 ops, inputs x: f32[4, 16]"), "{s}");
     assert!(s.contains("6 weights"), "{s}");
     let via_model = scratch("imp-a.safetensors");
     let via_trace = scratch("imp-b.safetensors");
-    ok(bin()
-        .arg("run")
-        .arg(example_model())
-        .arg("--inputs")
-        .arg(&inputs)
-        .arg("--outputs")
-        .arg(&via_model)
-        .output()
-        .unwrap());
-    ok(bin()
-        .arg("run")
-        .arg(&trace)
-        .arg("--inputs")
-        .arg(&inputs)
-        .arg("--inputs")
-        .arg(&weights)
-        .arg("--outputs")
-        .arg(&via_trace)
-        .output()
-        .unwrap());
+    ok(sw!(
+        "run",
+        example_model(),
+        "--inputs",
+        &inputs,
+        "--outputs",
+        &via_model
+    ));
+    ok(sw!(
+        "run",
+        &trace,
+        "--inputs",
+        &inputs,
+        "--inputs",
+        &weights,
+        "--outputs",
+        &via_trace
+    ));
     let a = read_safetensors(&via_model).unwrap()["y"].to_f64_vec().unwrap();
     let b = read_safetensors(&via_trace)
         .unwrap()
@@ -91,15 +87,10 @@ fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
 
 #[test]
 fn plan_explain_names_the_node_each_op_came_from() {
-    let s = ok(bin()
-        .arg("plan")
-        .arg(example_model())
-        .arg("--explain")
-        .output()
-        .unwrap());
+    let s = ok(sw!("plan", example_model(), "--explain"));
     assert!(s.contains("node Gemm_1: "), "{s}");
     assert!(s.contains("node LayerNormalization_5: "), "{s}");
-    let s = ok(bin().arg("check").arg(example_model()).output().unwrap());
+    let s = ok(sw!("check", example_model()));
     assert!(
         s.contains("ok (7 inputs of which 6 weights, 5 ops, 1 outputs)"),
         "{s}"
@@ -114,23 +105,11 @@ fn symbolic_dims_are_bound_with_input_shape() {
         .output("y", DType::F32, &[Dim::from("batch"), Dim::Fixed(3)]);
     let path = scratch("sym.onnx");
     Model::save(&b.build(), &path).unwrap();
-    let e = fails(bin().arg("plan").arg(&path).output().unwrap());
+    let e = fails(sw!("plan", &path));
     assert!(e.contains("input `x`: dim 0 is the symbol `batch`"), "{e}");
-    let s = ok(bin()
-        .arg("run")
-        .arg(&path)
-        .args(["--input-shape", "x=5,3"])
-        .output()
-        .unwrap());
+    let s = ok(sw!("run", &path, "--input-shape", "x=5,3"));
     assert!(s.contains("y: f32[5, 3]"), "{s}");
-    let e = fails(
-        bin()
-            .arg("run")
-            .arg(&path)
-            .args(["--input-shape", "x=5,a"])
-            .output()
-            .unwrap(),
-    );
+    let e = fails(sw!("run", &path, "--input-shape", "x=5,a"));
     assert!(e.contains("dims must be non-negative integers"), "{e}");
 }
 
@@ -139,7 +118,7 @@ fn a_file_that_is_not_a_model_is_an_error_naming_it() {
     let path = scratch("not-a-model.onnx");
     std::fs::write(&path, "hello, I am text\n").unwrap();
     for cmd in ["run", "plan", "check", "import"] {
-        let e = fails(bin().arg(cmd).arg(&path).output().unwrap());
+        let e = fails(sw!(cmd, &path));
         assert!(e.contains("not-a-model.onnx"), "{cmd}: {e}");
         assert!(!e.contains("panicked"), "{cmd}: {e}");
     }
@@ -158,13 +137,15 @@ fn bench_compares_executor_sets_on_models_that_share_a_file_name() {
         .node("Neg", &["t"], &["u"], vec![])
         .output("u", DType::I64, &[Dim::Fixed(3)]);
     Model::save(&m.build(), &b.join("model.onnx")).unwrap();
-    let s = ok(bin()
-        .arg("bench")
-        .arg(a.join("model.onnx"))
-        .arg(b.join("model.onnx"))
-        .args(["--repeat", "2", "--executors-sets", "fallback;fuser,fallback"])
-        .output()
-        .unwrap());
+    let s = ok(sw!(
+        "bench",
+        a.join("model.onnx"),
+        b.join("model.onnx"),
+        "--repeat",
+        "2",
+        "--executors-sets",
+        "fallback;fuser,fallback"
+    ));
     assert!(s.contains("bench-a/model") && s.contains("bench-b/model"), "{s}");
     assert!(s.contains("fuser,fallback"), "{s}");
 }
@@ -202,10 +183,10 @@ fn conformance_counts_cases_and_fails_on_a_wrong_one() {
         .node("Conv", &["x", "x"], &["y"], vec![])
         .output("y", DType::F32, &[Dim::Fixed(3)]);
     Model::save(&b.build(), &unsupported.join("model.onnx")).unwrap();
-    let s = ok(bin().arg("conformance").arg(&dir).output().unwrap());
+    let s = ok(sw!("conformance", &dir));
     assert!(s.contains("2 cases: 1 pass, 0 fail, 1 unsupported"), "{s}");
     case("test_relu_wrong", vec![0., 1., 2.]);
-    let out = bin().arg("conformance").arg(&dir).output().unwrap();
+    let out = sw!("conformance", &dir);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let e = fails(out);
     assert!(

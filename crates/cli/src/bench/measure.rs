@@ -41,7 +41,7 @@ pub fn suites() -> Vec<Suite> {
         ($name:literal, $path:literal) => {
             (
                 $name,
-                include_str!(concat!("../../../examples/traces/", $path)),
+                include_str!(concat!("../../../../examples/traces/", $path)),
             )
         };
     }

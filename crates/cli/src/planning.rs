@@ -1,0 +1,162 @@
+//! How the commands choose executors and cost plans: the config, the
+//! command line's choices that replace its own, plugins, and the target.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use switchyard_core::config::{Choices, Config};
+use switchyard_core::cost::DeviceModel;
+use switchyard_core::pipeline::Planner;
+use switchyard_core::plugin::LoadedPlugin;
+use switchyard_core::{Device, Trace};
+
+use crate::model::{self, ModelArgs, Program};
+
+/// How to choose executors and cost a plan.
+#[derive(clap::Args)]
+pub(crate) struct Planning {
+    /// A config file (TOML): executors, their options, partitioner, cost model.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Executors to use, comma-separated, in order of preference (replaces the
+    /// config's list; `enable`/`disable` in the config still apply).
+    #[arg(long)]
+    executors: Option<String>,
+    /// Region order: program, min-peak (the default), dfs or bfs (replaces
+    /// the config's `[scheduler] strategy`).
+    #[arg(long, value_name = "NAME")]
+    schedule: Option<String>,
+    /// Load this executor plugin (a shared library) besides the config's;
+    /// may be repeated.
+    #[arg(long, value_name = "PATH")]
+    plugin: Vec<PathBuf>,
+    /// Let float32 matrix products run on TF32 tensor cores (the config's
+    /// `allow_tf32`; an executor's `tf32` option still overrides it).
+    /// Without it, f32 is computed as IEEE f32.
+    #[arg(long)]
+    allow_tf32: bool,
+    #[command(flatten)]
+    pub(crate) targeting: Targeting,
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+}
+
+/// Where traces run, and the cost model they are planned with.
+#[derive(clap::Args)]
+pub(crate) struct Targeting {
+    /// Put the whole trace on this device (`cpu` or `cuda:N`) instead of the
+    /// devices it declares. `plan` plans for it whether or not this machine
+    /// has it; `run` and `bench` need it. A GPU target needs a GPU cost
+    /// model (`--device-model` or `[cost] profile`).
+    #[arg(long, value_name = "DEVICE")]
+    pub(crate) target: Option<String>,
+    /// The cost model: a built-in device model (cpu, h100, h200, a100) or a
+    /// profile file (replaces the config's `[cost] profile`).
+    #[arg(long, value_name = "NAME|FILE")]
+    device_model: Option<String>,
+}
+
+impl Targeting {
+    /// Moves `trace` to `--target` when one is given, refusing to cost a GPU
+    /// target with the CPU model.
+    pub(crate) fn apply(&self, trace: &mut Trace, config: &Config) -> Result<()> {
+        let Some(target) = self.device()? else {
+            return Ok(());
+        };
+        if target != Device::Cpu && self.model(config)?.name == "cpu" {
+            anyhow::bail!(
+                "--target {target} needs a GPU cost model: pass --device-model (h200, h100, a100 or a profile \
+                 file) or set [cost] profile"
+            );
+        }
+        trace.retarget(target);
+        Ok(())
+    }
+
+    fn device(&self) -> Result<Option<Device>> {
+        self.target
+            .as_deref()
+            .map(|t| {
+                Device::parse(t)
+                    .ok_or_else(|| anyhow::anyhow!("--target: `{t}` is not a device (cpu or cuda:N)"))
+            })
+            .transpose()
+    }
+
+    /// `--device-model`, else the config's cost model.
+    pub(crate) fn model(&self, config: &Config) -> Result<DeviceModel> {
+        match &self.device_model {
+            Some(name) => DeviceModel::load(name).with_context(|| "--device-model"),
+            None => Ok(config.device_model()?),
+        }
+    }
+}
+
+impl Planning {
+    /// The trace or model in `path`, moved to `--target` when one is
+    /// given; `feeds` are the tensors a model will run on.
+    pub(crate) fn program(
+        &self,
+        path: &Path,
+        config: &Config,
+        feeds: Option<&std::collections::HashMap<String, switchyard_core::Tensor>>,
+    ) -> Result<Program> {
+        let mut program = model::load(path, &self.model, feeds)?;
+        self.targeting.apply(&mut program.trace, config)?;
+        Ok(program)
+    }
+
+    /// The config file (or the default), with `--allow-tf32`.
+    pub(crate) fn config(&self) -> Result<Config> {
+        load_config(self.config.as_deref(), self.allow_tf32)
+    }
+
+    /// The planner of `config` with this command line's choices, and the
+    /// names of the plugins it loaded (whose kernels may fail to compile:
+    /// [`Planner::compile`]). A plan made for `--target` alone
+    /// (`plan_only`) may use executors this machine lacks.
+    pub(crate) fn planner(&self, config: &Config, plan_only: bool) -> Result<(Planner, Vec<String>)> {
+        let plugins = load_plugins(config, &self.plugin);
+        let names = plugins.iter().map(|p| p.executor.info().name).collect();
+        let strategy = match &self.schedule {
+            Some(name) => Some(
+                name.parse()
+                    .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
+            ),
+            None => None,
+        };
+        let device = match &self.targeting.device_model {
+            Some(name) => Some(DeviceModel::load(name).with_context(|| "--device-model")?),
+            None => None,
+        };
+        let choices = Choices {
+            executors: self.executors.clone(),
+            strategy,
+            device,
+            plan_only: plan_only && self.targeting.target.is_some(),
+        };
+        Ok((config.planner(&choices, &plugins)?, names))
+    }
+}
+
+/// The config file (or the default), with `--allow-tf32`; sizes the
+/// kernels' thread pool from it (or `SWITCHYARD_THREADS`) before anything runs.
+pub(crate) fn load_config(path: Option<&Path>, allow_tf32: bool) -> Result<Config> {
+    let mut config = match path {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    config.allow_tf32 |= allow_tf32;
+    switchyard_core::threads::configure(config.threads)?;
+    Ok(config)
+}
+
+/// The config's plugins and `extra`; each that cannot be loaded is a
+/// warning, and skipped.
+pub(crate) fn load_plugins(config: &Config, extra: &[PathBuf]) -> Vec<LoadedPlugin> {
+    let (loaded, failed) = switchyard_plugin_host::load_configured(config, extra);
+    for e in failed {
+        eprintln!("warning: {e} (skipped)");
+    }
+    loaded
+}
