@@ -273,7 +273,20 @@ fn plan(args: PlanArgs) -> Result<()> {
     Ok(())
 }
 
+/// Ends the process quietly when its output pipe closes (`switchyard plan
+/// big.trace | head`), as command-line tools do, rather than panicking in
+/// a print: Rust ignores SIGPIPE, so a write fails instead.
+fn die_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restores a signal's default disposition before any thread
+    // starts; no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    die_on_closed_pipe();
     link_builtin_executors();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("SWITCHYARD_LOG"))

@@ -781,3 +781,39 @@ fn gpu_kernels_compiled_once_are_reused_by_the_next_process() {
     // Nothing compiled, so nothing written: the same files, untouched.
     assert_eq!(entries(), first);
 }
+
+#[test]
+#[cfg(unix)]
+fn a_closed_output_pipe_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    // A plan long enough to outlast the pipe's buffer.
+    let mut text = String::from("input x: f32[4]\n");
+    let mut last = "x".to_string();
+    for i in 0..3000 {
+        text.push_str(&format!("v{i} = exp({last})\n"));
+        last = format!("v{i}");
+    }
+    text.push_str(&format!("output {last}\n"));
+    let path = scratch("long.trace");
+    std::fs::write(&path, text).unwrap();
+    let mut child = bin()
+        .args(["plan", "--executors", "fallback"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the reading end at once, as `| head -0` would.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc_sigpipe()), "{:?}", out.status);
+}
+
+/// SIGPIPE's number, without a dependency for it.
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13
+}
