@@ -10,7 +10,8 @@
 //! The `pipeline` group times the whole of planning (`Planner::plan`:
 //! partitioning, scheduling and fitting to memory) with the default
 //! executors on `recent_elementwise` traces of 1 000, 10 000 and 100 000
-//! ops, all of which the fuser takes.
+//! ops, all of which the fuser takes, and on 10 000 such ops cut into fused
+//! regions of 10 to 10 000 ops (`recent_elementwise_regions`).
 //!
 //! `cargo bench -p switchyard-tests --bench plan`
 
@@ -25,7 +26,7 @@ use switchyard_core::schedule::{Strategy, order};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
-use switchyard_tests::workloads::{random_ops, recent_elementwise};
+use switchyard_tests::workloads::{random_ops, recent_elementwise, recent_elementwise_regions};
 
 fn plan_time(c: &mut Criterion) {
     let device = DeviceModel::cpu_default();
@@ -110,6 +111,14 @@ fn pipeline_time(c: &mut Criterion) {
         let trace = recent_elementwise(n, 5).unwrap();
         g.throughput(Throughput::Elements(trace.ops.len() as u64));
         g.bench_with_input(BenchmarkId::new("fuser+fallback", n), &trace, |b, t| {
+            b.iter(|| planner.plan(t).unwrap())
+        });
+    }
+    // 10 000 ops in fused regions of 10 to 10 000 ops, a matmul between.
+    for region in [10usize, 100, 1_000, 10_000] {
+        let trace = recent_elementwise_regions(10_000, region, 5).unwrap();
+        g.throughput(Throughput::Elements(trace.ops.len() as u64));
+        g.bench_with_input(BenchmarkId::new("fused regions of", region), &trace, |b, t| {
             b.iter(|| planner.plan(t).unwrap())
         });
     }

@@ -448,3 +448,40 @@ pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
     b.output(&[last]);
     b.finish()
 }
+
+/// [`recent_elementwise`] cut into fused regions of about `region` ops: a
+/// matmul (which the fuser does not take) after every `region` ops, and
+/// each op reading only values since the last matmul, so that the fused
+/// regions between them hold `region` ops each.
+pub fn recent_elementwise_regions(n: usize, region: usize, seed: u64) -> Result<Trace> {
+    use switchyard_core::ir::{BinaryOp, UnaryOp};
+    const UNARY: [UnaryOp; 5] = [
+        UnaryOp::Tanh,
+        UnaryOp::Exp,
+        UnaryOp::Neg,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+    ];
+    const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Maximum];
+    let mut b = TraceBuilder::new();
+    let mut vals = vec![b.input("x0", DType::F32, &[64, 64])?];
+    let mut next = draws(seed);
+    for i in 0..n {
+        if i > 0 && i % region.max(1) == 0 {
+            let last = *vals.last().expect("values exist");
+            vals = vec![b.matmul(last, last)?];
+        }
+        let recent = |k: usize, r: usize| vals[vals.len() - 1 - r % vals.len().min(k)];
+        let v = if next().is_multiple_of(2) {
+            let a = recent(50, next());
+            b.unary(UNARY[next() % UNARY.len()], a)?
+        } else {
+            let (a, c) = (recent(50, next()), recent(200, next()));
+            b.binary(BINARY[next() % BINARY.len()], a, c)?
+        };
+        vals.push(v);
+    }
+    let last = *vals.last().expect("values exist");
+    b.output(&[last]);
+    b.finish()
+}

@@ -193,6 +193,7 @@ fn annotate(plan: &mut Plan, ops: &[OpId], why: String) {
 
 /// The dataflow-connected pieces of `ops`, each in the region's order.
 fn components(plan: &Plan, ops: &[OpId]) -> Vec<Vec<OpId>> {
+    crate::work::add(ops.len());
     // Each op's place in `ops`: a linear search per operand made this
     // quadratic in the region's size.
     let index: std::collections::HashMap<OpId, usize> =

@@ -34,6 +34,7 @@ pub struct Hints {
 impl Hints {
     /// The hints of every op of `trace`, resolved once per span.
     pub fn of_trace(trace: &Trace) -> Vec<Hints> {
+        crate::work::add(trace.ops.len());
         let mut per_span: Vec<Hints> = Vec::with_capacity(trace.spans.len());
         for (s, span) in trace.spans.iter().enumerate() {
             // Parents precede their children (the trace is validated).

@@ -55,6 +55,7 @@ pub mod tensor;
 pub mod text;
 pub mod threads;
 pub mod verify;
+pub mod work;
 
 pub use arena::OutputBuffer;
 pub use dtype::{DType, Element, Scalar};

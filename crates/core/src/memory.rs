@@ -52,6 +52,7 @@ impl MemoryGraph {
     /// Builds the graph of `regions`; `kinds[r]` is the kind of region `r`'s
     /// executor (only operator executors make zero-copy views).
     pub fn new(trace: &Trace, regions: &[Region], kinds: &[ExecutorKind]) -> MemoryGraph {
+        crate::work::add(trace.values.len() + trace.ops.len() + regions.len());
         // Only region outputs are materialised; a fused region's
         // intermediates never are.
         let mut region_of = vec![None; trace.values.len()];
@@ -168,6 +169,7 @@ impl MemoryGraph {
 
     /// Live bytes over `order` (a valid order of every region).
     pub fn timeline(&self, order: &[usize]) -> Timeline {
+        crate::work::add(self.buffers.len() + order.len());
         let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
         let mut inputs_live: usize = self
             .buffers

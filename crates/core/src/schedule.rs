@@ -39,6 +39,7 @@ const GREEDY_WINDOW: usize = 256;
 
 /// The order `strategy` gives the regions of `g`.
 pub fn order(g: &MemoryGraph, strategy: Strategy) -> Vec<usize> {
+    crate::work::add(g.len() + g.buffers.len());
     match strategy {
         Strategy::Program => program(g),
         Strategy::Dfs => depth_first(g, false),

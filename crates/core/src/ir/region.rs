@@ -15,6 +15,7 @@ impl Trace {
     /// when nothing reads it (it is still produced, and must be accounted
     /// for).
     pub fn region_boundary(&self, ops: &[OpId], uses: &Uses) -> (Vec<ValueId>, Vec<ValueId>) {
+        crate::work::add(ops.len());
         // Sorted vectors and binary searches, not hash sets: the memory
         // fitter draws thousands of boundaries of large regions.
         let mut sorted = ops.to_vec();
@@ -93,6 +94,7 @@ impl<'a> Cuts<'a> {
     /// The cuts of the region of `ops` whose outputs are `outputs` (its
     /// boundary's); `uses` is [`Trace::uses`].
     pub fn new(trace: &Trace, ops: &'a [OpId], outputs: &[ValueId], uses: &Uses) -> Cuts<'a> {
+        crate::work::add(ops.len());
         let mut at: Vec<(OpId, usize)> = ops.iter().enumerate().map(|(p, &o)| (o, p)).collect();
         at.sort_unstable();
         let position = |o: OpId| {
@@ -149,6 +151,7 @@ impl<'a> Cuts<'a> {
     /// The two pieces of a cut before position `k` (0 < k < the region's
     /// length): each piece's ops, inputs and outputs.
     pub fn pieces(&self, k: usize) -> [(Vec<OpId>, Vec<ValueId>, Vec<ValueId>); 2] {
+        crate::work::add(self.ops.len());
         let n = self.ops.len();
         let mut seen = vec![0u8; self.slots];
         let mut piece = |from: usize, to: usize, mark: u8| {

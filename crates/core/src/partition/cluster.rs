@@ -25,6 +25,7 @@ const EARLIER: usize = 0;
 impl State<'_> {
     /// This round's regions, from where each op is assigned.
     pub(super) fn cluster(&self) -> Regions {
+        crate::work::add(self.ops.len());
         let mut walk = Walk::new(self);
         while let Some(&start) = walk.ready_any.first() {
             walk.region(start);

@@ -31,6 +31,7 @@ impl State<'_> {
     /// This round's executor of every op: its hinted one, else where it
     /// goes unhinted; then the groups, each on one fusion executor.
     pub(super) fn assign(&mut self) -> Result<()> {
+        crate::work::add(self.ops.len());
         for i in 0..self.ops.len() {
             let op = OpId(i as u32);
             let forced = match (&self.ops[i].hints.executor, &self.ops[i].executor_failed) {

@@ -21,6 +21,7 @@ pub(super) fn lower(
 ) -> Result<Trace> {
     let mut current = trace;
     loop {
+        crate::work::add(current.ops.len());
         if !current.ops.iter().any(|op| op.kind.is_composite()) {
             return Ok(current);
         }

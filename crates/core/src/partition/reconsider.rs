@@ -24,6 +24,7 @@ impl State<'_> {
     /// Offers each fusion region not settled before to its executor's
     /// `refine`, and bans what it hands back. Whether anything changed.
     pub(super) fn refine(&mut self, regions: &Regions) -> bool {
+        crate::work::add(regions.len());
         let mut changed = false;
         for (k, ops) in regions {
             if !self.exec(*k).is_fusion() || self.settled.contains(&(*k, ops.clone())) {
@@ -81,6 +82,7 @@ impl State<'_> {
     /// best operator executor) and splitting out one op the fuser prices
     /// above its alternative, if it is cheaper than keeping the region.
     fn better_than_fused(&self, k: ExecId, ops: &[OpId]) -> Option<Move> {
+        crate::work::add(ops.len());
         let exec = self.executor(k);
         let cx = self.cx(k);
         let fused = exec.cost(ops, &cx);

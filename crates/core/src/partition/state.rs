@@ -134,6 +134,7 @@ impl<'a> State<'a> {
             policy,
             explanation,
         };
+        crate::work::add(state.trace.ops.len() * state.execs.len());
         let claims: Vec<Vec<Claim>> = state
             .trace
             .ops_with_ids()

@@ -251,6 +251,7 @@ pub(crate) fn lower(
     inputs: &[ValueId],
     outputs: &[ValueId],
 ) -> Result<Program, Vec<Failure>> {
+    switchyard_core::work::add(ops.len());
     let fail = |op: OpId, reason: String| vec![Failure { op, reason }];
     for &id in ops {
         if let Some(reason) = unsupported(trace, id) {
