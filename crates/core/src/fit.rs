@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::executor::{ExecutorKind, Region};
-use crate::hints::HintPolicy;
+use crate::hints::{HintPolicy, Hints};
 use crate::ir::{Cuts, OpId, Uses, ValueId};
 use crate::plan::Plan;
 use crate::schedule::{Strategy, schedule, scheduled_peak};
@@ -42,7 +42,8 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
     // Splitting regions changes no op's readers.
     let uses = plan.trace.uses();
     // A `group` hint keeps its ops in one region: those regions stay whole.
-    let hints = crate::hints::Hints::of_trace(&plan.trace);
+    let hints = Hints::of_trace(&plan.trace);
+    let producers = plan.trace.producers();
     let whole = |r: &Region| r.ops.iter().any(|o| hints[o.index()].group.is_some());
     let mut peak = plan.planned_peak_bytes().0;
     // Horizontal merges: split into dataflow pieces when that lowers the
@@ -59,7 +60,7 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
         let pieces = bounded(&plan, components(&plan, &plan.regions[i].ops), &uses);
-        if let Some(p) = lowers(&plan, i, &pieces, strategy, peak) {
+        if let Some(p) = lowers(&plan, &hints, &producers, i, &pieces, strategy, peak) {
             let ops = plan.regions[i].ops.clone();
             plan = apply(plan, i, &pieces, &uses, strategy, p)?;
             annotate(
@@ -124,7 +125,9 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         let at = Cuts::new(&plan.trace, &r.ops, &r.outputs, &uses);
         let best = cuts
             .par_iter()
-            .filter_map(|&k| lowers(&plan, step, &at.pieces(k), strategy, peak).map(|p| (p, k)))
+            .filter_map(|&k| {
+                lowers(&plan, &hints, &producers, step, &at.pieces(k), strategy, peak).map(|p| (p, k))
+            })
             .min();
         let Some((p, k)) = best else { break };
         let (ops, pieces) = (r.ops.clone(), at.pieces(k));
@@ -253,21 +256,27 @@ fn bounded(plan: &Plan, pieces: Vec<Vec<OpId>>, uses: &Uses) -> Vec<Piece> {
         .collect()
 }
 
-/// `plan`'s regions with region `i` replaced by `pieces` (same executor
-/// and device), numbered in order.
-fn split(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
+/// `pieces` as regions of region `i`'s executor and device (unnumbered).
+fn regions_of(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
     let old = &plan.regions[i];
-    let mut regions = plan.regions[..i].to_vec();
-    for (ops, inputs, outputs) in pieces {
-        regions.push(Region {
+    pieces
+        .iter()
+        .map(|(ops, inputs, outputs)| Region {
             id: 0,
             executor: old.executor,
             ops: ops.clone(),
             inputs: inputs.clone(),
             outputs: outputs.clone(),
             device: old.device,
-        });
-    }
+        })
+        .collect()
+}
+
+/// `plan`'s regions with region `i` replaced by `pieces` (same executor
+/// and device), numbered in order.
+fn split(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
+    let mut regions = plan.regions[..i].to_vec();
+    regions.extend(regions_of(plan, i, pieces));
     regions.extend(plan.regions[i + 1..].iter().cloned());
     for (id, r) in regions.iter_mut().enumerate() {
         r.id = id;
@@ -298,8 +307,23 @@ fn replace(mut plan: Plan, i: usize, pieces: &[Piece], uses: &Uses) -> Plan {
 /// Whether splitting region `i` of `plan` into `pieces` and rescheduling
 /// with `strategy` lowers the planned peak below `peak`: the new peak if
 /// so. Only the memory is worked out, not the plan.
-fn lowers(plan: &Plan, i: usize, pieces: &[Piece], strategy: Strategy, peak: usize) -> Option<usize> {
-    let p = scheduled_peak(plan, &split(plan, i, pieces), strategy);
+fn lowers(
+    plan: &Plan,
+    hints: &[Hints],
+    producers: &[Option<OpId>],
+    i: usize,
+    pieces: &[Piece],
+    strategy: Strategy,
+    peak: usize,
+) -> Option<usize> {
+    // The plan's regions borrowed, the pieces in place of region `i`.
+    let pieces = regions_of(plan, i, pieces);
+    let regions: Vec<&Region> = plan.regions[..i]
+        .iter()
+        .chain(&pieces)
+        .chain(&plan.regions[i + 1..])
+        .collect();
+    let p = scheduled_peak(plan, hints, producers, &regions, strategy);
     (p < peak).then_some(p)
 }
 

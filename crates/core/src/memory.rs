@@ -9,12 +9,14 @@
 //! buffers it was the last to read are freed; trace inputs are excluded from
 //! `peak_bytes` and counted, until their last read, in `peak_bytes_with_inputs`.
 
+use std::borrow::Borrow;
+
 use serde::Serialize;
 
 use crate::buffer::ARENA_ALIGN;
 use crate::cost::is_free_view;
 use crate::executor::{ExecutorKind, Region};
-use crate::ir::{Trace, ValueId};
+use crate::ir::{OpId, Trace, ValueId};
 
 /// One buffer of a plan.
 #[derive(Clone, Debug)]
@@ -51,16 +53,37 @@ pub struct MemoryGraph {
 impl MemoryGraph {
     /// Builds the graph of `regions`; `kinds[r]` is the kind of region `r`'s
     /// executor (only operator executors make zero-copy views).
-    pub fn new(trace: &Trace, regions: &[Region], kinds: &[ExecutorKind]) -> MemoryGraph {
-        crate::work::add(trace.values.len() + trace.ops.len() + regions.len());
+    pub fn new<R: Borrow<Region>>(trace: &Trace, regions: &[R], kinds: &[ExecutorKind]) -> MemoryGraph {
+        MemoryGraph::with_producers(trace, &trace.producers(), regions, kinds)
+    }
+
+    /// [`MemoryGraph::new`] with the op making each value given
+    /// ([`Trace::producers`]), so that building the graphs of many
+    /// regionings of one trace visits only each one's region boundaries.
+    pub fn with_producers<R: Borrow<Region>>(
+        trace: &Trace,
+        producers: &[Option<OpId>],
+        regions: &[R],
+        kinds: &[ExecutorKind],
+    ) -> MemoryGraph {
         // Only region outputs are materialised; a fused region's
         // intermediates never are.
         let mut region_of = vec![None; trace.values.len()];
-        for (r, region) in regions.iter().enumerate() {
+        // Each region output with the op making it and its place among
+        // that op's results: program order.
+        let mut made: Vec<(OpId, usize, ValueId)> = Vec::new();
+        for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for &v in &region.outputs {
                 region_of[v.index()] = Some(r);
+                if let Some(op) = producers[v.index()] {
+                    let at = trace.op(op).outputs.iter().position(|&o| o == v).unwrap_or(0);
+                    made.push((op, at, v));
+                }
             }
         }
+        made.sort_unstable();
+        made.dedup();
+        crate::work::add(trace.values.len() + made.len() + regions.len());
         let mut buffer_of: Vec<Option<usize>> = vec![None; trace.values.len()];
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut makes = vec![Vec::new(); regions.len()];
@@ -75,29 +98,31 @@ impl MemoryGraph {
             });
         }
         // Values in program order, so that a view's base has its buffer first.
-        for (id, op) in trace.ops_with_ids() {
-            for &v in &op.outputs {
-                let Some(r) = region_of[v.index()] else { continue };
-                let aliased = kinds[r] == ExecutorKind::Operator && is_free_view(trace, id);
-                let base = op.input_values().next().and_then(|b| buffer_of[b.index()]);
-                match (aliased, base) {
-                    (true, Some(b)) => buffer_of[v.index()] = Some(b),
-                    _ => {
-                        buffer_of[v.index()] = Some(buffers.len());
-                        makes[r].push(buffers.len());
-                        buffers.push(Buffer {
-                            value: v,
-                            bytes: trace.meta(v).bytes(),
-                            producer: Some(r),
-                            readers: vec![],
-                            output: false,
-                        });
-                    }
+        for &(id, _, v) in &made {
+            let Some(r) = region_of[v.index()] else { continue };
+            let aliased = kinds[r] == ExecutorKind::Operator && is_free_view(trace, id);
+            let base = trace
+                .op(id)
+                .input_values()
+                .next()
+                .and_then(|b| buffer_of[b.index()]);
+            match (aliased, base) {
+                (true, Some(b)) => buffer_of[v.index()] = Some(b),
+                _ => {
+                    buffer_of[v.index()] = Some(buffers.len());
+                    makes[r].push(buffers.len());
+                    buffers.push(Buffer {
+                        value: v,
+                        bytes: trace.meta(v).bytes(),
+                        producer: Some(r),
+                        readers: vec![],
+                        output: false,
+                    });
                 }
             }
         }
         let mut reads = vec![Vec::new(); regions.len()];
-        for (r, region) in regions.iter().enumerate() {
+        for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for v in &region.inputs {
                 if let Some(b) = buffer_of[v.index()] {
                     reads[r].push(b);
@@ -116,7 +141,7 @@ impl MemoryGraph {
         }
         let mut preds = vec![Vec::new(); regions.len()];
         let mut succs = vec![Vec::new(); regions.len()];
-        for (r, region) in regions.iter().enumerate() {
+        for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for v in &region.inputs {
                 if let Some(p) = region_of[v.index()]
                     && p != r

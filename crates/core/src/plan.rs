@@ -114,8 +114,11 @@ impl Plan {
     /// The memory graph of `regions` in place of the plan's own (of its
     /// trace and executors): how a candidate regioning is judged without
     /// building its plan.
-    pub fn memory_graph_of(&self, regions: &[Region]) -> MemoryGraph {
-        let kinds: Vec<_> = regions.iter().map(|r| self.executor_of(r).info().kind).collect();
+    pub fn memory_graph_of<R: std::borrow::Borrow<Region>>(&self, regions: &[R]) -> MemoryGraph {
+        let kinds: Vec<_> = regions
+            .iter()
+            .map(|r| self.executor_of(r.borrow()).info().kind)
+            .collect();
         MemoryGraph::new(&self.trace, regions, &kinds)
     }
 

@@ -18,14 +18,15 @@
 //! the whole plan (added to the graph as a chain of dependencies), and the
 //! plan's strategy places everything around them.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeSet, VecDeque};
 
 pub use crate::ir::hint::Strategy;
 
 use crate::error::Result;
 use crate::executor::Region;
-use crate::hints::HintPolicy;
-use crate::ir::Trace;
+use crate::hints::{HintPolicy, Hints};
+use crate::ir::OpId;
 use crate::memory::MemoryGraph;
 use crate::plan::Plan;
 use crate::verify::Pass;
@@ -139,7 +140,8 @@ pub fn schedule(plan: Plan, strategy: Strategy) -> Result<Plan> {
 /// [`schedule`], unverified.
 fn reorder(mut plan: Plan, strategy: Strategy) -> Plan {
     let mut g = plan.memory_graph();
-    let (order, refused) = hinted_order(&mut g, &plan.trace, &plan.regions, strategy);
+    let hints = Hints::of_trace(&plan.trace);
+    let (order, refused) = hinted_order(&mut g, &hints, &plan.regions, strategy);
     report_refused(&mut plan, refused);
     let Some(order) = order else { return plan };
     let mut new_index = vec![0usize; order.len()];
@@ -171,13 +173,13 @@ type Refused = Vec<(Strategy, Vec<usize>)>;
 /// of each strategy a `schedule` hint names added to `g` (see [`chains`]);
 /// `None` where that is the regions' own order (program order and no
 /// hint). Also the chains refused, for [`report_refused`].
-fn hinted_order(
+fn hinted_order<R: Borrow<Region>>(
     g: &mut MemoryGraph,
-    trace: &Trace,
-    regions: &[Region],
+    hints: &[Hints],
+    regions: &[R],
     strategy: Strategy,
 ) -> (Option<Vec<usize>>, Refused) {
-    let (hinted, refused) = chains(g, trace, regions);
+    let (hinted, refused) = chains(g, hints, regions);
     let order = (strategy != Strategy::Program || hinted).then(|| order(g, strategy));
     (order, refused)
 }
@@ -213,12 +215,12 @@ fn report_refused(plan: &mut Plan, refused: Refused) {
 /// Adds to `g`, for each strategy a `schedule` hint names, a chain through
 /// its hinted regions in the order that strategy gives the whole plan,
 /// unless it would close a cycle with the others: whether any was added,
-/// and the chains refused (each with its strategy).
-fn chains(g: &mut MemoryGraph, trace: &Trace, regions: &[Region]) -> (bool, Refused) {
-    let hints = crate::hints::Hints::of_trace(trace);
+/// and the chains refused (each with its strategy). `hints` is
+/// [`Hints::of_trace`] of the plan's trace.
+fn chains<R: Borrow<Region>>(g: &mut MemoryGraph, hints: &[Hints], regions: &[R]) -> (bool, Refused) {
     let wanted: Vec<Option<Strategy>> = regions
         .iter()
-        .map(|r| r.ops.iter().find_map(|o| hints[o.index()].schedule))
+        .map(|r| r.borrow().ops.iter().find_map(|o| hints[o.index()].schedule))
         .collect();
     let mut strategies: Vec<Strategy> = wanted.iter().flatten().copied().collect();
     strategies.sort_by_key(|s| s.name());
@@ -253,10 +255,21 @@ fn chains(g: &mut MemoryGraph, trace: &Trace, regions: &[Region]) -> (bool, Refu
 /// replaced by `regions` would plan once scheduled with `strategy`: what
 /// `schedule(plan).planned_peak_bytes().0` gives for that plan, without
 /// building it (no copy of the trace or the explanation, no costs), so that
-/// trying many candidate regionings stays cheap.
-pub(crate) fn scheduled_peak(plan: &Plan, regions: &[Region], strategy: Strategy) -> usize {
-    let mut g = plan.memory_graph_of(regions);
-    let (order, _) = hinted_order(&mut g, &plan.trace, regions, strategy);
+/// trying many candidate regionings stays cheap. `hints` and `producers`
+/// are [`Hints::of_trace`] and [`crate::ir::Trace::producers`] of the plan's trace.
+pub(crate) fn scheduled_peak<R: Borrow<Region>>(
+    plan: &Plan,
+    hints: &[Hints],
+    producers: &[Option<OpId>],
+    regions: &[R],
+    strategy: Strategy,
+) -> usize {
+    let kinds: Vec<_> = regions
+        .iter()
+        .map(|r| plan.executor_of(r.borrow()).info().kind)
+        .collect();
+    let mut g = MemoryGraph::with_producers(&plan.trace, producers, regions, &kinds);
+    let (order, _) = hinted_order(&mut g, hints, regions, strategy);
     let order = order.unwrap_or_else(|| (0..regions.len()).collect());
     g.timeline(&order).peak_bytes
 }

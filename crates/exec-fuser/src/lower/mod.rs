@@ -9,7 +9,8 @@
 //! The walk backwards collects the maps each value is needed under; the walk
 //! forwards emits one instruction per (value, map).
 
-use std::collections::{HashMap, HashSet};
+// Hashed often (a map per value, per read): a fast hasher, not SipHash.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, ValueId, reduce_dims};
 use switchyard_core::meta::{broadcast_strides, reshape_strides};
