@@ -43,7 +43,7 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
     let uses = plan.trace.uses();
     // A `group` hint keeps its ops in one region: those regions stay whole.
     let hints = Hints::of_trace(&plan.trace);
-    let producers = plan.trace.producers();
+    let results = plan.trace.results();
     let whole = |r: &Region| r.ops.iter().any(|o| hints[o.index()].group.is_some());
     let mut peak = plan.planned_peak_bytes().0;
     // Horizontal merges: split into dataflow pieces when that lowers the
@@ -60,7 +60,7 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
         let pieces = bounded(&plan, components(&plan, &plan.regions[i].ops), &uses);
-        if let Some(p) = lowers(&plan, &hints, &producers, i, &pieces, strategy, peak) {
+        if let Some(p) = lowers(&plan, &hints, &results, i, &pieces, strategy, peak) {
             let ops = plan.regions[i].ops.clone();
             plan = apply(plan, i, &pieces, &uses, strategy, p)?;
             annotate(
@@ -126,7 +126,7 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         let best = cuts
             .par_iter()
             .filter_map(|&k| {
-                lowers(&plan, &hints, &producers, step, &at.pieces(k), strategy, peak).map(|p| (p, k))
+                lowers(&plan, &hints, &results, step, &at.pieces(k), strategy, peak).map(|p| (p, k))
             })
             .min();
         let Some((p, k)) = best else { break };
@@ -310,7 +310,7 @@ fn replace(mut plan: Plan, i: usize, pieces: &[Piece], uses: &Uses) -> Plan {
 fn lowers(
     plan: &Plan,
     hints: &[Hints],
-    producers: &[Option<OpId>],
+    results: &[(OpId, ValueId)],
     i: usize,
     pieces: &[Piece],
     strategy: Strategy,
@@ -323,7 +323,7 @@ fn lowers(
         .chain(&pieces)
         .chain(&plan.regions[i + 1..])
         .collect();
-    let p = scheduled_peak(plan, hints, producers, &regions, strategy);
+    let p = scheduled_peak(plan, hints, results, &regions, strategy);
     (p < peak).then_some(p)
 }
 

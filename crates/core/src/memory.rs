@@ -54,36 +54,27 @@ impl MemoryGraph {
     /// Builds the graph of `regions`; `kinds[r]` is the kind of region `r`'s
     /// executor (only operator executors make zero-copy views).
     pub fn new<R: Borrow<Region>>(trace: &Trace, regions: &[R], kinds: &[ExecutorKind]) -> MemoryGraph {
-        MemoryGraph::with_producers(trace, &trace.producers(), regions, kinds)
+        MemoryGraph::with_results(trace, &trace.results(), regions, kinds)
     }
 
-    /// [`MemoryGraph::new`] with the op making each value given
-    /// ([`Trace::producers`]), so that building the graphs of many
-    /// regionings of one trace visits only each one's region boundaries.
-    pub fn with_producers<R: Borrow<Region>>(
+    /// [`MemoryGraph::new`] with the trace's results in program order given
+    /// ([`Trace::results`]), so that building the graphs of many regionings
+    /// of one trace does not visit its ops each time.
+    pub fn with_results<R: Borrow<Region>>(
         trace: &Trace,
-        producers: &[Option<OpId>],
+        results: &[(OpId, ValueId)],
         regions: &[R],
         kinds: &[ExecutorKind],
     ) -> MemoryGraph {
         // Only region outputs are materialised; a fused region's
         // intermediates never are.
+        crate::work::add(trace.values.len() + results.len() + regions.len());
         let mut region_of = vec![None; trace.values.len()];
-        // Each region output with the op making it and its place among
-        // that op's results: program order.
-        let mut made: Vec<(OpId, usize, ValueId)> = Vec::new();
         for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for &v in &region.outputs {
                 region_of[v.index()] = Some(r);
-                if let Some(op) = producers[v.index()] {
-                    let at = trace.op(op).outputs.iter().position(|&o| o == v).unwrap_or(0);
-                    made.push((op, at, v));
-                }
             }
         }
-        made.sort_unstable();
-        made.dedup();
-        crate::work::add(trace.values.len() + made.len() + regions.len());
         let mut buffer_of: Vec<Option<usize>> = vec![None; trace.values.len()];
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut makes = vec![Vec::new(); regions.len()];
@@ -98,7 +89,7 @@ impl MemoryGraph {
             });
         }
         // Values in program order, so that a view's base has its buffer first.
-        for &(id, _, v) in &made {
+        for &(id, v) in results {
             let Some(r) = region_of[v.index()] else { continue };
             let aliased = kinds[r] == ExecutorKind::Operator && is_free_view(trace, id);
             let base = trace
@@ -192,8 +183,23 @@ impl MemoryGraph {
         order.len() == self.len() && (0..self.len()).all(|r| self.preds[r].iter().all(|&p| pos[p] < pos[r]))
     }
 
-    /// Live bytes over `order` (a valid order of every region).
-    pub fn timeline(&self, order: &[usize]) -> Timeline {
+    /// The peak of live bytes over `order` and the sum of every step's live
+    /// bytes: [`MemoryGraph::timeline`]'s figures without the steps or the
+    /// tensors at the peak, for comparing many orders.
+    pub fn peak_and_sum(&self, order: &[usize]) -> (usize, usize) {
+        let mut sum = 0usize;
+        let (peak, _, _) = self.sweep(order, |_, at_step, _| sum += at_step);
+        (peak, sum)
+    }
+
+    /// Runs `order`, calling `step(region, live bytes at the step, live
+    /// bytes after it)` for each step; returns the peak, the step it is
+    /// reached at, and the peak with inputs.
+    fn sweep(
+        &self,
+        order: &[usize],
+        mut step: impl FnMut(usize, usize, usize),
+    ) -> (usize, Option<usize>, usize) {
         crate::work::add(self.buffers.len() + order.len());
         let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
         let mut inputs_live: usize = self
@@ -203,7 +209,6 @@ impl MemoryGraph {
             .map(|b| b.bytes)
             .sum();
         let mut live = 0usize;
-        let mut steps = Vec::with_capacity(order.len());
         let (mut peak, mut peak_step, mut peak_with) = (0usize, None, inputs_live);
         let mut live_set: Vec<bool> = vec![false; self.buffers.len()];
         for (s, &r) in order.iter().enumerate() {
@@ -238,12 +243,21 @@ impl MemoryGraph {
                     live_set[b] = false;
                 }
             }
-            steps.push(StepMemory {
-                region: r,
-                live_bytes: at_step,
-                live_after: live,
-            });
+            step(r, at_step, live);
         }
+        (peak, peak_step, peak_with)
+    }
+
+    /// Live bytes over `order` (a valid order of every region).
+    pub fn timeline(&self, order: &[usize]) -> Timeline {
+        let mut steps = Vec::with_capacity(order.len());
+        let (peak, peak_step, peak_with) = self.sweep(order, |region, live_bytes, live_after| {
+            steps.push(StepMemory {
+                region,
+                live_bytes,
+                live_after,
+            })
+        });
         let at_peak = peak_step.map(|p| self.live_at(order, p)).unwrap_or_default();
         let mut live_at_peak: Vec<(ValueId, usize)> = at_peak
             .into_iter()

@@ -26,7 +26,7 @@ pub use crate::ir::hint::Strategy;
 use crate::error::Result;
 use crate::executor::Region;
 use crate::hints::{HintPolicy, Hints};
-use crate::ir::OpId;
+use crate::ir::{OpId, ValueId};
 use crate::memory::MemoryGraph;
 use crate::plan::Plan;
 use crate::verify::Pass;
@@ -48,7 +48,7 @@ pub fn order(g: &MemoryGraph, strategy: Strategy) -> Vec<usize> {
         Strategy::MinPeak => {
             let fast = heuristic(g);
             match exact(g) {
-                Some(best) if g.timeline(&best).peak_bytes < g.timeline(&fast).peak_bytes => best,
+                Some(best) if g.peak_and_sum(&best).0 < g.peak_and_sum(&fast).0 => best,
                 _ => fast,
             }
         }
@@ -112,8 +112,7 @@ const POLISH_ROUNDS: usize = 16;
 /// What `min-peak` minimises: the peak, then the total of live bytes over
 /// the steps (which steers toward freeing early when peaks tie).
 fn score(g: &MemoryGraph, order: &[usize]) -> (usize, usize) {
-    let t = g.timeline(order);
-    (t.peak_bytes, t.steps.iter().map(|s| s.live_bytes).sum())
+    g.peak_and_sum(order)
 }
 
 /// Program order, or the earliest-first topological order when extra
@@ -255,12 +254,12 @@ fn chains<R: Borrow<Region>>(g: &mut MemoryGraph, hints: &[Hints], regions: &[R]
 /// replaced by `regions` would plan once scheduled with `strategy`: what
 /// `schedule(plan).planned_peak_bytes().0` gives for that plan, without
 /// building it (no copy of the trace or the explanation, no costs), so that
-/// trying many candidate regionings stays cheap. `hints` and `producers`
-/// are [`Hints::of_trace`] and [`crate::ir::Trace::producers`] of the plan's trace.
+/// trying many candidate regionings stays cheap. `hints` and `results` are
+/// [`Hints::of_trace`] and [`crate::ir::Trace::results`] of the plan's trace.
 pub(crate) fn scheduled_peak<R: Borrow<Region>>(
     plan: &Plan,
     hints: &[Hints],
-    producers: &[Option<OpId>],
+    results: &[(OpId, ValueId)],
     regions: &[R],
     strategy: Strategy,
 ) -> usize {
@@ -268,10 +267,10 @@ pub(crate) fn scheduled_peak<R: Borrow<Region>>(
         .iter()
         .map(|r| plan.executor_of(r.borrow()).info().kind)
         .collect();
-    let mut g = MemoryGraph::with_producers(&plan.trace, producers, regions, &kinds);
+    let mut g = MemoryGraph::with_results(&plan.trace, results, regions, &kinds);
     let (order, _) = hinted_order(&mut g, hints, regions, strategy);
     let order = order.unwrap_or_else(|| (0..regions.len()).collect());
-    g.timeline(&order).peak_bytes
+    g.peak_and_sum(&order).0
 }
 
 /// Regions whose dependencies are all done, kept up to date as regions run.
