@@ -131,8 +131,8 @@ impl State<'_> {
         let mut region_of = vec![0usize; n];
         for (id, (k, ops)) in regions.into_iter().enumerate() {
             let (inputs, outputs) = self.trace.region_boundary(&ops, &self.uses);
+            estimates.push(self.region_cost(k, &ops));
             let (e, cx) = (self.executor(k), self.cx(k));
-            estimates.push(e.cost(&ops, &cx));
             for op in &ops {
                 region_of[op.index()] = id;
             }

@@ -53,7 +53,8 @@ impl State<'_> {
             if !self.exec(*k).is_fusion() || ops.iter().any(|&o| self.op(o).pinned) {
                 continue;
             }
-            let Some(m) = self.better_than_fused(*k, ops) else {
+            let fused = self.region_cost(*k, ops);
+            let Some(m) = self.better_than_fused(*k, ops, fused) else {
                 continue;
             };
             let (n, name) = (ops.len(), self.exec(*k).name.clone());
@@ -80,12 +81,12 @@ impl State<'_> {
 
     /// The cheapest of dissolving the region of `ops` on `k` (every op on its
     /// best operator executor) and splitting out one op the fuser prices
-    /// above its alternative, if it is cheaper than keeping the region.
-    fn better_than_fused(&self, k: ExecId, ops: &[OpId]) -> Option<Move> {
+    /// above its alternative, if it is cheaper than keeping the region
+    /// (`fused`).
+    fn better_than_fused(&self, k: ExecId, ops: &[OpId], fused: f64) -> Option<Move> {
         crate::work::add(ops.len());
         let exec = self.executor(k);
         let cx = self.cx(k);
-        let fused = exec.cost(ops, &cx);
         let apart: Option<f64> = ops.iter().map(|&op| self.best_operator(op).map(|(_, c)| c)).sum();
         let mut split: Option<(OpId, f64)> = None;
         for &v in ops {

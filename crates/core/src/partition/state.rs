@@ -1,7 +1,7 @@
 //! What the partitioner knows and has decided: its executors, and per op
 //! the claims, bans, notes and hints that the phases read and write.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::cost::DeviceModel;
 use crate::error::Error;
@@ -106,6 +106,10 @@ pub(super) struct State<'a> {
     /// Fusion regions that came back whole from their executor's `refine`,
     /// not offered again.
     pub(super) settled: HashSet<(ExecId, Vec<OpId>)>,
+    /// Each region's cost on its executor, once asked: regions that stay
+    /// from one round to the next are not costed again (an executor's cost
+    /// of a region is fixed while partitioning).
+    pub(super) costs: HashMap<(ExecId, Vec<OpId>), f64>,
     pub(super) policy: HintPolicy,
     pub(super) explanation: Explanation,
 }
@@ -131,6 +135,7 @@ impl<'a> State<'a> {
             ops: Vec::new(),
             groups: Vec::new(),
             settled: HashSet::new(),
+            costs: HashMap::new(),
             policy,
             explanation,
         };
@@ -186,6 +191,16 @@ impl<'a> State<'a> {
     /// Executor `k`'s claim of `op`.
     fn claim(&self, k: ExecId, op: OpId) -> Claim {
         self.exec(k).claim(&**self.executor(k), op, &self.cx(k))
+    }
+
+    /// Executor `k`'s cost of the region of `ops`, asked once.
+    pub(super) fn region_cost(&mut self, k: ExecId, ops: &[OpId]) -> f64 {
+        if let Some(&c) = self.costs.get(&(k, ops.to_vec())) {
+            return c;
+        }
+        let c = self.executor(k).cost(ops, &self.cx(k));
+        self.costs.insert((k, ops.to_vec()), c);
+        c
     }
 
     pub(super) fn op(&self, op: OpId) -> &OpState {
