@@ -21,7 +21,6 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
-use switchyard_core::pipeline::Planner;
 use switchyard_core::schedule::{Strategy, order};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
@@ -98,13 +97,7 @@ fn schedule_time(c: &mut Criterion) {
 
 /// The whole of planning, with the fuser and the fallback.
 fn pipeline_time(c: &mut Criterion) {
-    let planner = Planner {
-        set: ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]),
-        device: DeviceModel::cpu_default(),
-        options: PartitionOptions::default(),
-        strategy: Strategy::MinPeak,
-        budget: None,
-    };
+    let planner = switchyard_tests::fused_planner();
     let mut g = c.benchmark_group("pipeline");
     g.sample_size(10);
     for n in [1_000usize, 10_000, 100_000] {

@@ -15,10 +15,27 @@ use std::sync::Arc;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::pipeline::Planner;
 use switchyard_core::plan::Plan;
 use switchyard_core::runtime::{CompiledPlan, RunOptions, RunResult};
+use switchyard_core::schedule::Strategy;
 use switchyard_core::{Result, Tensor, Trace, text};
 use switchyard_exec_fallback::FallbackExecutor;
+
+/// The whole of planning with the fuser and the fallback, the default CPU
+/// cost model and options, min-peak scheduling and no budget.
+pub fn fused_planner() -> Planner {
+    Planner {
+        set: ExecutorSet::new(vec![
+            Arc::new(switchyard_exec_fuser::FuserExecutor),
+            Arc::new(FallbackExecutor),
+        ]),
+        device: DeviceModel::cpu_default(),
+        options: PartitionOptions::default(),
+        strategy: Strategy::MinPeak,
+        budget: None,
+    }
+}
 
 /// Plans a trace onto the given executors with the default CPU cost model.
 pub fn plan_on(trace: &Trace, executors: Vec<Arc<dyn Executor>>) -> Result<Plan> {

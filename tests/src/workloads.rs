@@ -412,12 +412,11 @@ pub fn random_ops(n: usize, seed: u64) -> Result<Trace> {
     b.finish()
 }
 
-/// A planning-scale trace of `n` random elementwise ops over f32[64, 64]:
-/// half unary (tanh, exp, neg, sigmoid, relu) of one of the last 50 values,
-/// half binary (add, mul, sub, maximum) of one of the last 50 and one of
-/// the last 200. The fuser takes all of it, so this exercises fusion,
-/// memory fitting and scheduling at size.
-pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
+/// One random elementwise op of the planning-scale generators: half unary
+/// (tanh, exp, neg, sigmoid, relu) of one of the last 50 of `vals`, half
+/// binary (add, mul, sub, maximum) of one of the last 50 and one of the
+/// last 200.
+fn recent_op(b: &mut TraceBuilder, vals: &[ValueId], next: &mut impl FnMut() -> usize) -> Result<ValueId> {
     use switchyard_core::ir::{BinaryOp, UnaryOp};
     const UNARY: [UnaryOp; 5] = [
         UnaryOp::Tanh,
@@ -427,6 +426,22 @@ pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
         UnaryOp::Relu,
     ];
     const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Maximum];
+    let recent = |k: usize, r: usize| vals[vals.len() - 1 - r % vals.len().min(k)];
+    if next().is_multiple_of(2) {
+        let a = recent(50, next());
+        b.unary(UNARY[next() % UNARY.len()], a)
+    } else {
+        let (a, c) = (recent(50, next()), recent(200, next()));
+        b.binary(BINARY[next() % BINARY.len()], a, c)
+    }
+}
+
+/// A planning-scale trace of `n` random elementwise ops over f32[64, 64]:
+/// half unary (tanh, exp, neg, sigmoid, relu) of one of the last 50 values,
+/// half binary (add, mul, sub, maximum) of one of the last 50 and one of
+/// the last 200. The fuser takes all of it, so this exercises fusion,
+/// memory fitting and scheduling at size.
+pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
     let mut b = TraceBuilder::new();
     let mut vals = vec![
         b.input("x0", DType::F32, &[64, 64])?,
@@ -434,14 +449,7 @@ pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
     ];
     let mut next = draws(seed);
     for _ in 0..n {
-        let recent = |k: usize, r: usize| vals[vals.len() - 1 - r % vals.len().min(k)];
-        let v = if next().is_multiple_of(2) {
-            let a = recent(50, next());
-            b.unary(UNARY[next() % UNARY.len()], a)?
-        } else {
-            let (a, c) = (recent(50, next()), recent(200, next()));
-            b.binary(BINARY[next() % BINARY.len()], a, c)?
-        };
+        let v = recent_op(&mut b, &vals, &mut next)?;
         vals.push(v);
     }
     let last = *vals.last().expect("values exist");
@@ -454,15 +462,6 @@ pub fn recent_elementwise(n: usize, seed: u64) -> Result<Trace> {
 /// each op reading only values since the last matmul, so that the fused
 /// regions between them hold `region` ops each.
 pub fn recent_elementwise_regions(n: usize, region: usize, seed: u64) -> Result<Trace> {
-    use switchyard_core::ir::{BinaryOp, UnaryOp};
-    const UNARY: [UnaryOp; 5] = [
-        UnaryOp::Tanh,
-        UnaryOp::Exp,
-        UnaryOp::Neg,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-    ];
-    const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Maximum];
     let mut b = TraceBuilder::new();
     let mut vals = vec![b.input("x0", DType::F32, &[64, 64])?];
     let mut next = draws(seed);
@@ -471,14 +470,7 @@ pub fn recent_elementwise_regions(n: usize, region: usize, seed: u64) -> Result<
             let last = *vals.last().expect("values exist");
             vals = vec![b.matmul(last, last)?];
         }
-        let recent = |k: usize, r: usize| vals[vals.len() - 1 - r % vals.len().min(k)];
-        let v = if next().is_multiple_of(2) {
-            let a = recent(50, next());
-            b.unary(UNARY[next() % UNARY.len()], a)?
-        } else {
-            let (a, c) = (recent(50, next()), recent(200, next()));
-            b.binary(BINARY[next() % BINARY.len()], a, c)?
-        };
+        let v = recent_op(&mut b, &vals, &mut next)?;
         vals.push(v);
     }
     let last = *vals.last().expect("values exist");

@@ -3,27 +3,13 @@
 //! a test binary of its own, since the count is process-wide and the tests
 //! of one binary run at once.
 
-use std::sync::Arc;
-
-use switchyard_core::cost::DeviceModel;
-use switchyard_core::executor::ExecutorSet;
-use switchyard_core::partition::PartitionOptions;
-use switchyard_core::pipeline::Planner;
-use switchyard_core::schedule::Strategy;
-use switchyard_exec_fallback::FallbackExecutor;
-use switchyard_exec_fuser::FuserExecutor;
+use switchyard_tests::fused_planner;
 use switchyard_tests::workloads::recent_elementwise;
 
 /// Work units of planning `n` ops of the planning-scale generator with the
 /// fuser and the fallback.
 fn units(n: usize) -> u64 {
-    let planner = Planner {
-        set: ExecutorSet::new(vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]),
-        device: DeviceModel::cpu_default(),
-        options: PartitionOptions::default(),
-        strategy: Strategy::MinPeak,
-        budget: None,
-    };
+    let planner = fused_planner();
     let trace = recent_elementwise(n, 5).unwrap();
     let before = switchyard_core::work::total();
     let plan = planner.plan(&trace).unwrap();

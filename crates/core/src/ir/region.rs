@@ -21,13 +21,7 @@ impl Trace {
         let mut sorted = ops.to_vec();
         sorted.sort_unstable();
         let inside = |o: OpId| sorted.binary_search(&o).is_ok();
-        // Each value the region defines, with the position of its op.
-        let mut defined: Vec<(ValueId, usize)> = ops
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &o)| self.op(o).outputs.iter().map(move |&v| (v, i)))
-            .collect();
-        defined.sort_unstable();
+        let defined = self.definitions(ops);
         let defined_before = |v: ValueId, at: usize| {
             defined
                 .binary_search_by_key(&v, |&(w, _)| w)
@@ -54,6 +48,18 @@ impl Trace {
         reads.dedup_by_key(|r| r.0);
         reads.sort_unstable_by_key(|r| r.1);
         (reads.into_iter().map(|(v, _)| v).collect(), outputs)
+    }
+
+    /// Each value the ops define, with the position in `ops` of the op
+    /// defining it, sorted by value for binary search.
+    fn definitions(&self, ops: &[OpId]) -> Vec<(ValueId, usize)> {
+        let mut defined: Vec<(ValueId, usize)> = ops
+            .iter()
+            .enumerate()
+            .flat_map(|(p, &o)| self.op(o).outputs.iter().map(move |&v| (v, p)))
+            .collect();
+        defined.sort_unstable();
+        defined
     }
 
     /// The device an op works on: its first output's (or first operand's).
@@ -103,12 +109,7 @@ impl<'a> Cuts<'a> {
         };
         let mut leaving = outputs.to_vec();
         leaving.sort_unstable();
-        let mut defined: Vec<(ValueId, usize)> = ops
-            .iter()
-            .enumerate()
-            .flat_map(|(p, &o)| trace.op(o).outputs.iter().map(move |&v| (v, p)))
-            .collect();
-        defined.sort_unstable();
+        let defined = trace.definitions(ops);
         let def_of = |v: ValueId| {
             defined
                 .binary_search_by_key(&v, |&(w, _)| w)
