@@ -6,6 +6,7 @@
 //! Executors register a factory with [`inventory::submit!`]; core never names
 //! one. Every method but `info`, `claim` and `compile` has a default.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -111,6 +112,34 @@ pub struct Numerics {
     pub allow_tf32: bool,
 }
 
+/// An executor's options as it parsed them once ([`Executor::prepare`]),
+/// for every hook to read typed ([`Context::prepared`]) instead of parsing
+/// the table again. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Prepared(Option<Arc<dyn Any + Send + Sync>>);
+
+impl Prepared {
+    /// Options parsed into `value`.
+    pub fn new<T: Any + Send + Sync>(value: T) -> Prepared {
+        Prepared(Some(Arc::new(value)))
+    }
+
+    /// The options as `T`, if they were prepared as one.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.as_deref().and_then(|v| (v as &dyn Any).downcast_ref())
+    }
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Prepared(..)"
+        } else {
+            "Prepared(none)"
+        })
+    }
+}
+
 /// What every hook is given: the trace, the cost model, and the executor's
 /// options from config.
 #[derive(Clone, Copy, Debug)]
@@ -125,9 +154,17 @@ pub struct Context<'a> {
     pub uses: &'a Uses,
     /// The numerics the plan allows.
     pub numerics: Numerics,
+    /// What this executor's [`Executor::prepare`] made of `options`.
+    pub prepared: &'a Prepared,
 }
 
 impl Context<'_> {
+    /// The executor's prepared options as `T`, if [`Executor::prepare`]
+    /// made a `T` (a context built by hand may hold none).
+    pub fn prepared<T: Any>(&self) -> Option<&T> {
+        self.prepared.get()
+    }
+
     /// The inputs and outputs of a region made of `ops`
     /// ([`Trace::region_boundary`]).
     pub fn region_boundary(&self, ops: &[OpId]) -> (Vec<ValueId>, Vec<ValueId>) {
@@ -277,6 +314,13 @@ pub trait Executor: Send + Sync {
             Some(k) => Err(format!("unknown option `{k}` (this executor takes no options)")),
             None => Ok(()),
         }
+    }
+
+    /// Parses and checks `options` once per plan: every hook of the plan
+    /// gets the result as [`Context::prepared`]. By default:
+    /// [`Executor::check_options`], and nothing kept.
+    fn prepare(&self, options: &toml::Table) -> std::result::Result<Prepared, String> {
+        self.check_options(options).map(|()| Prepared::default())
     }
 
     /// Whether it can run `op`, and at what cost.

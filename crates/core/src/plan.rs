@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::cost::DeviceModel;
-use crate::executor::{Context, Executor, Numerics, Region};
+use crate::executor::{Context, Executor, Numerics, Prepared, Region};
 use crate::explain::Explanation;
 use crate::ir::{Trace, Uses};
 use crate::memory::{Buffer, MemoryGraph, Timeline};
@@ -21,6 +21,9 @@ pub struct Plan {
     pub executors: Vec<Arc<dyn Executor>>,
     /// `[options.NAME]` of each executor.
     pub options: BTreeMap<String, toml::Table>,
+    /// What each executor made of its options ([`Executor::prepare`]), by
+    /// the index regions refer to executors by.
+    pub prepared: Vec<Prepared>,
     /// The device model the plan was costed with.
     pub device: DeviceModel,
     /// The numerics config allowed the executors.
@@ -70,6 +73,7 @@ impl Plan {
             options: self.options_of(&name),
             uses,
             numerics: self.numerics,
+            prepared: &self.prepared[region.executor],
         };
         f(&cx)
     }

@@ -38,8 +38,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, FusionLimits, Kernel, Refinement,
-    Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, FusionLimits, Kernel, Prepared,
+    Refinement, Region,
 };
 use switchyard_core::ir::{OpId, OpKind, ValueId};
 use switchyard_core::{Device, Error, OutputBuffer, Result, Tensor};
@@ -80,6 +80,15 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The options a hook runs under: as prepared for the plan, else (a
+    /// context built by hand) read from its table.
+    pub fn of(cx: &Context) -> Options {
+        match cx.prepared::<Options>() {
+            Some(o) => *o,
+            None => Options::parse(cx.options).unwrap_or_default(),
+        }
+    }
+
     /// Reads and checks the options table.
     pub fn parse(table: &toml::Table) -> std::result::Result<Options, String> {
         let mut o = Options::default();
@@ -121,6 +130,10 @@ impl Executor for FuserExecutor {
         Options::parse(options).map(|_| ())
     }
 
+    fn prepare(&self, options: &toml::Table) -> std::result::Result<Prepared, String> {
+        Options::parse(options).map(Prepared::new)
+    }
+
     fn fusion_limits(&self, options: &toml::Table) -> FusionLimits {
         let o = Options::parse(options).unwrap_or_default();
         FusionLimits {
@@ -148,7 +161,7 @@ impl Executor for FuserExecutor {
     }
 
     fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
-        let options = Options::parse(cx.options).unwrap_or_default();
+        let options = Options::of(cx);
         let mut ops = region.to_vec();
         let mut handed_back: Vec<(OpId, String)> = Vec::new();
         // A kernel runs on one device: the region's first op's.
@@ -226,7 +239,7 @@ impl Executor for FuserExecutor {
         let backend = match region.device {
             Device::Cpu => Backend::Cpu(cpu::CpuKernel::new(program)),
             Device::Cuda(n) => {
-                let options = Options::parse(cx.options).unwrap_or_default();
+                let options = Options::of(cx);
                 let cache = options
                     .cuda_cache
                     .then(cuda::disk::DiskCache::default_location)

@@ -139,14 +139,18 @@ unsafe fn request(b: abi::Bytes) -> Result<Request, String> {
 }
 
 /// Calls `f` with a context over the request.
-fn with_context<R>(r: &Request, f: impl FnOnce(&Context, Vec<OpId>) -> R) -> R {
+fn with_context<R, E: Executor>(e: &E, r: &Request, f: impl FnOnce(&Context, Vec<OpId>) -> R) -> R {
     let uses = r.trace.uses();
+    // The host checked the options; a plugin that refuses them now gets
+    // nothing prepared, as a context built by hand.
+    let prepared = e.prepare(&r.options).unwrap_or_default();
     let cx = Context {
         trace: &r.trace,
         device: &r.device,
         options: &r.options,
         uses: &uses,
         numerics: r.numerics,
+        prepared: &prepared,
     };
     f(&cx, r.ops.iter().map(|&o| OpId(o)).collect())
 }
@@ -216,7 +220,7 @@ unsafe extern "C" fn claim<E: Executor>(
         // SAFETY: as in `check_options`.
         let (p, r) = unsafe { (state::<E>(plugin), request(req)?) };
         let op = *r.ops.first().ok_or("a claim names no op")?;
-        match with_context(&r, |cx, _| p.executor.claim(OpId(op), cx)) {
+        match with_context(&p.executor, &r, |cx, _| p.executor.claim(OpId(op), cx)) {
             // SAFETY: the host passes a writable f64.
             Claim::Accept(c) => Ok(unsafe { answer_cost(cost, c) }),
             Claim::Reject(why) => Ok(Answer::No(why)),
@@ -228,7 +232,7 @@ unsafe extern "C" fn refine<E: Executor>(plugin: *mut c_void, req: abi::Bytes, o
     guard(out, || {
         // SAFETY: as in `check_options`.
         let (p, r) = unsafe { (state::<E>(plugin), request(req)?) };
-        let back = with_context(&r, |cx, ops| p.executor.refine(&ops, cx));
+        let back = with_context(&p.executor, &r, |cx, ops| p.executor.refine(&ops, cx));
         let list: Vec<(u32, String)> = back.handed_back.into_iter().map(|(o, why)| (o.0, why)).collect();
         Ok(Answer::Ok(serde_json::to_vec(&list).map_err(|e| e.to_string())?))
     })
@@ -243,7 +247,7 @@ unsafe extern "C" fn cost<E: Executor>(
     guard(msg, || {
         // SAFETY: as in `check_options`.
         let (p, r) = unsafe { (state::<E>(plugin), request(req)?) };
-        let c = with_context(&r, |cx, ops| p.executor.cost(&ops, cx));
+        let c = with_context(&p.executor, &r, |cx, ops| p.executor.cost(&ops, cx));
         // SAFETY: the host passes a writable f64.
         Ok(unsafe { answer_cost(cost, c) })
     })
@@ -266,7 +270,8 @@ unsafe extern "C" fn compile<E: Executor>(
             outputs: r.trace.outputs.clone(),
             device: Device::Cpu,
         };
-        let k = with_context(&r, |cx, _| p.executor.compile(&region, cx)).map_err(|e| e.to_string())?;
+        let k = with_context(&p.executor, &r, |cx, _| p.executor.compile(&region, cx))
+            .map_err(|e| e.to_string())?;
         let outputs = region
             .outputs
             .iter()

@@ -92,6 +92,7 @@ fn claim_under(
         options,
         uses: &uses,
         numerics,
+        prepared: &Default::default(),
     };
     e.claim(OpId(op as u32), &cx)
 }

@@ -359,3 +359,99 @@ proptest! {
         same_results(&t, plan);
     }
 }
+
+/// An operator executor whose options (a `scale` of its costs) are parsed
+/// once, by `prepare`, and read typed by its hooks.
+#[derive(Default)]
+struct Prepares {
+    prepared: std::sync::atomic::AtomicUsize,
+}
+
+/// [`Prepares`]'s options.
+struct Scale(f64);
+
+impl Executor for Prepares {
+    fn info(&self) -> switchyard_core::executor::ExecutorInfo {
+        switchyard_core::executor::ExecutorInfo::operator("prepares", "1", &["cpu"])
+    }
+
+    fn check_options(&self, options: &toml::Table) -> Result<(), String> {
+        self.prepare(options).map(|_| ())
+    }
+
+    fn prepare(&self, options: &toml::Table) -> Result<switchyard_core::executor::Prepared, String> {
+        self.prepared.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let scale = options.get("scale").and_then(|v| v.as_float()).unwrap_or(1.0);
+        if scale <= 0.0 {
+            return Err(format!("`scale` must be positive, got {scale}"));
+        }
+        Ok(switchyard_core::executor::Prepared::new(Scale(scale)))
+    }
+
+    fn claim(
+        &self,
+        _: switchyard_core::ir::OpId,
+        cx: &switchyard_core::executor::Context,
+    ) -> switchyard_core::executor::Claim {
+        let scale = cx.prepared::<Scale>().expect("the options were prepared");
+        switchyard_core::executor::Claim::Accept(1.0 * scale.0)
+    }
+
+    fn compile(
+        &self,
+        region: &switchyard_core::executor::Region,
+        cx: &switchyard_core::executor::Context,
+    ) -> switchyard_core::Result<Box<dyn switchyard_core::executor::Kernel>> {
+        assert!(
+            cx.prepared::<Scale>().is_some(),
+            "compiling sees the prepared options"
+        );
+        FallbackExecutor.compile(region, cx)
+    }
+}
+
+#[test]
+fn an_executor_prepares_its_options_once_per_plan_and_its_hooks_read_them() {
+    let t = parse("input x: f32[8]\na = exp(x)\nb = neg(a)\nc = tanh(b)\noutput c\n").unwrap();
+    let e = Arc::new(Prepares::default());
+    let mut set = ExecutorSet::new(vec![e.clone(), Arc::new(FallbackExecutor)]);
+    let mut options = toml::Table::new();
+    options.insert("scale".into(), toml::Value::Float(0.5));
+    set.options.insert("prepares".into(), options);
+    let plan = partition(
+        &t,
+        &set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        e.prepared.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "once, for 3 ops"
+    );
+    assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "prepares"));
+    assert_eq!(plan.explanation.ops[0].candidates[0].claim.cost(), Some(0.5));
+    same_results(&t, plan);
+    assert_eq!(
+        e.prepared.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "compiling prepares nothing again"
+    );
+    // Options it refuses are an error naming its table.
+    set.options
+        .get_mut("prepares")
+        .unwrap()
+        .insert("scale".into(), toml::Value::Float(-1.0));
+    let err = partition(
+        &t,
+        &set,
+        &DeviceModel::cpu_default(),
+        &PartitionOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("options.prepares") && err.to_string().contains("must be positive"),
+        "{err}"
+    );
+}

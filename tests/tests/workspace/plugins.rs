@@ -215,6 +215,7 @@ fn claims_that_panic_fail_or_cost_nan_are_rejections_with_the_reason() {
             options: &options,
             uses: &uses,
             numerics: Default::default(),
+            prepared: &Default::default(),
         };
         match p.executor.claim(switchyard_core::ir::OpId(0), &cx) {
             Claim::Reject(why) => assert!(why.contains(want), "{mode}: {why}"),

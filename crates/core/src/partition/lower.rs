@@ -38,6 +38,7 @@ pub(super) fn lower(
                     options: set.options_of(&e.name),
                     uses: &uses,
                     numerics: set.numerics,
+                    prepared: &e.prepared,
                 };
                 e.claim(&*set.executors[e.set_index], id, &cx).cost().is_some()
             });

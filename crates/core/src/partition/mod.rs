@@ -91,9 +91,11 @@ pub fn partition_owned(
 ) -> Result<Plan> {
     let t0 = Instant::now();
     let mut explanation = Explanation::default();
-    let execs = state::executors(&trace, set, opts, &mut explanation);
+    let prepared = state::prepare(set)?;
+    let execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
     let trace = lower::lower(trace, set, device, &execs, &mut explanation)?;
     let mut state = State::new(trace, set, device, execs, opts.hint_policy, explanation);
+    state.prepared = prepared;
     state.gather_groups();
     let t_claims = t0.elapsed();
     let mut rounds = 0;
@@ -176,6 +178,7 @@ impl State<'_> {
             trace: self.trace,
             executors: self.set.executors.clone(),
             options: self.set.options.clone(),
+            prepared: self.prepared,
             numerics: self.set.numerics,
             device: self.device.clone(),
             regions: plan_regions,

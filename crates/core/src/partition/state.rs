@@ -4,8 +4,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::cost::DeviceModel;
-use crate::error::Error;
-use crate::executor::{Availability, Claim, Context, Executor, ExecutorKind, ExecutorSet};
+use crate::error::{Error, Result};
+use crate::executor::{Availability, Claim, Context, Executor, ExecutorKind, ExecutorSet, Prepared};
 use crate::explain::Explanation;
 use crate::hints::{HintPolicy, Hints};
 use crate::ir::{OpId, SpanId, Trace, Uses};
@@ -31,6 +31,8 @@ pub(super) struct Exec {
     pub(super) fuel: Option<usize>,
     /// Devices of the trace it cannot run ops on here, with the reason.
     pub(super) missing: Vec<(Device, String)>,
+    /// Its options as it prepared them.
+    pub(super) prepared: Prepared,
 }
 
 impl Exec {
@@ -110,6 +112,8 @@ pub(super) struct State<'a> {
     /// from one round to the next are not costed again (an executor's cost
     /// of a region is fixed while partitioning).
     pub(super) costs: HashMap<(ExecId, Vec<OpId>), f64>,
+    /// Every executor's prepared options, by its index in the set.
+    pub(super) prepared: Vec<Prepared>,
     pub(super) policy: HintPolicy,
     pub(super) explanation: Explanation,
 }
@@ -136,6 +140,7 @@ impl<'a> State<'a> {
             groups: Vec::new(),
             settled: HashSet::new(),
             costs: HashMap::new(),
+            prepared: Vec::new(),
             policy,
             explanation,
         };
@@ -185,6 +190,7 @@ impl<'a> State<'a> {
             options: self.set.options_of(&self.exec(k).name),
             uses: &self.uses,
             numerics: self.set.numerics,
+            prepared: &self.exec(k).prepared,
         }
     }
 
@@ -270,11 +276,28 @@ impl<'a> State<'a> {
     }
 }
 
+/// What each executor of `set` makes of its options: an error naming the
+/// executor's options table for options it refuses.
+pub(super) fn prepare(set: &ExecutorSet) -> Result<Vec<Prepared>> {
+    set.executors
+        .iter()
+        .map(|e| {
+            let name = e.info().name;
+            e.prepare(set.options_of(&name)).map_err(|message| Error::Config {
+                key: format!("options.{name}"),
+                message,
+            })
+        })
+        .collect()
+}
+
 /// The executors of `set` that can run here (all of them for a plan-only
-/// partition), with the devices each lacks; the others are explained.
+/// partition), with the devices each lacks and their `prepared` options;
+/// the others are explained.
 pub(super) fn executors(
     trace: &Trace,
     set: &ExecutorSet,
+    prepared: &[Prepared],
     opts: &PartitionOptions,
     explanation: &mut Explanation,
 ) -> Vec<Exec> {
@@ -313,6 +336,7 @@ pub(super) fn executors(
             horizontal: opts.horizontal && limits.horizontal,
             fuel: limits.fuel,
             missing,
+            prepared: prepared[set_index].clone(),
         })
     }
     execs
