@@ -267,7 +267,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fused_kernel_computes_what_the_fallback_does() {
+    fn the_fused_kernel_computes_attention_as_sdpa_is_defined() {
         let cxx = match switchyard_cuda::host::cxx() {
             Ok(cxx) => cxx,
             Err(why) => {
@@ -308,12 +308,8 @@ mod tests {
                 causal,
             )
             .unwrap();
-            // The reference: the fallback's sdpa, through its decomposition.
-            let text = format!(
-                "input q: f32[2, 3, {l}, {e}]\ninput k: f32[2, 3, {s}, {e}]\ninput v: f32[2, 3, {s}, {ev}]\ny = sdpa(q, k, v, causal={causal})\noutput y\n"
-            );
-            let trace = switchyard_core::text::parse(&text).unwrap();
-            let want = reference(&trace, &[q.clone(), k.contiguous().unwrap(), v.clone()]);
+            // The reference: sdpa as its decomposition defines it, in f64.
+            let want = reference(&q, &k, &v, causal);
             let st = strides(&a);
             let main = format!(
                 "\nint main() {{\n  static float q[] = {};\n  static float k[] = {};\n  static float v[] = {};\n  \
@@ -347,29 +343,40 @@ mod tests {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                    "causal {causal}, s {s}, element {i}: kernel {g}, fallback {w}"
+                    "causal {causal}, s {s}, element {i}: kernel {g}, reference {w}"
                 );
             }
         }
     }
 
-    /// The fallback's outputs of `trace` on `inputs`, as f64.
-    fn reference(trace: &switchyard_core::Trace, inputs: &[Tensor]) -> Vec<f64> {
-        use switchyard_core::executor::ExecutorSet;
-        let set = ExecutorSet::new(vec![std::sync::Arc::new(
-            switchyard_exec_fallback::FallbackExecutor,
-        )]);
-        let plan = switchyard_core::partition::partition(
-            trace,
-            &set,
-            &switchyard_core::cost::DeviceModel::cpu_default(),
-            &switchyard_core::partition::PartitionOptions::default(),
-        )
-        .unwrap();
-        let r = switchyard_core::runtime::CompiledPlan::compile(plan)
-            .unwrap()
-            .run(inputs, Default::default())
-            .unwrap();
-        r.outputs[0].to_f64_vec().unwrap()
+    /// Attention in f64 as the sdpa decomposition defines it: per batch and
+    /// head, softmax over the keys of q·kᵀ/√e, with the keys past a query's
+    /// row masked when `causal` (top-left), times v.
+    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Vec<f64> {
+        let dims = |t: &Tensor| (t.shape()[2], t.shape()[3]);
+        let ((l, e), (s, ev)) = (dims(q), dims(v));
+        let (q, k, v) = (
+            q.to_f64_vec().unwrap(),
+            k.contiguous().unwrap().to_f64_vec().unwrap(),
+            v.to_f64_vec().unwrap(),
+        );
+        let scale = 1.0 / (e as f64).sqrt();
+        let mut out = Vec::with_capacity(6 * l * ev);
+        for bh in 0..6 {
+            let (q, k, v) = (&q[bh * l * e..], &k[bh * s * e..], &v[bh * s * ev..]);
+            for i in 0..l {
+                let scores: Vec<f64> = (0..s)
+                    .map(|j| match causal && j > i {
+                        true => f64::NEG_INFINITY,
+                        false => (0..e).map(|d| q[i * e + d] * k[j * e + d]).sum::<f64>() * scale,
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                out.extend((0..ev).map(|c| (0..s).map(|j| weights[j] * v[j * ev + c]).sum::<f64>() / total));
+            }
+        }
+        out
     }
 }
