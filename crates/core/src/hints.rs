@@ -150,9 +150,9 @@ pub struct HintOutcome {
 }
 
 /// The ops of each group, by the span that sets it, in op order.
-pub fn groups(hints: &[Hints]) -> Vec<(SpanId, String, Vec<OpId>)> {
+pub fn groups<'a>(hints: impl IntoIterator<Item = &'a Hints>) -> Vec<(SpanId, String, Vec<OpId>)> {
     let mut out: Vec<(SpanId, String, Vec<OpId>)> = Vec::new();
-    for (i, h) in hints.iter().enumerate() {
+    for (i, h) in hints.into_iter().enumerate() {
         if let Some((s, name)) = &h.group {
             match out.iter_mut().find(|g| g.0 == *s) {
                 Some(g) => g.2.push(OpId(i as u32)),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::cost::DeviceModel;
 use crate::executor::{Context, Executor, Numerics, Prepared, Region};
 use crate::explain::Explanation;
-use crate::ir::{Trace, Uses};
+use crate::ir::{OpId, Trace, Uses, ValueId};
 use crate::memory::{Buffer, MemoryGraph, Timeline};
 use crate::meta::Device;
 
@@ -112,18 +112,24 @@ impl Plan {
 
     /// The memory facts of this plan's regions (see [`crate::memory`]).
     pub fn memory_graph(&self) -> MemoryGraph {
-        self.memory_graph_of(&self.regions)
+        self.memory_graph_of(&self.regions, &self.trace.results())
     }
 
     /// The memory graph of `regions` in place of the plan's own (of its
     /// trace and executors): how a candidate regioning is judged without
-    /// building its plan.
-    pub fn memory_graph_of<R: std::borrow::Borrow<Region>>(&self, regions: &[R]) -> MemoryGraph {
+    /// building its plan. `results` is the trace's
+    /// [`crate::ir::Trace::results`], which judging many candidates computes
+    /// once.
+    pub fn memory_graph_of<R: std::borrow::Borrow<Region>>(
+        &self,
+        regions: &[R],
+        results: &[(OpId, ValueId)],
+    ) -> MemoryGraph {
         let kinds: Vec<_> = regions
             .iter()
             .map(|r| self.executor_of(r.borrow()).info().kind)
             .collect();
-        MemoryGraph::new(&self.trace, regions, &kinds)
+        MemoryGraph::with_results(&self.trace, results, regions, &kinds)
     }
 
     /// Live bytes over the plan's regions, in the order they run.

@@ -263,11 +263,7 @@ pub(crate) fn scheduled_peak<R: Borrow<Region>>(
     regions: &[R],
     strategy: Strategy,
 ) -> usize {
-    let kinds: Vec<_> = regions
-        .iter()
-        .map(|r| plan.executor_of(r.borrow()).info().kind)
-        .collect();
-    let mut g = MemoryGraph::with_results(&plan.trace, results, regions, &kinds);
+    let mut g = plan.memory_graph_of(regions, results);
     let (order, _) = hinted_order(&mut g, hints, regions, strategy);
     let order = order.unwrap_or_else(|| (0..regions.len()).collect());
     g.peak_and_sum(&order).0

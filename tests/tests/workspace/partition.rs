@@ -16,7 +16,7 @@ use switchyard_core::{Error, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
 use switchyard_tests::workloads::ROPE_CORE as ROPE;
-use switchyard_tests::{assert_close, run, run_plan};
+use switchyard_tests::{assert_close, plan_with_options, run, run_plan};
 
 fn plan_with(trace: &Trace, executors: Vec<Arc<dyn Executor>>, horizontal: bool) -> Result<Plan, Error> {
     partition(
@@ -414,42 +414,22 @@ impl Executor for Prepares {
 fn an_executor_prepares_its_options_once_per_plan_and_its_hooks_read_them() {
     let t = parse("input x: f32[8]\na = exp(x)\nb = neg(a)\nc = tanh(b)\noutput c\n").unwrap();
     let e = Arc::new(Prepares::default());
-    let mut set = ExecutorSet::new(vec![e.clone(), Arc::new(FallbackExecutor)]);
-    let mut options = toml::Table::new();
-    options.insert("scale".into(), toml::Value::Float(0.5));
-    set.options.insert("prepares".into(), options);
-    let plan = partition(
-        &t,
-        &set,
-        &DeviceModel::cpu_default(),
-        &PartitionOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(
-        e.prepared.load(std::sync::atomic::Ordering::Relaxed),
-        1,
-        "once, for 3 ops"
-    );
+    let executors = || -> Vec<Arc<dyn Executor>> { vec![e.clone(), Arc::new(FallbackExecutor)] };
+    let scale = |s: f64| {
+        [(
+            "prepares",
+            toml::Table::from_iter([("scale".to_string(), toml::Value::Float(s))]),
+        )]
+    };
+    let plan = plan_with_options(&t, executors(), &scale(0.5), false).unwrap();
+    let prepared = || e.prepared.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(prepared(), 1, "once, for 3 ops");
     assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "prepares"));
     assert_eq!(plan.explanation.ops[0].candidates[0].claim.cost(), Some(0.5));
     same_results(&t, plan);
-    assert_eq!(
-        e.prepared.load(std::sync::atomic::Ordering::Relaxed),
-        1,
-        "compiling prepares nothing again"
-    );
+    assert_eq!(prepared(), 1, "compiling prepares nothing again");
     // Options it refuses are an error naming its table.
-    set.options
-        .get_mut("prepares")
-        .unwrap()
-        .insert("scale".into(), toml::Value::Float(-1.0));
-    let err = partition(
-        &t,
-        &set,
-        &DeviceModel::cpu_default(),
-        &PartitionOptions::default(),
-    )
-    .unwrap_err();
+    let err = plan_with_options(&t, executors(), &scale(-1.0), false).unwrap_err();
     assert!(
         err.to_string().contains("options.prepares") && err.to_string().contains("must be positive"),
         "{err}"

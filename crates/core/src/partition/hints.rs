@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use crate::error::{Error, Result};
 use crate::executor::Claim;
-use crate::hints::{HintOutcome, HintPolicy, Hints};
+use crate::hints::{HintOutcome, HintPolicy};
 use crate::ir::{OpId, Trace};
 
 use super::state::{ExecId, Group, State};
@@ -15,8 +15,7 @@ use super::state::{ExecId, Group, State};
 impl State<'_> {
     /// Gathers the `group` hint spans, each with its ops.
     pub(super) fn gather_groups(&mut self) {
-        let hints: Vec<Hints> = self.ops.iter().map(|o| o.hints.clone()).collect();
-        self.groups = crate::hints::groups(&hints)
+        self.groups = crate::hints::groups(self.ops.iter().map(|o| &o.hints))
             .into_iter()
             .map(|(span, name, ops)| Group {
                 outsider: outsider(&self.trace, &ops, &self.uses.consumers),

@@ -94,8 +94,7 @@ pub fn partition_owned(
     let prepared = state::prepare(set)?;
     let execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
     let trace = lower::lower(trace, set, device, &execs, &mut explanation)?;
-    let mut state = State::new(trace, set, device, execs, opts.hint_policy, explanation);
-    state.prepared = prepared;
+    let mut state = State::new(trace, set, device, execs, prepared, opts.hint_policy, explanation);
     state.gather_groups();
     let t_claims = t0.elapsed();
     let mut rounds = 0;

@@ -119,13 +119,15 @@ pub(super) struct State<'a> {
 }
 
 impl<'a> State<'a> {
-    /// The state of partitioning the lowered `trace` onto `execs`, with
-    /// every executor's claim of every op; no groups yet.
+    /// The state of partitioning the lowered `trace` onto `execs` (with
+    /// every executor of the set's `prepared` options), with every
+    /// executor's claim of every op; no groups yet.
     pub(super) fn new(
         trace: Trace,
         set: &'a ExecutorSet,
         device: &'a DeviceModel,
         execs: Vec<Exec>,
+        prepared: Vec<Prepared>,
         policy: HintPolicy,
         explanation: Explanation,
     ) -> State<'a> {
@@ -140,7 +142,7 @@ impl<'a> State<'a> {
             groups: Vec::new(),
             settled: HashSet::new(),
             costs: HashMap::new(),
-            prepared: Vec::new(),
+            prepared,
             policy,
             explanation,
         };
