@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::executor::{ExecutorKind, Region};
 use crate::hints::{HintPolicy, Hints};
 use crate::ir::{Cuts, OpId, Uses, ValueId};
+use crate::memory::ValueFacts;
 use crate::plan::Plan;
 use crate::schedule::{Strategy, schedule, scheduled_peak};
 use crate::verify::Pass;
@@ -38,12 +39,20 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
 
 /// [`fit`], without the check of the result.
 fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
+    let mut plan = fit_regions(plan, strategy, budget)?;
+    cost_pending(&mut plan);
+    Ok(plan)
+}
+
+/// [`fit_unverified`], leaving the regions it made without their estimates
+/// ([`PENDING`]).
+fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
     let mut plan = schedule(plan, strategy)?;
     // Splitting regions changes no op's readers.
     let uses = plan.trace.uses();
     // A `group` hint keeps its ops in one region: those regions stay whole.
     let hints = Hints::of_trace(&plan.trace);
-    let results = plan.trace.results();
+    let facts = ValueFacts::of(&plan.trace);
     let whole = |r: &Region| r.ops.iter().any(|o| hints[o.index()].group.is_some());
     let mut peak = plan.planned_peak_bytes().0;
     // Horizontal merges: split into dataflow pieces when that lowers the
@@ -60,9 +69,9 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
         let pieces = bounded(&plan, components(&plan, &plan.regions[i].ops), &uses);
-        if let Some(p) = lowers(&plan, &hints, &results, i, &pieces, strategy, peak) {
+        if let Some(p) = lowers(&plan, &hints, &facts, i, &pieces, strategy, peak) {
             let ops = plan.regions[i].ops.clone();
-            plan = apply(plan, i, &pieces, &uses, strategy, p)?;
+            plan = apply(plan, i, &pieces, strategy, p)?;
             annotate(
                 &mut plan,
                 &ops,
@@ -91,7 +100,7 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
                 .position(|r| r.ops == *ops)
                 .expect("the region is still there");
             let pieces = bounded(&candidate, components(&candidate, ops), &uses);
-            candidate = replace(candidate, i, &pieces, &uses);
+            candidate = replace(candidate, i, &pieces);
         }
         let candidate = schedule(candidate, strategy)?;
         let p = candidate.planned_peak_bytes().0;
@@ -126,12 +135,12 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
         let best = cuts
             .par_iter()
             .filter_map(|&k| {
-                lowers(&plan, &hints, &results, step, &at.pieces(k), strategy, peak).map(|p| (p, k))
+                lowers(&plan, &hints, &facts, step, &at.pieces(k), strategy, peak).map(|p| (p, k))
             })
             .min();
         let Some((p, k)) = best else { break };
         let (ops, pieces) = (r.ops.clone(), at.pieces(k));
-        plan = apply(plan, step, &pieces, &uses, strategy, p)?;
+        plan = apply(plan, step, &pieces, strategy, p)?;
         annotate(
             &mut plan,
             &ops,
@@ -157,7 +166,7 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
     }
     let Some(budget) = budget else { return Ok(plan) };
     if peak > budget && strategy != Strategy::MinPeak {
-        return fit_unverified(plan, Strategy::MinPeak, Some(budget));
+        return fit_regions(plan, Strategy::MinPeak, Some(budget));
     }
     if peak > budget {
         let t = plan.timeline();
@@ -284,15 +293,31 @@ fn split(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
     regions
 }
 
-/// `plan` with region `i` replaced by `pieces` as [`split`] gives, the
-/// pieces costed by their executor and the explanation pointing at them.
-fn replace(mut plan: Plan, i: usize, pieces: &[Piece], uses: &Uses) -> Plan {
+/// The estimate of a region made by fitting, until [`cost_pending`] asks its
+/// executor: a region cut again in a later round is never costed, and
+/// costing a large fused region means lowering it.
+const PENDING: f64 = f64::NAN;
+
+/// Asks each region's executor for the estimates fitting left [`PENDING`].
+fn cost_pending(plan: &mut Plan) {
+    if !plan.estimates.iter().any(|e| e.is_nan()) {
+        return;
+    }
+    let uses = plan.trace.uses();
+    for i in 0..plan.regions.len() {
+        if plan.estimates[i].is_nan() {
+            let r = &plan.regions[i];
+            plan.estimates[i] = plan.with_context(r, &uses, |cx| plan.executor_of(r).cost(&r.ops, cx));
+        }
+    }
+}
+
+/// `plan` with region `i` replaced by `pieces` as [`split`] gives, their
+/// estimates [`PENDING`] and the explanation pointing at them.
+fn replace(mut plan: Plan, i: usize, pieces: &[Piece]) -> Plan {
     let regions = split(&plan, i, pieces);
-    let costs: Vec<f64> = regions[i..i + pieces.len()]
-        .iter()
-        .map(|r| plan.with_context(r, uses, |cx| plan.executor_of(r).cost(&r.ops, cx)))
-        .collect();
-    plan.estimates.splice(i..=i, costs);
+    plan.estimates
+        .splice(i..=i, std::iter::repeat_n(PENDING, pieces.len()));
     for r in &regions {
         for op in &r.ops {
             if let Some(e) = plan.explanation.ops.get_mut(op.index()) {
@@ -310,7 +335,7 @@ fn replace(mut plan: Plan, i: usize, pieces: &[Piece], uses: &Uses) -> Plan {
 fn lowers(
     plan: &Plan,
     hints: &[Hints],
-    results: &[(OpId, ValueId)],
+    facts: &ValueFacts,
     i: usize,
     pieces: &[Piece],
     strategy: Strategy,
@@ -323,21 +348,14 @@ fn lowers(
         .chain(&pieces)
         .chain(&plan.regions[i + 1..])
         .collect();
-    let p = scheduled_peak(plan, hints, results, &regions, strategy);
+    let p = scheduled_peak(plan, hints, facts, &regions, strategy);
     (p < peak).then_some(p)
 }
 
 /// `plan` with region `i` split into `pieces` and rescheduled: the plan a
 /// candidate that [`lowers`] the peak to `expected` becomes.
-fn apply(
-    plan: Plan,
-    i: usize,
-    pieces: &[Piece],
-    uses: &Uses,
-    strategy: Strategy,
-    expected: usize,
-) -> Result<Plan> {
-    let p = schedule(replace(plan, i, pieces, uses), strategy)?;
+fn apply(plan: Plan, i: usize, pieces: &[Piece], strategy: Strategy, expected: usize) -> Result<Plan> {
+    let p = schedule(replace(plan, i, pieces), strategy)?;
     debug_assert_eq!(
         p.planned_peak_bytes().0,
         expected,

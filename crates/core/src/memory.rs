@@ -11,6 +11,8 @@
 
 use std::borrow::Borrow;
 
+use foldhash::{HashMap, HashMapExt};
+
 use serde::Serialize;
 
 use crate::buffer::ARENA_ALIGN;
@@ -46,76 +48,149 @@ pub struct MemoryGraph {
     pub preds: Vec<Vec<usize>>,
     /// The regions that must follow each region (sorted, unique).
     pub succs: Vec<Vec<usize>>,
-    /// The buffer each value lives in.
-    pub buffer_of: Vec<Option<usize>>,
+}
+
+/// What a [`MemoryGraph`] holds of the results nobody reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buffers {
+    /// A buffer per materialised value: what arenas and timelines need.
+    Every,
+    /// A region's unread results as one buffer (known by one of them): the
+    /// same peaks and orders with fewer buffers, for judging candidates.
+    Peak,
+}
+
+/// Facts of a trace's values that building its memory graphs reads,
+/// gathered once when many regionings of one trace are judged.
+#[derive(Clone, Debug)]
+pub struct ValueFacts {
+    /// Each op result's place in program order: its op and its position
+    /// among the op's outputs; `None` for trace inputs.
+    made_at: Vec<Option<(OpId, u32)>>,
+    /// Each value's size.
+    bytes: Vec<usize>,
+    /// Whether no op reads the value and the trace does not return it.
+    unread: Vec<bool>,
+}
+
+impl ValueFacts {
+    /// The facts of `trace`'s values.
+    pub fn of(trace: &Trace) -> ValueFacts {
+        crate::work::add(trace.values.len() + trace.ops.len());
+        let mut made_at = vec![None; trace.values.len()];
+        let mut unread = vec![true; trace.values.len()];
+        for (id, op) in trace.ops_with_ids() {
+            for (k, v) in op.outputs.iter().enumerate() {
+                made_at[v.index()] = Some((id, k as u32));
+            }
+            for v in op.input_values() {
+                unread[v.index()] = false;
+            }
+        }
+        for v in &trace.outputs {
+            unread[v.index()] = false;
+        }
+        ValueFacts {
+            made_at,
+            bytes: trace.values.iter().map(|v| v.meta.bytes()).collect(),
+            unread,
+        }
+    }
 }
 
 impl MemoryGraph {
     /// Builds the graph of `regions`; `kinds[r]` is the kind of region `r`'s
     /// executor (only operator executors make zero-copy views).
     pub fn new<R: Borrow<Region>>(trace: &Trace, regions: &[R], kinds: &[ExecutorKind]) -> MemoryGraph {
-        MemoryGraph::with_results(trace, &trace.results(), regions, kinds)
+        MemoryGraph::with_facts(trace, &ValueFacts::of(trace), regions, kinds, Buffers::Every)
     }
 
-    /// [`MemoryGraph::new`] with the trace's results in program order given
-    /// ([`Trace::results`]), so that building the graphs of many regionings
-    /// of one trace does not visit its ops each time.
-    pub fn with_results<R: Borrow<Region>>(
+    /// [`MemoryGraph::new`] with the trace's [`ValueFacts`] given, so that the
+    /// graphs of many regionings of one trace are built from their regions'
+    /// boundaries alone, without visiting the trace. With [`Buffers::Peak`],
+    /// the results each region makes that nothing reads are one buffer.
+    pub fn with_facts<R: Borrow<Region>>(
         trace: &Trace,
-        results: &[(OpId, ValueId)],
+        facts: &ValueFacts,
         regions: &[R],
         kinds: &[ExecutorKind],
+        buffers_of: Buffers,
     ) -> MemoryGraph {
         // Only region outputs are materialised; a fused region's
         // intermediates never are.
-        crate::work::add(trace.values.len() + results.len() + regions.len());
-        let mut region_of = vec![None; trace.values.len()];
+        let outputs: usize = regions.iter().map(|r| r.borrow().outputs.len()).sum();
+        crate::work::add(trace.inputs.len() + outputs + regions.len());
+        let view = |r: usize, id: OpId| kinds[r] == ExecutorKind::Operator && is_free_view(trace, id);
+        // Maps over the values other regions read, not vectors over every
+        // value: a candidate regioning of a large fused trace reads few.
+        let mut region_of: HashMap<ValueId, usize> = HashMap::new();
+        // Each made value with its place in program order, so that a view's
+        // base has its buffer first.
+        let mut made: Vec<((OpId, u32), ValueId, usize)> = Vec::with_capacity(outputs);
+        // Per region, the bytes of its unread results and one of them.
+        let mut unread: Vec<Option<(ValueId, usize)>> = vec![None; regions.len()];
         for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for &v in &region.outputs {
-                region_of[v.index()] = Some(r);
+                let Some(at) = facts.made_at[v.index()] else {
+                    continue;
+                };
+                if !facts.unread[v.index()] {
+                    region_of.insert(v, r);
+                } else if buffers_of == Buffers::Peak && !view(r, at.0) {
+                    let (_, bytes) = unread[r].get_or_insert((v, 0));
+                    *bytes += facts.bytes[v.index()];
+                    continue;
+                }
+                made.push((at, v, r));
             }
         }
-        let mut buffer_of: Vec<Option<usize>> = vec![None; trace.values.len()];
-        let mut buffers: Vec<Buffer> = Vec::new();
+        made.sort_unstable();
+        let mut buffer_of: HashMap<ValueId, usize> =
+            HashMap::with_capacity(trace.inputs.len() + region_of.len());
+        let mut buffers: Vec<Buffer> = Vec::with_capacity(trace.inputs.len() + made.len());
         let mut makes = vec![Vec::new(); regions.len()];
         for &v in &trace.inputs {
-            buffer_of[v.index()] = Some(buffers.len());
+            buffer_of.insert(v, buffers.len());
             buffers.push(Buffer {
                 value: v,
-                bytes: trace.meta(v).bytes(),
+                bytes: facts.bytes[v.index()],
                 producer: None,
                 readers: vec![],
                 output: false,
             });
         }
-        // Values in program order, so that a view's base has its buffer first.
-        for &(id, v) in results {
-            let Some(r) = region_of[v.index()] else { continue };
-            let aliased = kinds[r] == ExecutorKind::Operator && is_free_view(trace, id);
+        let mut make = |buffers: &mut Vec<Buffer>, r: usize, v: ValueId, bytes: usize| {
+            makes[r].push(buffers.len());
+            buffers.push(Buffer {
+                value: v,
+                bytes,
+                producer: Some(r),
+                readers: vec![],
+                output: false,
+            });
+            buffers.len() - 1
+        };
+        for &((id, _), v, r) in &made {
             let base = trace
                 .op(id)
                 .input_values()
                 .next()
-                .and_then(|b| buffer_of[b.index()]);
-            match (aliased, base) {
-                (true, Some(b)) => buffer_of[v.index()] = Some(b),
-                _ => {
-                    buffer_of[v.index()] = Some(buffers.len());
-                    makes[r].push(buffers.len());
-                    buffers.push(Buffer {
-                        value: v,
-                        bytes: trace.meta(v).bytes(),
-                        producer: Some(r),
-                        readers: vec![],
-                        output: false,
-                    });
-                }
+                .and_then(|b| buffer_of.get(&b).copied());
+            let b = match base {
+                Some(b) if view(r, id) => b,
+                _ => make(&mut buffers, r, v, facts.bytes[v.index()]),
+            };
+            buffer_of.insert(v, b);
+        }
+        for (r, merged) in unread.into_iter().enumerate() {
+            if let Some((v, bytes)) = merged {
+                make(&mut buffers, r, v, bytes);
             }
         }
         let mut reads = vec![Vec::new(); regions.len()];
         for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for v in &region.inputs {
-                if let Some(b) = buffer_of[v.index()] {
+                if let Some(&b) = buffer_of.get(v) {
                     reads[r].push(b);
                 }
             }
@@ -126,7 +201,7 @@ impl MemoryGraph {
             }
         }
         for v in trace.outputs.iter() {
-            if let Some(b) = buffer_of[v.index()] {
+            if let Some(&b) = buffer_of.get(v) {
                 buffers[b].output = true;
             }
         }
@@ -134,7 +209,7 @@ impl MemoryGraph {
         let mut succs = vec![Vec::new(); regions.len()];
         for (r, region) in regions.iter().map(Borrow::borrow).enumerate() {
             for v in &region.inputs {
-                if let Some(p) = region_of[v.index()]
+                if let Some(&p) = region_of.get(v)
                     && p != r
                 {
                     preds[r].push(p);
@@ -152,7 +227,6 @@ impl MemoryGraph {
             reads,
             preds,
             succs,
-            buffer_of,
         }
     }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use crate::cost::DeviceModel;
 use crate::executor::{Context, Executor, Numerics, Prepared, Region};
 use crate::explain::Explanation;
-use crate::ir::{OpId, Trace, Uses, ValueId};
-use crate::memory::{Buffer, MemoryGraph, Timeline};
+use crate::ir::{Trace, Uses};
+use crate::memory::{Buffer, Buffers, MemoryGraph, Timeline, ValueFacts};
 use crate::meta::Device;
 
 /// A trace ready to compile: composites lowered, every op in exactly one region.
@@ -112,24 +112,24 @@ impl Plan {
 
     /// The memory facts of this plan's regions (see [`crate::memory`]).
     pub fn memory_graph(&self) -> MemoryGraph {
-        self.memory_graph_of(&self.regions, &self.trace.results())
+        self.memory_graph_of(&self.regions, &ValueFacts::of(&self.trace), Buffers::Every)
     }
 
     /// The memory graph of `regions` in place of the plan's own (of its
     /// trace and executors): how a candidate regioning is judged without
-    /// building its plan. `results` is the trace's
-    /// [`crate::ir::Trace::results`], which judging many candidates computes
-    /// once.
+    /// building its plan. `facts` are the trace's, which judging many
+    /// candidates gathers once.
     pub fn memory_graph_of<R: std::borrow::Borrow<Region>>(
         &self,
         regions: &[R],
-        results: &[(OpId, ValueId)],
+        facts: &ValueFacts,
+        buffers: Buffers,
     ) -> MemoryGraph {
         let kinds: Vec<_> = regions
             .iter()
             .map(|r| self.executor_of(r.borrow()).info().kind)
             .collect();
-        MemoryGraph::with_results(&self.trace, results, regions, &kinds)
+        MemoryGraph::with_facts(&self.trace, facts, regions, &kinds, buffers)
     }
 
     /// Live bytes over the plan's regions, in the order they run.

@@ -26,8 +26,7 @@ pub use crate::ir::hint::Strategy;
 use crate::error::Result;
 use crate::executor::Region;
 use crate::hints::{HintPolicy, Hints};
-use crate::ir::{OpId, ValueId};
-use crate::memory::MemoryGraph;
+use crate::memory::{Buffers, MemoryGraph, ValueFacts};
 use crate::plan::Plan;
 use crate::verify::Pass;
 
@@ -254,16 +253,16 @@ fn chains<R: Borrow<Region>>(g: &mut MemoryGraph, hints: &[Hints], regions: &[R]
 /// replaced by `regions` would plan once scheduled with `strategy`: what
 /// `schedule(plan).planned_peak_bytes().0` gives for that plan, without
 /// building it (no copy of the trace or the explanation, no costs), so that
-/// trying many candidate regionings stays cheap. `hints` and `results` are
-/// [`Hints::of_trace`] and [`crate::ir::Trace::results`] of the plan's trace.
+/// trying many candidate regionings stays cheap. `hints` and `facts` are
+/// [`Hints::of_trace`] and [`ValueFacts::of`] of the plan's trace.
 pub(crate) fn scheduled_peak<R: Borrow<Region>>(
     plan: &Plan,
     hints: &[Hints],
-    results: &[(OpId, ValueId)],
+    facts: &ValueFacts,
     regions: &[R],
     strategy: Strategy,
 ) -> usize {
-    let mut g = plan.memory_graph_of(regions, results);
+    let mut g = plan.memory_graph_of(regions, facts, Buffers::Peak);
     let (order, _) = hinted_order(&mut g, hints, regions, strategy);
     let order = order.unwrap_or_else(|| (0..regions.len()).collect());
     g.peak_and_sum(&order).0
@@ -448,10 +447,12 @@ pub fn exact(g: &MemoryGraph) -> Option<Vec<usize>> {
         .iter()
         .map(|p| p.iter().fold(0, |m, &r| m | bit(r)))
         .collect();
-    // Bytes live once the regions of a set have run.
+    // Bytes live once the regions of a set have run. A result nobody reads
+    // is never live after its step (its region's `alloc` counts it there).
     let bufs: Vec<(usize, usize, usize)> = g
         .buffers
         .iter()
+        .filter(|b| b.output || !b.readers.is_empty())
         .filter_map(|b| {
             let p = b.producer?;
             let readers = if b.output {

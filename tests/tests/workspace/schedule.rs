@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use switchyard_core::buffer::ARENA_ALIGN;
 use switchyard_core::executor::Executor;
 use switchyard_core::io::random_inputs;
-use switchyard_core::memory::arena_bytes;
+use switchyard_core::memory::{Buffers, ValueFacts, arena_bytes};
 use switchyard_core::plan::Plan;
 use switchyard_core::schedule::{Strategy, exact, heuristic, order, schedule};
 use switchyard_exec_fallback::FallbackExecutor;
@@ -136,6 +136,29 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// The graph candidates are judged with (each region's unread results
+    /// as one buffer) gives every strategy the order, peak and live sum of
+    /// the plan's full graph.
+    #[test]
+    fn the_peak_graph_orders_and_peaks_as_the_full_one(n in 8usize..40, seed in any::<u64>()) {
+        let t = random_ops(n, seed).unwrap();
+        for executors in [fused(), fallback()] {
+            let plan = plan_on(&t, executors).unwrap();
+            let full = plan.memory_graph();
+            let facts = ValueFacts::of(&plan.trace);
+            let merged = plan.memory_graph_of(&plan.regions, &facts, Buffers::Peak);
+            prop_assert!(merged.buffers.len() <= full.buffers.len());
+            for s in Strategy::ALL {
+                let o = order(&full, s);
+                prop_assert_eq!(&order(&merged, s), &o, "{}", s);
+                prop_assert_eq!(merged.peak_and_sum(&o), full.peak_and_sum(&o), "{}", s);
+            }
+        }
+    }
+}
+
 fn partitioned(t: &switchyard_core::Trace, horizontal: bool) -> Plan {
     plan_with_options(t, fused(), &[], horizontal).unwrap()
 }
@@ -181,6 +204,12 @@ fn a_fusion_that_holds_its_input_too_long_is_cut_at_the_peak() {
     let plan = fit(partitioned(&t, false), Strategy::MinPeak, None).unwrap();
     assert_eq!((fused_peak, peak(&plan)), (32_768, 16_640));
     assert!(notes(&plan).iter().any(|n| n.contains("cut at the peak")));
+    // The pieces are costed once fitting is done, as their executor prices them.
+    let uses = plan.trace.uses();
+    for (r, &estimate) in plan.regions.iter().zip(&plan.estimates) {
+        let cost = plan.with_context(r, &uses, |cx| plan.executor_of(r).cost(&r.ops, cx));
+        assert_eq!(estimate, cost, "region {}", r.id);
+    }
     let inputs = random_inputs(&t, 0);
     let want = switchyard_tests::run(&t, &inputs).unwrap();
     let got = run_plan(plan, &inputs).unwrap();

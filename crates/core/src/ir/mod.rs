@@ -380,14 +380,6 @@ impl Trace {
         p
     }
 
-    /// Every op's results in program order, each with its op: the order
-    /// buffers are made in, without visiting the ops again.
-    pub fn results(&self) -> Vec<(OpId, ValueId)> {
-        self.ops_with_ids()
-            .flat_map(|(id, op)| op.outputs.iter().map(move |&v| (id, v)))
-            .collect()
-    }
-
     /// For each value, the ops that read it, in program order, without repeats.
     pub fn consumers(&self) -> Vec<Vec<OpId>> {
         let mut users: Vec<Vec<OpId>> = vec![Vec::new(); self.values.len()];

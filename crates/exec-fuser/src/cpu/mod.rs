@@ -756,7 +756,7 @@ mod tests {
                     input: 0,
                     views: vec![View::Transpose(vec![1, 0]), View::Reshape(vec![6])],
                     map: IndexMap {
-                        axes: vec![Axis::Iter {
+                        axes: smallvec::smallvec![Axis::Iter {
                             dim: 0,
                             scale: 1,
                             offset: 0,

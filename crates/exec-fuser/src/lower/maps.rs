@@ -4,7 +4,9 @@
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, slice_params};
 use switchyard_core::meta::normalize_dim;
 
-use crate::program::{Axis, IndexMap, Mask};
+use smallvec::smallvec;
+
+use crate::program::{Axes, Axis, IndexMap, Mask};
 
 /// The parsed attributes of a view or cat op.
 pub(super) enum Shape {
@@ -81,7 +83,7 @@ pub(super) fn reshape_map(map: &IndexMap, to: &[usize], from: &[usize]) -> Optio
     if big_to.len() != big_from.len() || big_to.iter().zip(&big_from).any(|(&a, &b)| to[a] != from[b]) {
         return None;
     }
-    let mut axes = vec![Axis::Fixed(0); from.len()];
+    let mut axes: Axes = smallvec![Axis::Fixed(0); from.len()];
     for (&a, &b) in big_to.iter().zip(&big_from) {
         axes[b] = map.axes[a];
     }
@@ -159,12 +161,12 @@ pub(super) fn operand_maps(
     let op = trace.op(id);
     let out = &trace.meta(op.outputs[0]).shape;
     let shape_of = |o: &Operand| match o {
-        Operand::Value(v) => Some(trace.meta(*v).shape.clone()),
+        Operand::Value(v) => Some(trace.meta(*v).shape.as_slice()),
         Operand::Scalar(_) => None,
     };
     Ok(match (op.kind, op_shape(trace, id)?) {
         (OpKind::Transpose, Some(Shape::Transpose(perm))) => {
-            let mut axes = vec![Axis::Fixed(0); perm.len()];
+            let mut axes: Axes = smallvec![Axis::Fixed(0); perm.len()];
             for (k, &p) in perm.iter().enumerate() {
                 axes[p] = map.axes[k];
             }
@@ -174,7 +176,7 @@ pub(super) fn operand_maps(
                     axes,
                     masks: map.masks.clone(),
                 },
-                &from,
+                from,
             ))]
         }
         (OpKind::Slice, Some(Shape::Slice(params))) => {
@@ -198,7 +200,7 @@ pub(super) fn operand_maps(
         }
         (OpKind::Reshape, _) => {
             let from = shape_of(&op.operands[0]).unwrap_or_default();
-            vec![Some(reshape_map(map, out, &from).ok_or(
+            vec![Some(reshape_map(map, out, from).ok_or(
                 "a reshape of a value computed in the region regroups its dims; \
                  only region inputs can be reshaped in a kernel",
             )?)]
@@ -219,7 +221,7 @@ pub(super) fn operand_maps(
         _ => op
             .operands
             .iter()
-            .map(|o| shape_of(o).map(|s| broadcast_map(map, out, &s)))
+            .map(|o| shape_of(o).map(|s| broadcast_map(map, out, s)))
             .collect(),
     })
 }

@@ -311,10 +311,10 @@ pub(crate) fn lower(
         trace,
         shape: shape.clone(),
         reduced,
-        kinds: HashMap::new(),
-        instrs: Vec::new(),
-        spaces: Vec::new(),
-        full: HashMap::new(),
+        kinds: HashMap::with_capacity(inputs.len() + ops.len()),
+        instrs: Vec::with_capacity(ops.len()),
+        spaces: Vec::with_capacity(ops.len()),
+        full: HashMap::with_capacity(ops.len()),
         row: HashMap::new(),
         expanded: HashMap::new(),
         consts: HashMap::new(),
@@ -406,7 +406,7 @@ pub(crate) fn lower(
         return Err(failures);
     }
     // Backwards: the maps each value is needed under.
-    let mut need: HashMap<ValueId, Vec<IndexMap>> = HashMap::new();
+    let mut need: HashMap<ValueId, Vec<IndexMap>> = HashMap::with_capacity(inputs.len() + ops.len());
     let mut rows_needed: HashSet<ValueId> = HashSet::new();
     let add = |need: &mut HashMap<ValueId, Vec<IndexMap>>, v: ValueId, m: IndexMap| {
         let e = need.entry(v).or_default();
@@ -445,15 +445,18 @@ pub(crate) fn lower(
             Kind::Full => {
                 // Every op in the way is reported at once, so that refinement
                 // takes one round, not one per op.
-                'maps: for map in need.get(&out).cloned().unwrap_or_default() {
-                    let maps = match operand_maps(trace, id, &map, &shape) {
+                // Taken out while its operands' needs are added (no op
+                // reads its own result), put back for the walk forwards.
+                let maps = need.remove(&out).unwrap_or_default();
+                'maps: for map in &maps {
+                    let operands = match operand_maps(trace, id, map, &shape) {
                         Ok(m) => m,
                         Err(reason) => {
                             failures.push(Failure { op: id, reason });
                             break 'maps;
                         }
                     };
-                    for (o, m) in op.operands.iter().zip(maps) {
+                    for (o, m) in op.operands.iter().zip(operands) {
                         let (Operand::Value(v), Some(m)) = (o, m) else {
                             continue;
                         };
@@ -474,6 +477,9 @@ pub(crate) fn lower(
                             _ => add(&mut need, *v, m),
                         }
                     }
+                }
+                if !maps.is_empty() {
+                    need.insert(out, maps);
                 }
             }
         }
@@ -512,15 +518,15 @@ pub(crate) fn lower(
                 l.row.insert(out, r);
             }
             Kind::Full => {
-                for map in need.get(&out).cloned().unwrap_or_default() {
-                    let maps = operand_maps(trace, id, &map, &shape).map_err(emit_err)?;
+                for map in need.get(&out).into_iter().flatten() {
+                    let maps = operand_maps(trace, id, map, &shape).map_err(emit_err)?;
                     let r = match (op.kind, op_shape(trace, id).map_err(emit_err)?) {
                         (OpKind::Cat, Some(Shape::Cat(dim))) => {
                             let sizes: Vec<usize> = op
                                 .input_values()
                                 .map(|v| trace.meta(v).shape.get(dim).copied().unwrap_or(0))
                                 .collect();
-                            let (iter_dim, parts) = cat_parts(&map, &sizes, dim, &shape).map_err(emit_err)?;
+                            let (iter_dim, parts) = cat_parts(map, &sizes, dim, &shape).map_err(emit_err)?;
                             let mut regs = Vec::new();
                             for (k, m, lo, hi) in parts {
                                 let r = l
@@ -555,7 +561,7 @@ pub(crate) fn lower(
                             elementwise(&mut l, trace, id, &args, Space::Full).map_err(emit_err)?
                         }
                     };
-                    l.full.insert((out, map), r);
+                    l.full.insert((out, map.clone()), r);
                 }
             }
         }
