@@ -16,6 +16,7 @@ use crate::arena::OutputBuffer;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::ir::{OpId, Trace, Uses, ValueId};
+use crate::memo::RegionMemo;
 use crate::meta::Device;
 use crate::tensor::Tensor;
 
@@ -114,25 +115,41 @@ pub struct Numerics {
 
 /// An executor's options as it parsed them once ([`Executor::prepare`]),
 /// for every hook to read typed ([`Context::prepared`]) instead of parsing
-/// the table again. Cheap to clone.
+/// the table again; and, while one trace is planned and compiled, what its
+/// hooks keep per region ([`Context::per_region`]). Cheap to clone.
 #[derive(Clone, Default)]
-pub struct Prepared(Option<Arc<dyn Any + Send + Sync>>);
+pub struct Prepared {
+    value: Option<Arc<dyn Any + Send + Sync>>,
+    regions: Option<Arc<RegionMemo>>,
+}
 
 impl Prepared {
     /// Options parsed into `value`.
     pub fn new<T: Any + Send + Sync>(value: T) -> Prepared {
-        Prepared(Some(Arc::new(value)))
+        Prepared {
+            value: Some(Arc::new(value)),
+            regions: None,
+        }
     }
 
     /// The options as `T`, if they were prepared as one.
     pub fn get<T: Any>(&self) -> Option<&T> {
-        self.0.as_deref().and_then(|v| (v as &dyn Any).downcast_ref())
+        self.value.as_deref().and_then(|v| (v as &dyn Any).downcast_ref())
+    }
+
+    /// The same options with an empty memo for the regions of `trace`, which
+    /// must not change while the result is in use.
+    pub(crate) fn for_trace(&self, trace: &Trace) -> Prepared {
+        Prepared {
+            value: self.value.clone(),
+            regions: Some(Arc::new(RegionMemo::for_trace(trace.ops.len()))),
+        }
     }
 }
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.value.is_some() {
             "Prepared(..)"
         } else {
             "Prepared(none)"
@@ -163,6 +180,19 @@ impl Context<'_> {
     /// made a `T` (a context built by hand may hold none).
     pub fn prepared<T: Any>(&self) -> Option<&T> {
         self.prepared.get()
+    }
+
+    /// What `make` derives from the region of `ops`, made once while this
+    /// trace is planned and compiled: hooks that each need it (a fuser's
+    /// lowered program, in `refine`, `cost` and `compile`) share it. `make`
+    /// must depend on nothing but the trace, `ops` and this executor's
+    /// options. Outside planning (a context built by hand) it is made each
+    /// time.
+    pub fn per_region<T: Any + Send + Sync>(&self, ops: &[OpId], make: impl FnOnce() -> T) -> Arc<T> {
+        match &self.prepared.regions {
+            Some(memo) => memo.get_or_make(ops, make),
+            None => Arc::new(make()),
+        }
     }
 
     /// The inputs and outputs of a region made of `ops`

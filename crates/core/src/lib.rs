@@ -39,6 +39,7 @@ pub mod io;
 pub mod ir;
 #[cfg(test)]
 mod layering;
+mod memo;
 pub mod memory;
 pub mod meta;
 mod outputs;

@@ -178,10 +178,9 @@ impl Executor for FuserExecutor {
         // What the kernel IR cannot hold together goes first; each round
         // leaves at least one op out, so this ends.
         while !ops.is_empty() {
-            let (inputs, outputs) = cx.region_boundary(&ops);
-            let out: Vec<(OpId, String)> = match lower::lower(cx.trace, &ops, &inputs, &outputs) {
+            let out: Vec<(OpId, String)> = match &lowered(&ops, cx).program {
                 Ok(_) => break,
-                Err(failures) => failures.into_iter().map(|f| (f.op, f.reason)).collect(),
+                Err(failures) => failures.iter().map(|f| (f.op, f.reason.clone())).collect(),
             };
             let gone: HashSet<OpId> = out.iter().map(|(o, _)| *o).collect();
             ops.retain(|o| !gone.contains(o));
@@ -205,12 +204,13 @@ impl Executor for FuserExecutor {
     /// arithmetic of its program, re-evaluations included, so that a cat
     /// whose parts are expensive to evaluate twice shows its price.
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
-        let (inputs, outputs) = cx.region_boundary(region);
-        match lower::lower(cx.trace, region, &inputs, &outputs) {
+        let lowered = lowered(region, cx);
+        match &lowered.program {
             Ok(p) => {
-                let bytes: usize = inputs
+                let bytes: usize = lowered
+                    .inputs
                     .iter()
-                    .chain(&outputs)
+                    .chain(&lowered.outputs)
                     .map(|&v| cx.trace.meta(v).bytes())
                     .sum();
                 cx.device.kernel_ns(bytes as f64, p.flops(), p.compute)
@@ -225,7 +225,15 @@ impl Executor for FuserExecutor {
             op: format!("region {}", region.id),
             message,
         };
-        let program = lower::lower(cx.trace, &region.ops, &region.inputs, &region.outputs).map_err(|f| {
+        let lowered = lowered(&region.ops, cx);
+        // The region's boundary as the plan lists it is the one its kernel
+        // binds; lowered with another order, it is lowered again.
+        let program = if lowered.inputs == region.inputs && lowered.outputs == region.outputs {
+            lowered.program.clone()
+        } else {
+            lower::lower(cx.trace, &region.ops, &region.inputs, &region.outputs)
+        }
+        .map_err(|f| {
             let f = &f[0];
             fail(format!("{}: {}", cx.trace.describe_op(f.op), f.reason))
         })?;
@@ -252,6 +260,28 @@ impl Executor for FuserExecutor {
             backend,
         }))
     }
+}
+
+/// A region as the fuser lowers it: its boundary, and its program or what
+/// keeps ops out of one.
+struct Lowered {
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    program: std::result::Result<program::Program, Vec<lower::Failure>>,
+}
+
+/// The region of `ops` lowered, once per plan: `refine`, `cost` and
+/// `compile` of one region share the lowering.
+fn lowered(ops: &[OpId], cx: &Context) -> Arc<Lowered> {
+    cx.per_region(ops, || {
+        let (inputs, outputs) = cx.region_boundary(ops);
+        let program = lower::lower(cx.trace, ops, &inputs, &outputs);
+        Lowered {
+            inputs,
+            outputs,
+            program,
+        }
+    })
 }
 
 /// Up to this many bytes of input, the CPU backend still reduces outer

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use switchyard_core::cost::DeviceModel;
-use switchyard_core::executor::{Executor, ExecutorSet};
+use switchyard_core::executor::{Context, Executor, ExecutorSet};
 use switchyard_core::io::random_inputs;
 use switchyard_core::partition::{PartitionOptions, partition};
 use switchyard_core::plan::Plan;
@@ -434,4 +434,83 @@ fn an_executor_prepares_its_options_once_per_plan_and_its_hooks_read_them() {
         err.to_string().contains("options.prepares") && err.to_string().contains("must be positive"),
         "{err}"
     );
+}
+
+/// A fusion executor that derives something from each region once per plan
+/// (as the fuser lowers it) through [`Context::per_region`], counting how
+/// often it is made.
+#[derive(Default)]
+struct Remembers {
+    made: std::sync::atomic::AtomicUsize,
+}
+
+/// What [`Remembers`] derives from a region: its size.
+struct Derived(usize);
+
+impl Remembers {
+    fn derived(&self, ops: &[switchyard_core::ir::OpId], cx: &Context) -> Arc<Derived> {
+        cx.per_region(ops, || {
+            self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Derived(ops.len())
+        })
+    }
+}
+
+impl Executor for Remembers {
+    fn info(&self) -> switchyard_core::executor::ExecutorInfo {
+        switchyard_core::executor::ExecutorInfo::fusion("remembers", "1", &["cpu"])
+    }
+
+    fn claim(&self, _: switchyard_core::ir::OpId, _: &Context) -> switchyard_core::executor::Claim {
+        switchyard_core::executor::Claim::Accept(0.0)
+    }
+
+    fn refine(
+        &self,
+        region: &[switchyard_core::ir::OpId],
+        cx: &Context,
+    ) -> switchyard_core::executor::Refinement {
+        assert_eq!(self.derived(region, cx).0, region.len());
+        switchyard_core::executor::Refinement::default()
+    }
+
+    fn cost(&self, region: &[switchyard_core::ir::OpId], cx: &Context) -> f64 {
+        self.derived(region, cx).0 as f64
+    }
+
+    fn compile(
+        &self,
+        region: &switchyard_core::executor::Region,
+        cx: &Context,
+    ) -> switchyard_core::Result<Box<dyn switchyard_core::executor::Kernel>> {
+        assert_eq!(self.derived(&region.ops, cx).0, region.ops.len());
+        switchyard_exec_fuser::FuserExecutor.compile(region, cx)
+    }
+}
+
+#[test]
+fn what_hooks_derive_from_a_region_is_made_once_per_plan() {
+    let t = parse("input x: f32[8]\na = exp(x)\nb = neg(a)\nc = tanh(b)\noutput c\n").unwrap();
+    let e = Arc::new(Remembers::default());
+    let plan = plan_with(&t, vec![e.clone(), Arc::new(FallbackExecutor)], false).unwrap();
+    let plan = switchyard_core::fit::fit(plan, switchyard_core::schedule::Strategy::MinPeak, None).unwrap();
+    assert_eq!(plan.regions.len(), 1);
+    // Refined and costed while partitioning, costed again by fitting,
+    // compiled: made once.
+    same_results(&t, plan);
+    assert_eq!(e.made.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // A context built outside planning keeps nothing.
+    let (trace, uses, device) = (t.clone(), t.uses(), DeviceModel::cpu_default());
+    let cx = Context {
+        trace: &trace,
+        device: &device,
+        options: &toml::Table::new(),
+        uses: &uses,
+        numerics: Default::default(),
+        prepared: &Default::default(),
+    };
+    let ops: Vec<_> = t.ops_with_ids().map(|(id, _)| id).collect();
+    e.cost(&ops, &cx);
+    e.cost(&ops, &cx);
+    assert_eq!(e.made.load(std::sync::atomic::Ordering::Relaxed), 3);
 }

@@ -94,6 +94,9 @@ pub fn partition_owned(
     let prepared = state::prepare(set)?;
     let execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
     let trace = lower::lower(trace, set, device, &execs, &mut explanation)?;
+    // The trace is final from here on, through fitting and compiling: what
+    // hooks keep per region is kept for it.
+    let prepared: Vec<_> = prepared.iter().map(|p| p.for_trace(&trace)).collect();
     let mut state = State::new(trace, set, device, execs, prepared, opts.hint_policy, explanation);
     state.gather_groups();
     let t_claims = t0.elapsed();

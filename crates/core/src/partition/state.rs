@@ -120,17 +120,21 @@ pub(super) struct State<'a> {
 
 impl<'a> State<'a> {
     /// The state of partitioning the lowered `trace` onto `execs` (with
-    /// every executor of the set's `prepared` options), with every
-    /// executor's claim of every op; no groups yet.
+    /// every executor of the set's `prepared` options, which each of
+    /// `execs` takes for its hooks), with every executor's claim of every
+    /// op; no groups yet.
     pub(super) fn new(
         trace: Trace,
         set: &'a ExecutorSet,
         device: &'a DeviceModel,
-        execs: Vec<Exec>,
+        mut execs: Vec<Exec>,
         prepared: Vec<Prepared>,
         policy: HintPolicy,
         explanation: Explanation,
     ) -> State<'a> {
+        for e in &mut execs {
+            e.prepared = prepared[e.set_index].clone();
+        }
         let uses = trace.uses();
         let mut state = State {
             trace,
