@@ -21,7 +21,7 @@ use crate::hints::{HintPolicy, Hints};
 use crate::ir::{Cuts, OpId, Uses, ValueId};
 use crate::memory::ValueFacts;
 use crate::plan::Plan;
-use crate::schedule::{Strategy, schedule, scheduled_peak};
+use crate::schedule::{Strategy, schedule, schedule_hints, scheduled_peak};
 use crate::verify::Pass;
 
 /// Regions cut at the peak, one after another, at most.
@@ -54,6 +54,7 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
     let hints = Hints::of_trace(&plan.trace);
     let facts = ValueFacts::of(&plan.trace);
     let whole = |r: &Region| r.ops.iter().any(|o| hints[o.index()].group.is_some());
+    let schedules = schedule_hints(&hints);
     let mut peak = plan.planned_peak_bytes().0;
     // Horizontal merges: split into dataflow pieces when that lowers the
     // peak. Scheduling renumbers regions, so each is known by its first op,
@@ -69,7 +70,7 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
         let pieces = bounded(&plan, components(&plan, &plan.regions[i].ops), &uses);
-        if let Some(p) = lowers(&plan, &hints, &facts, i, &pieces, strategy, peak) {
+        if let Some(p) = lowers(&plan, &schedules, &facts, i, pieces.clone(), strategy, peak) {
             let ops = plan.regions[i].ops.clone();
             plan = apply(plan, i, &pieces, strategy, p)?;
             annotate(
@@ -134,8 +135,13 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
         let at = Cuts::new(&plan.trace, &r.ops, &r.outputs, &uses);
         let best = cuts
             .par_iter()
-            .filter_map(|&k| {
-                lowers(&plan, &hints, &facts, step, &at.pieces(k), strategy, peak).map(|p| (p, k))
+            .zip(at.boundaries(&cuts))
+            .filter_map(|(&k, [(a_in, a_out), (b_in, b_out)])| {
+                let pieces = vec![
+                    (r.ops[..k].to_vec(), a_in, a_out),
+                    (r.ops[k..].to_vec(), b_in, b_out),
+                ];
+                lowers(&plan, &schedules, &facts, step, pieces, strategy, peak).map(|p| (p, k))
             })
             .min();
         let Some((p, k)) = best else { break };
@@ -266,16 +272,16 @@ fn bounded(plan: &Plan, pieces: Vec<Vec<OpId>>, uses: &Uses) -> Vec<Piece> {
 }
 
 /// `pieces` as regions of region `i`'s executor and device (unnumbered).
-fn regions_of(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
+fn regions_of(plan: &Plan, i: usize, pieces: Vec<Piece>) -> Vec<Region> {
     let old = &plan.regions[i];
     pieces
-        .iter()
+        .into_iter()
         .map(|(ops, inputs, outputs)| Region {
             id: 0,
             executor: old.executor,
-            ops: ops.clone(),
-            inputs: inputs.clone(),
-            outputs: outputs.clone(),
+            ops,
+            inputs,
+            outputs,
             device: old.device,
         })
         .collect()
@@ -285,7 +291,7 @@ fn regions_of(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
 /// and device), numbered in order.
 fn split(plan: &Plan, i: usize, pieces: &[Piece]) -> Vec<Region> {
     let mut regions = plan.regions[..i].to_vec();
-    regions.extend(regions_of(plan, i, pieces));
+    regions.extend(regions_of(plan, i, pieces.to_vec()));
     regions.extend(plan.regions[i + 1..].iter().cloned());
     for (id, r) in regions.iter_mut().enumerate() {
         r.id = id;
@@ -304,12 +310,19 @@ fn cost_pending(plan: &mut Plan) {
         return;
     }
     let uses = plan.trace.uses();
-    for i in 0..plan.regions.len() {
-        if plan.estimates[i].is_nan() {
-            let r = &plan.regions[i];
-            plan.estimates[i] = plan.with_context(r, &uses, |cx| plan.executor_of(r).cost(&r.ops, cx));
-        }
-    }
+    // Regions are costed independently (a large fused one means lowering
+    // it): in parallel.
+    let costs: Vec<f64> = (0..plan.regions.len())
+        .into_par_iter()
+        .map(|i| match plan.estimates[i] {
+            e if e.is_nan() => {
+                let r = &plan.regions[i];
+                plan.with_context(r, &uses, |cx| plan.executor_of(r).cost(&r.ops, cx))
+            }
+            e => e,
+        })
+        .collect();
+    plan.estimates = costs;
 }
 
 /// `plan` with region `i` replaced by `pieces` as [`split`] gives, their
@@ -334,10 +347,10 @@ fn replace(mut plan: Plan, i: usize, pieces: &[Piece]) -> Plan {
 /// so. Only the memory is worked out, not the plan.
 fn lowers(
     plan: &Plan,
-    hints: &[Hints],
+    schedules: &[Option<Strategy>],
     facts: &ValueFacts,
     i: usize,
-    pieces: &[Piece],
+    pieces: Vec<Piece>,
     strategy: Strategy,
     peak: usize,
 ) -> Option<usize> {
@@ -348,7 +361,7 @@ fn lowers(
         .chain(&pieces)
         .chain(&plan.regions[i + 1..])
         .collect();
-    let p = scheduled_peak(plan, hints, facts, &regions, strategy);
+    let p = scheduled_peak(plan, schedules, facts, &regions, strategy);
     (p < peak).then_some(p)
 }
 

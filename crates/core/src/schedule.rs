@@ -138,8 +138,8 @@ pub fn schedule(plan: Plan, strategy: Strategy) -> Result<Plan> {
 /// [`schedule`], unverified.
 fn reorder(mut plan: Plan, strategy: Strategy) -> Plan {
     let mut g = plan.memory_graph();
-    let hints = Hints::of_trace(&plan.trace);
-    let (order, refused) = hinted_order(&mut g, &hints, &plan.regions, strategy);
+    let schedules = schedule_hints(&Hints::of_trace(&plan.trace));
+    let (order, refused) = hinted_order(&mut g, &schedules, &plan.regions, strategy);
     report_refused(&mut plan, refused);
     let Some(order) = order else { return plan };
     let mut new_index = vec![0usize; order.len()];
@@ -173,11 +173,11 @@ type Refused = Vec<(Strategy, Vec<usize>)>;
 /// hint). Also the chains refused, for [`report_refused`].
 fn hinted_order<R: Borrow<Region>>(
     g: &mut MemoryGraph,
-    hints: &[Hints],
+    schedules: &[Option<Strategy>],
     regions: &[R],
     strategy: Strategy,
 ) -> (Option<Vec<usize>>, Refused) {
-    let (hinted, refused) = chains(g, hints, regions);
+    let (hinted, refused) = chains(g, schedules, regions);
     let order = (strategy != Strategy::Program || hinted).then(|| order(g, strategy));
     (order, refused)
 }
@@ -213,12 +213,16 @@ fn report_refused(plan: &mut Plan, refused: Refused) {
 /// Adds to `g`, for each strategy a `schedule` hint names, a chain through
 /// its hinted regions in the order that strategy gives the whole plan,
 /// unless it would close a cycle with the others: whether any was added,
-/// and the chains refused (each with its strategy). `hints` is
-/// [`Hints::of_trace`] of the plan's trace.
-fn chains<R: Borrow<Region>>(g: &mut MemoryGraph, hints: &[Hints], regions: &[R]) -> (bool, Refused) {
+/// and the chains refused (each with its strategy). `schedules` is
+/// [`schedule_hints`] of the plan's trace.
+fn chains<R: Borrow<Region>>(
+    g: &mut MemoryGraph,
+    schedules: &[Option<Strategy>],
+    regions: &[R],
+) -> (bool, Refused) {
     let wanted: Vec<Option<Strategy>> = regions
         .iter()
-        .map(|r| r.borrow().ops.iter().find_map(|o| hints[o.index()].schedule))
+        .map(|r| r.borrow().ops.iter().find_map(|o| schedules[o.index()]))
         .collect();
     let mut strategies: Vec<Strategy> = wanted.iter().flatten().copied().collect();
     strategies.sort_by_key(|s| s.name());
@@ -253,19 +257,25 @@ fn chains<R: Borrow<Region>>(g: &mut MemoryGraph, hints: &[Hints], regions: &[R]
 /// replaced by `regions` would plan once scheduled with `strategy`: what
 /// `schedule(plan).planned_peak_bytes().0` gives for that plan, without
 /// building it (no copy of the trace or the explanation, no costs), so that
-/// trying many candidate regionings stays cheap. `hints` and `facts` are
-/// [`Hints::of_trace`] and [`ValueFacts::of`] of the plan's trace.
+/// trying many candidate regionings stays cheap. `schedules` and `facts`
+/// are [`schedule_hints`] and [`ValueFacts::of`] of the plan's trace.
 pub(crate) fn scheduled_peak<R: Borrow<Region>>(
     plan: &Plan,
-    hints: &[Hints],
+    schedules: &[Option<Strategy>],
     facts: &ValueFacts,
     regions: &[R],
     strategy: Strategy,
 ) -> usize {
     let mut g = plan.memory_graph_of(regions, facts, Buffers::Peak);
-    let (order, _) = hinted_order(&mut g, hints, regions, strategy);
+    let (order, _) = hinted_order(&mut g, schedules, regions, strategy);
     let order = order.unwrap_or_else(|| (0..regions.len()).collect());
     g.peak_and_sum(&order).0
+}
+
+/// Each op's `schedule` hint, from its [`Hints`]: what scheduling reads of
+/// them, small enough to scan per candidate regioning.
+pub(crate) fn schedule_hints(hints: &[Hints]) -> Vec<Option<Strategy>> {
+    hints.iter().map(|h| h.schedule).collect()
 }
 
 /// Regions whose dependencies are all done, kept up to date as regions run.

@@ -1,7 +1,7 @@
 //! The Rust builder API: the one way ops enter a trace, so every op is inferred
 //! and checked as it is added.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -313,7 +313,10 @@ impl OpKind {
 
     /// Looks an op up by its text-format name.
     pub fn from_name(name: &str) -> Option<OpKind> {
-        OpKind::all().into_iter().find(|k| k.name() == name)
+        // Parsing looks up every statement's op: a table, made once.
+        static BY_NAME: std::sync::LazyLock<std::collections::HashMap<&'static str, OpKind>> =
+            std::sync::LazyLock::new(|| OpKind::all().into_iter().map(|k| (k.name(), k)).collect());
+        BY_NAME.get(name).copied()
     }
 
     /// Whether this op is a composite (has a decomposition).

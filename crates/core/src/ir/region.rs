@@ -76,8 +76,11 @@ impl Trace {
 
 /// A region's ops, ready to be cut in two at any position: each cut's two
 /// pieces' boundaries in O(region) (no sorting, no search), equal to
-/// [`Trace::region_boundary`] of each piece. The memory fitter tries many
-/// cut points of one large region.
+/// [`Trace::region_boundary`] of each piece, and the boundaries of many
+/// cuts at once in one pass ([`Cuts::boundaries`]). The memory fitter tries
+/// many cut points of one large region. The region's ops are in an order
+/// where each follows the ops of the region it reads (a plan's regions
+/// are).
 pub struct Cuts<'a> {
     ops: &'a [OpId],
     /// Per op position, the range of its reads in `reads` and of its
@@ -96,45 +99,67 @@ pub struct Cuts<'a> {
 /// The position of no op of the region.
 const OUTSIDE: usize = usize::MAX;
 
+/// What [`Cuts::new`] knows of a value while it reads the region.
+#[derive(Clone, Copy)]
+struct Seen {
+    /// The position of the op defining it, or `OUTSIDE`.
+    def: usize,
+    /// Its slot among the distinct values read, once read.
+    slot: Option<usize>,
+    /// Whether it leaves the whole region.
+    leaving: bool,
+}
+
+/// The two pieces' boundaries of one cut, as sets: each piece's inputs and
+/// outputs.
+pub type CutBoundaries = [(Vec<ValueId>, Vec<ValueId>); 2];
+
 impl<'a> Cuts<'a> {
     /// The cuts of the region of `ops` whose outputs are `outputs` (its
     /// boundary's); `uses` is [`Trace::uses`].
     pub fn new(trace: &Trace, ops: &'a [OpId], outputs: &[ValueId], uses: &Uses) -> Cuts<'a> {
-        crate::work::add(ops.len());
-        let mut at: Vec<(OpId, usize)> = ops.iter().enumerate().map(|(p, &o)| (o, p)).collect();
-        at.sort_unstable();
-        let position = |o: OpId| {
-            at.binary_search_by_key(&o, |&(x, _)| x)
-                .map_or(OUTSIDE, |k| at[k].1)
-        };
-        let mut leaving = outputs.to_vec();
-        leaving.sort_unstable();
-        let defined = trace.definitions(ops);
-        let def_of = |v: ValueId| {
-            defined
-                .binary_search_by_key(&v, |&(w, _)| w)
-                .map_or(OUTSIDE, |k| defined[k].1)
-        };
-        let mut distinct: Vec<ValueId> = ops.iter().flat_map(|&o| trace.op(o).input_values()).collect();
-        distinct.sort_unstable();
-        distinct.dedup();
+        // Per op and per value of the trace, not searches: one pass each.
+        crate::work::add(ops.len() + trace.ops.len() + trace.values.len());
+        let mut position = vec![OUTSIDE; trace.ops.len()];
+        let mut seen = vec![
+            Seen {
+                def: OUTSIDE,
+                slot: None,
+                leaving: false,
+            };
+            trace.values.len()
+        ];
+        for (p, &o) in ops.iter().enumerate() {
+            position[o.index()] = p;
+            for v in &trace.op(o).outputs {
+                seen[v.index()].def = p;
+            }
+        }
+        for v in outputs {
+            seen[v.index()].leaving = true;
+        }
+        let mut slots = 0;
         let (mut read_at, mut result_at) = (vec![0], vec![0]);
         let (mut reads, mut results) = (Vec::new(), Vec::new());
         for &o in ops {
             let op = trace.op(o);
             for v in op.input_values() {
-                let slot = distinct.binary_search(&v).expect("collected above");
-                reads.push((v, slot, def_of(v)));
+                let s = &mut seen[v.index()];
+                let slot = *s.slot.get_or_insert_with(|| {
+                    slots += 1;
+                    slots - 1
+                });
+                reads.push((v, slot, s.def));
             }
             for &v in &op.outputs {
                 let readers = uses.consumers[v.index()]
                     .iter()
-                    .map(|&u| position(u))
+                    .map(|&u| position[u.index()])
                     .filter(|&p| p != OUTSIDE);
                 let (first, last) = readers.fold((OUTSIDE, OUTSIDE), |(f, l), p| {
                     (f.min(p), if l == OUTSIDE { p } else { l.max(p) })
                 });
-                results.push((v, leaving.binary_search(&v).is_ok(), first, last));
+                results.push((v, seen[v.index()].leaving, first, last));
             }
             read_at.push(reads.len());
             result_at.push(results.len());
@@ -145,10 +170,9 @@ impl<'a> Cuts<'a> {
             result_at,
             reads,
             results,
-            slots: distinct.len(),
+            slots,
         }
     }
-
     /// The two pieces of a cut before position `k` (0 < k < the region's
     /// length): each piece's ops, inputs and outputs.
     pub fn pieces(&self, k: usize) -> [(Vec<OpId>, Vec<ValueId>, Vec<ValueId>); 2] {
@@ -177,6 +201,70 @@ impl<'a> Cuts<'a> {
             (self.ops[from..to].to_vec(), inputs, outputs)
         };
         [piece(0, k, 1), piece(k, n, 2)]
+    }
+
+    /// The boundaries of the two pieces of each cut before the positions
+    /// `ks` (ascending, each 0 < k < the region's length): those of
+    /// [`Cuts::pieces`] as sets, in no set order. One pass over the region
+    /// finds them all, and each cut costs what its boundaries hold, so that
+    /// judging many cuts of a large region by their memory stays linear.
+    pub fn boundaries(&self, ks: &[usize]) -> Vec<CutBoundaries> {
+        crate::work::add(self.ops.len() + ks.len());
+        let n = self.ops.len();
+        // Values from outside the region: first and last positions read.
+        let mut span = vec![(OUTSIDE, 0usize, None); self.slots];
+        for p in 0..n {
+            for &(v, slot, def) in &self.reads[self.read_at[p]..self.read_at[p + 1]] {
+                if def == OUTSIDE {
+                    let s = &mut span[slot];
+                    *s = (s.0.min(p), p, Some(v));
+                }
+            }
+        }
+        let mut by_first: Vec<(usize, usize, ValueId)> = span
+            .into_iter()
+            .filter_map(|(first, last, v)| Some((first, last, v?)))
+            .collect();
+        by_first.sort_unstable();
+        let mut by_last = by_first.clone();
+        by_last.sort_unstable_by_key(|&(_, last, v)| (std::cmp::Reverse(last), v));
+        // Results that leave the whole region, by position; results read
+        // across each cut (made before it, read at or after it).
+        let mut leaving: Vec<(usize, ValueId)> = Vec::new();
+        let mut across: Vec<Vec<(ValueId, bool)>> = vec![Vec::new(); ks.len()];
+        for p in 0..n {
+            for &(v, leaves, _, last) in &self.results[self.result_at[p]..self.result_at[p + 1]] {
+                if leaves {
+                    leaving.push((p, v));
+                }
+                if last != OUTSIDE {
+                    let cuts = ks.partition_point(|&k| k <= p)..ks.partition_point(|&k| k <= last);
+                    for c in &mut across[cuts] {
+                        c.push((v, leaves));
+                    }
+                }
+            }
+        }
+        ks.iter()
+            .zip(across)
+            .map(|(&k, across)| {
+                let before = leaving.partition_point(|&(p, _)| p < k);
+                let a_inputs = by_first.iter().take_while(|e| e.0 < k).map(|e| e.2).collect();
+                let a_outputs = leaving[..before]
+                    .iter()
+                    .map(|&(_, v)| v)
+                    .chain(across.iter().filter(|(_, leaves)| !leaves).map(|&(v, _)| v))
+                    .collect();
+                let b_inputs = by_last
+                    .iter()
+                    .take_while(|e| e.1 >= k)
+                    .map(|e| e.2)
+                    .chain(across.iter().map(|&(v, _)| v))
+                    .collect();
+                let b_outputs = leaving[before..].iter().map(|&(_, v)| v).collect();
+                [(a_inputs, a_outputs), (b_inputs, b_outputs)]
+            })
+            .collect()
     }
 }
 
@@ -259,6 +347,20 @@ mod tests {
                 for (piece, range) in cuts.pieces(k).into_iter().zip([0..k, k..ops.len()]) {
                     let (i, o) = t.region_boundary(&ops[range.clone()], &uses);
                     prop_assert_eq!(piece, (ops[range].to_vec(), i, o), "cut at {}", k);
+                }
+            }
+            // All cuts at once, and any few of them, as sets.
+            let sorted = |mut v: Vec<ValueId>| {
+                v.sort_unstable();
+                v
+            };
+            let all: Vec<usize> = (1..ops.len()).collect();
+            let some: Vec<usize> = all.iter().copied().filter(|k| k % 3 == 1).collect();
+            for ks in [all, some] {
+                for (&k, both) in ks.iter().zip(cuts.boundaries(&ks)) {
+                    for ((i, o), (_, pi, po)) in both.into_iter().zip(cuts.pieces(k)) {
+                        prop_assert_eq!((sorted(i), sorted(o)), (sorted(pi), sorted(po)), "cut at {}", k);
+                    }
                 }
             }
         }

@@ -4,7 +4,7 @@
 //! exactly like one built in Rust; builder errors come back with the position of
 //! the statement.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -460,7 +460,7 @@ pub fn parse_named(src: &str, source_name: Option<&str>) -> Result<Trace> {
         pos: 0,
         source: source_name,
         b: TraceBuilder::new(),
-        defined_at: HashMap::new(),
+        defined_at: HashMap::default(),
         open_hints: Vec::new(),
         output_seen: None,
     };
