@@ -281,10 +281,11 @@ pub enum Math {
 pub const TF32_OPTION: &str = "tf32";
 
 impl Math {
-    /// The math mode an executor with `options` runs under `numerics`: its
-    /// own `tf32` option where set, else the config-wide `allow_tf32`.
-    pub fn of(options: &toml::Table, numerics: Numerics) -> Math {
-        match options.get(TF32_OPTION).and_then(toml::Value::as_bool) {
+    /// The math mode under `numerics` of an executor whose `tf32` option is
+    /// `option` (`None` where unset): the option where set, else the
+    /// config-wide `allow_tf32`.
+    pub fn with(option: Option<bool>, numerics: Numerics) -> Math {
+        match option {
             Some(true) => Math::Tf32,
             Some(false) => Math::Ieee,
             None if numerics.allow_tf32 => Math::Tf32,
@@ -292,13 +293,14 @@ impl Math {
         }
     }
 
-    /// Checks the options of an executor whose only option is `tf32`.
-    pub fn check_options(options: &toml::Table) -> Result<(), String> {
+    /// The `tf32` option of an executor whose only option it is, checked:
+    /// `None` where unset.
+    pub fn option_of(options: &toml::Table) -> Result<Option<bool>, String> {
         for (k, v) in options {
             Math::check_option(k, v)
                 .unwrap_or_else(|| Err(format!("unknown option `{k}` (known: `{TF32_OPTION}`)")))?;
         }
-        Ok(())
+        Ok(options.get(TF32_OPTION).and_then(toml::Value::as_bool))
     }
 
     /// Checks option `key` if it is the math mode's (`tf32`); `None` for any
@@ -315,9 +317,10 @@ impl Math {
         self == Math::Tf32 && dtype == DType::F32
     }
 
-    /// How products in `dtype` are computed, for plans and reports.
-    pub fn describe(self, dtype: DType, options: &toml::Table) -> String {
-        let why = if options.contains_key(TF32_OPTION) {
+    /// How products in `dtype` are computed, for plans and reports; `by_option`
+    /// is whether the executor's `tf32` option set the mode.
+    pub fn describe(self, dtype: DType, by_option: bool) -> String {
+        let why = if by_option {
             "option tf32"
         } else {
             "config allow_tf32"

@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Prepared, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, OutputBuffer, Result, Tensor};
@@ -148,6 +148,25 @@ fn gemm_densifying(
     gemm(&layouts).map(|g| (g, dense)).map_err(|_| why)
 }
 
+/// The executor's `tf32` option as prepared for a plan (`None` where unset).
+#[derive(Clone, Copy, Debug, Default)]
+struct Tf32(Option<bool>);
+
+impl Tf32 {
+    /// As prepared, else (a context built by hand) read from the table.
+    fn of(cx: &Context) -> Tf32 {
+        match cx.prepared::<Tf32>() {
+            Some(t) => *t,
+            None => Tf32(Math::option_of(cx.options).unwrap_or_default()),
+        }
+    }
+}
+
+/// The math mode of the hook's plan.
+fn math(cx: &Context) -> Math {
+    Math::with(Tf32::of(cx).0, cx.numerics)
+}
+
 impl Executor for CublasExecutor {
     fn info(&self) -> ExecutorInfo {
         ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cuda"])
@@ -159,7 +178,11 @@ impl Executor for CublasExecutor {
 
     /// Takes `tf32 = true | false`, over the config-wide `allow_tf32`.
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
-        Math::check_options(options)
+        Math::option_of(options).map(|_| ())
+    }
+
+    fn prepare(&self, options: &toml::Table) -> std::result::Result<Prepared, String> {
+        Math::option_of(options).map(|tf32| Prepared::new(Tf32(tf32)))
     }
 
     /// Accepts at the device model's time for the GEMM's bytes and FLOPs in
@@ -169,7 +192,7 @@ impl Executor for CublasExecutor {
         match gemm_in_trace(cx, op) {
             Ok((_, g, dense)) => {
                 let dtype = cx.trace.meta(cx.trace.op(op).outputs[0]).dtype;
-                let tf32 = Math::of(cx.options, cx.numerics).tf32_for(dtype);
+                let tf32 = math(cx).tf32_for(dtype);
                 // An operand no flag reads is gathered densely first: one
                 // more kernel reading and writing it.
                 let values: Vec<_> = cx.trace.op(op).input_values().collect();
@@ -190,7 +213,7 @@ impl Executor for CublasExecutor {
     fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
         let &[op] = region else { return None };
         let dtype = cx.trace.meta(*cx.trace.op(op).outputs.first()?).dtype;
-        Some(Math::of(cx.options, cx.numerics).describe(dtype, cx.options))
+        Some(math(cx).describe(dtype, Tf32::of(cx).0.is_some()))
     }
 
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
@@ -202,7 +225,7 @@ impl Executor for CublasExecutor {
         let (op, device) = executor::one_op_on_device(region, &[Needs::Cublas]).map_err(&fail)?;
         let (what, _, _) = gemm_in_trace(cx, op).map_err(&fail)?;
         let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
-        let gemms = Gemms::new(device, Math::of(cx.options, cx.numerics)).map_err(&fail)?;
+        let gemms = Gemms::new(device, math(cx)).map_err(&fail)?;
         Ok(Box::new(GemmKernel {
             what,
             operands,

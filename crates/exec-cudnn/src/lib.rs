@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cudnn::{Cudnn, CudnnDataType, SoftmaxForward, sys};
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region,
+    Availability, Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Prepared, Region,
 };
 use switchyard_core::ir::{CompositeOp, OpId, OpKind};
 use switchyard_core::{DType, Device, Error, OutputBuffer, Result, Stored, Tensor};
@@ -78,7 +78,7 @@ impl Attention {
     /// copy of the mask into them.
     pub fn cost_ns(&self, cx: &Context) -> f64 {
         let d = cx.device;
-        let tf32 = Math::of(cx.options, cx.numerics).tf32_for(self.dtype);
+        let tf32 = Options::of(cx).math(cx).tf32_for(self.dtype);
         let scores_bytes = (self.score_elems() * self.dtype.size()) as f64;
         let gemm = |g: &Gemm| d.matmul_ns(g.bytes(self.dtype) as f64, g.flops(), self.dtype, tf32);
         let gemms = gemm(&self.scores) + gemm(&self.values);
@@ -196,32 +196,23 @@ impl Executor for CudnnExecutor {
     /// Takes `tf32 = true | false` for its GEMMs (over the config-wide
     /// `allow_tf32`) and `attention = "auto" | "fused" | "unfused"`.
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
-        for (k, v) in options {
-            match Math::check_option(k, v) {
-                Some(checked) => checked?,
-                None if k == ATTENTION_OPTION => {
-                    Choice::parse(v)?;
-                }
-                None => {
-                    return Err(format!(
-                        "unknown option `{k}` (known: `{}`, `{ATTENTION_OPTION}`)",
-                        switchyard_cuda::gemm::TF32_OPTION
-                    ));
-                }
-            }
-        }
-        Ok(())
+        Options::parse(options).map(|_| ())
+    }
+
+    fn prepare(&self, options: &toml::Table) -> std::result::Result<Prepared, String> {
+        Options::parse(options).map(Prepared::new)
     }
 
     /// How the attention runs: fused, or its GEMMs' math mode.
     fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
         let &[op] = region else { return None };
         let a = attention_in_trace(cx, op).ok()?;
+        let options = Options::of(cx);
         Some(match choose(&a, cx).ok()? {
             Algorithm::Fused => "fused attention (flash: no scores in memory), f32 arithmetic".to_string(),
             Algorithm::Unfused => format!(
                 "{}; scores in memory ({} bytes, twice)",
-                Math::of(cx.options, cx.numerics).describe(a.dtype, cx.options),
+                options.math(cx).describe(a.dtype, options.tf32.is_some()),
                 a.score_elems() * a.dtype.size()
             ),
         })
@@ -256,7 +247,7 @@ impl Executor for CudnnExecutor {
             Algorithm::Unfused => None,
         };
         let operands = executor::operand_inputs(region, cx.trace, op).map_err(&fail)?;
-        let blas = Gemms::new(device, Math::of(cx.options, cx.numerics)).map_err(&fail)?;
+        let blas = Gemms::new(device, Options::of(cx).math(cx)).map_err(&fail)?;
         let dnn = cudnn_handle(device).map_err(&fail)?;
         let mask = if attention.causal {
             Some(causal_mask(&attention, device).map_err(&fail)?)
@@ -279,10 +270,57 @@ impl Executor for CudnnExecutor {
 /// The option that picks the attention algorithm.
 pub const ATTENTION_OPTION: &str = "attention";
 
+/// The executor's options (`[options.cudnn]`), parsed once per plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Options {
+    /// The GEMMs' `tf32` option, `None` where unset.
+    tf32: Option<bool>,
+    /// How attention may run.
+    attention: Choice,
+}
+
+impl Options {
+    /// As prepared for the plan, else (a context built by hand) read from
+    /// the table.
+    fn of(cx: &Context) -> Options {
+        match cx.prepared::<Options>() {
+            Some(o) => *o,
+            None => Options::parse(cx.options).unwrap_or_default(),
+        }
+    }
+
+    /// Reads and checks the options table.
+    fn parse(table: &toml::Table) -> std::result::Result<Options, String> {
+        let mut o = Options::default();
+        for (k, v) in table {
+            match Math::check_option(k, v) {
+                Some(checked) => {
+                    checked?;
+                    o.tf32 = v.as_bool();
+                }
+                None if k == ATTENTION_OPTION => o.attention = Choice::parse(v)?,
+                None => {
+                    return Err(format!(
+                        "unknown option `{k}` (known: `{}`, `{ATTENTION_OPTION}`)",
+                        switchyard_cuda::gemm::TF32_OPTION
+                    ));
+                }
+            }
+        }
+        Ok(o)
+    }
+
+    /// The GEMMs' math mode under the hook's numerics.
+    fn math(self, cx: &Context) -> Math {
+        Math::with(self.tf32, cx.numerics)
+    }
+}
+
 /// How attention may run, as configured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Choice {
     /// The cheaper by cost, of those that can run it.
+    #[default]
     Auto,
     /// The fused kernel.
     Fused,
@@ -326,10 +364,7 @@ fn fused_unavailable(a: &Attention) -> Option<String> {
 
 /// The algorithm `a` runs with under the executor's options.
 fn choose(a: &Attention, cx: &Context) -> std::result::Result<Algorithm, String> {
-    let choice = match cx.options.get(ATTENTION_OPTION) {
-        Some(v) => Choice::parse(v)?,
-        None => Choice::Auto,
-    };
+    let choice = Options::of(cx).attention;
     let fused = fused_unavailable(a);
     Ok(match (choice, fused) {
         (Choice::Unfused, _) | (Choice::Auto, Some(_)) => Algorithm::Unfused,
