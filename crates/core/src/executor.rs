@@ -137,6 +137,13 @@ impl Prepared {
         self.value.as_deref().and_then(|v| (v as &dyn Any).downcast_ref())
     }
 
+    /// Forgets what hooks kept per region (see [`Context::per_region`]).
+    pub(crate) fn forget_regions(&self) {
+        if let Some(memo) = &self.regions {
+            memo.clear();
+        }
+    }
+
     /// The same options with an empty memo for the regions of `trace`, which
     /// must not change while the result is in use.
     pub(crate) fn for_trace(&self, trace: &Trace) -> Prepared {

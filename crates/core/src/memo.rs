@@ -42,6 +42,12 @@ impl RegionMemo {
         }
     }
 
+    /// Forgets every value: once a plan's kernels are compiled, nothing asks
+    /// again, and a compiled plan may live long.
+    pub(crate) fn clear(&self) {
+        *self.lock() = Entries::default();
+    }
+
     fn lock(&self) -> MutexGuard<'_, Entries> {
         // A panic in another hook leaves the map consistent (values are
         // inserted whole), so the memo stays usable.
@@ -106,5 +112,7 @@ mod tests {
         }
         assert_eq!(*memo.get_or_make(&region, make), 3);
         assert!(memo.lock().ops <= 4096);
+        memo.clear();
+        assert_eq!(*memo.get_or_make(&region, make), 4);
     }
 }

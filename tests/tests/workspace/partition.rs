@@ -497,10 +497,16 @@ fn what_hooks_derive_from_a_region_is_made_once_per_plan() {
     assert_eq!(plan.regions.len(), 1);
     // Refined and costed while partitioning, costed again by fitting,
     // compiled: made once.
+    let kept = plan.clone();
     same_results(&t, plan);
-    assert_eq!(e.made.load(std::sync::atomic::Ordering::Relaxed), 1);
-    // A context built outside planning keeps nothing.
+    let made = || e.made.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(made(), 1);
+    // Once compiled, the plan keeps nothing.
     let (trace, uses, device) = (t.clone(), t.uses(), DeviceModel::cpu_default());
+    let r = &kept.regions[0];
+    kept.with_context(r, &uses, |cx| e.cost(&r.ops, cx));
+    assert_eq!(made(), 2);
+    // A context built outside planning keeps nothing either.
     let cx = Context {
         trace: &trace,
         device: &device,
@@ -512,5 +518,5 @@ fn what_hooks_derive_from_a_region_is_made_once_per_plan() {
     let ops: Vec<_> = t.ops_with_ids().map(|(id, _)| id).collect();
     e.cost(&ops, &cx);
     e.cost(&ops, &cx);
-    assert_eq!(e.made.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(made(), 4);
 }

@@ -33,6 +33,11 @@ impl CompiledPlan {
             })?;
             kernels.push(kernel);
         }
+        // What hooks kept per region while planning is of no more use, and
+        // a compiled plan may live long.
+        for p in &plan.prepared {
+            p.forget_regions();
+        }
         let after = cache.stats();
         let cache_stats = CacheStats {
             hits: after.hits - before.hits,
