@@ -144,6 +144,14 @@ impl Prepared {
         }
     }
 
+    /// Forgets what hooks kept for regions other than `regions`.
+    pub(crate) fn keep_regions(&self, regions: &[Region]) {
+        if let Some(memo) = &self.regions {
+            let kept: std::collections::HashSet<&[OpId]> = regions.iter().map(|r| r.ops.as_slice()).collect();
+            memo.retain(|ops| kept.contains(ops));
+        }
+    }
+
     /// The same options with an empty memo for the regions of `trace`, which
     /// must not change while the result is in use.
     pub(crate) fn for_trace(&self, trace: &Trace) -> Prepared {

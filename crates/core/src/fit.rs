@@ -40,6 +40,12 @@ pub fn fit(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan
 /// [`fit`], without the check of the result.
 fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<Plan> {
     let mut plan = fit_regions(plan, strategy, budget)?;
+    // Only the plan's own regions are asked about from here on (costed
+    // below, then compiled): what hooks kept for the regions cut is freed
+    // before the pieces are costed.
+    for p in &plan.prepared {
+        p.keep_regions(&plan.regions);
+    }
     cost_pending(&mut plan);
     Ok(plan)
 }

@@ -48,6 +48,19 @@ impl RegionMemo {
         *self.lock() = Entries::default();
     }
 
+    /// Forgets the values of regions `keep` refuses: those no pass will ask
+    /// about again.
+    pub(crate) fn retain(&self, keep: impl Fn(&[OpId]) -> bool) {
+        let mut e = self.lock();
+        let mut ops = 0;
+        e.values.retain(|(_, region), _| {
+            let kept = keep(region);
+            ops += if kept { region.len() } else { 0 };
+            kept
+        });
+        e.ops = ops;
+    }
+
     fn lock(&self) -> MutexGuard<'_, Entries> {
         // A panic in another hook leaves the map consistent (values are
         // inserted whole), so the memo stays usable.
@@ -114,5 +127,11 @@ mod tests {
         assert!(memo.lock().ops <= 4096);
         memo.clear();
         assert_eq!(*memo.get_or_make(&region, make), 4);
+        // Retaining keeps the regions asked for, and only them.
+        memo.get_or_make(&region[..10], make);
+        memo.retain(|ops| ops.len() == 100);
+        assert_eq!(*memo.get_or_make(&region, make), 4);
+        assert_eq!(*memo.get_or_make(&region[..10], make), 6);
+        assert_eq!(memo.lock().ops, 110);
     }
 }

@@ -76,14 +76,10 @@ pub struct Mask {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IndexMap {
     /// One entry per dim of the indexed value.
-    pub axes: Axes,
+    pub axes: Vec<Axis>,
     /// Ranges outside which the value is not needed.
     pub masks: Vec<Mask>,
 }
-
-/// The axes of an [`IndexMap`]: inline up to rank 4, since lowering makes
-/// maps per value and per operand and most tensors have few dims.
-pub type Axes = smallvec::SmallVec<[Axis; 4]>;
 
 /// A read of a region input.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -449,7 +445,7 @@ impl Program {
 }
 
 /// Axes that are iteration dims `dims`, in order, unscaled and unshifted.
-pub(crate) fn plain_axes(dims: std::ops::Range<usize>) -> Axes {
+pub(crate) fn plain_axes(dims: std::ops::Range<usize>) -> Vec<Axis> {
     dims.map(|dim| Axis::Iter {
         dim,
         scale: 1,

@@ -756,7 +756,7 @@ mod tests {
                     input: 0,
                     views: vec![View::Transpose(vec![1, 0]), View::Reshape(vec![6])],
                     map: IndexMap {
-                        axes: smallvec::smallvec![Axis::Iter {
+                        axes: vec![Axis::Iter {
                             dim: 0,
                             scale: 1,
                             offset: 0,

@@ -4,9 +4,7 @@
 use switchyard_core::ir::{OpId, OpKind, Operand, Trace, slice_params};
 use switchyard_core::meta::normalize_dim;
 
-use smallvec::smallvec;
-
-use crate::program::{Axes, Axis, IndexMap, Mask};
+use crate::program::{Axis, IndexMap, Mask};
 
 /// The parsed attributes of a view or cat op.
 pub(super) enum Shape {
@@ -83,7 +81,7 @@ pub(super) fn reshape_map(map: &IndexMap, to: &[usize], from: &[usize]) -> Optio
     if big_to.len() != big_from.len() || big_to.iter().zip(&big_from).any(|(&a, &b)| to[a] != from[b]) {
         return None;
     }
-    let mut axes: Axes = smallvec![Axis::Fixed(0); from.len()];
+    let mut axes = vec![Axis::Fixed(0); from.len()];
     for (&a, &b) in big_to.iter().zip(&big_from) {
         axes[b] = map.axes[a];
     }
@@ -166,7 +164,7 @@ pub(super) fn operand_maps(
     };
     Ok(match (op.kind, op_shape(trace, id)?) {
         (OpKind::Transpose, Some(Shape::Transpose(perm))) => {
-            let mut axes: Axes = smallvec![Axis::Fixed(0); perm.len()];
+            let mut axes = vec![Axis::Fixed(0); perm.len()];
             for (k, &p) in perm.iter().enumerate() {
                 axes[p] = map.axes[k];
             }
