@@ -144,11 +144,10 @@ impl Prepared {
         }
     }
 
-    /// Forgets what hooks kept for regions other than `regions`.
-    pub(crate) fn keep_regions(&self, regions: &[Region]) {
+    /// Forgets what hooks kept for the regions `keep` refuses.
+    pub(crate) fn retain_regions(&self, keep: &dyn Fn(&[OpId]) -> bool) {
         if let Some(memo) = &self.regions {
-            let kept: std::collections::HashSet<&[OpId]> = regions.iter().map(|r| r.ops.as_slice()).collect();
-            memo.retain(|ops| kept.contains(ops));
+            memo.retain(keep);
         }
     }
 
@@ -195,6 +194,19 @@ impl Context<'_> {
     /// made a `T` (a context built by hand may hold none).
     pub fn prepared<T: Any>(&self) -> Option<&T> {
         self.prepared.get()
+    }
+
+    /// The options a hook runs under: the `T` [`Executor::prepare`] made for
+    /// the plan, else (a context built by hand) `parse` of the table, else
+    /// the defaults.
+    pub fn options_as<T: Any + Clone + Default>(
+        &self,
+        parse: impl FnOnce(&toml::Table) -> std::result::Result<T, String>,
+    ) -> T {
+        match self.prepared::<T>() {
+            Some(t) => t.clone(),
+            None => parse(self.options).unwrap_or_default(),
+        }
     }
 
     /// What `make` derives from the region of `ops`, made once while this

@@ -43,8 +43,9 @@ fn fit_unverified(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Resu
     // Only the plan's own regions are asked about from here on (costed
     // below, then compiled): what hooks kept for the regions cut is freed
     // before the pieces are costed.
+    let kept: HashSet<&[OpId]> = plan.regions.iter().map(|r| r.ops.as_slice()).collect();
     for p in &plan.prepared {
-        p.keep_regions(&plan.regions);
+        p.retain_regions(&|ops| kept.contains(ops));
     }
     cost_pending(&mut plan);
     Ok(plan)

@@ -155,10 +155,7 @@ struct Tf32(Option<bool>);
 impl Tf32 {
     /// As prepared, else (a context built by hand) read from the table.
     fn of(cx: &Context) -> Tf32 {
-        match cx.prepared::<Tf32>() {
-            Some(t) => *t,
-            None => Tf32(Math::option_of(cx.options).unwrap_or_default()),
-        }
+        cx.options_as(|t| Math::option_of(t).map(Tf32))
     }
 }
 

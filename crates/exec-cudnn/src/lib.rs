@@ -283,10 +283,7 @@ impl Options {
     /// As prepared for the plan, else (a context built by hand) read from
     /// the table.
     fn of(cx: &Context) -> Options {
-        match cx.prepared::<Options>() {
-            Some(o) => *o,
-            None => Options::parse(cx.options).unwrap_or_default(),
-        }
+        cx.options_as(Options::parse)
     }
 
     /// Reads and checks the options table.

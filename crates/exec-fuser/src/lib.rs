@@ -83,10 +83,7 @@ impl Options {
     /// The options a hook runs under: as prepared for the plan, else (a
     /// context built by hand) read from its table.
     pub fn of(cx: &Context) -> Options {
-        match cx.prepared::<Options>() {
-            Some(o) => *o,
-            None => Options::parse(cx.options).unwrap_or_default(),
-        }
+        cx.options_as(Options::parse)
     }
 
     /// Reads and checks the options table.
