@@ -4,11 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use switchyard_core::executor::{
-    Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, Kernel, Refinement, Region,
+    Availability, Claim, Context, Executor, ExecutorInfo, ExecutorKind, ExecutorSet, Kernel, Refinement,
+    Region,
 };
 use switchyard_core::ir::{OpId, OpKind};
+use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::{Device, OutputBuffer, Result, Tensor};
 use switchyard_exec_fallback::FallbackExecutor;
 
@@ -45,6 +49,9 @@ pub struct Scripted {
     /// Where its kernels keep every tensor they are given, as a badly
     /// behaved kernel might.
     pub keep: Option<Arc<Mutex<Vec<Tensor>>>>,
+    /// Extra time its kernels take per op of these names: a kernel slower
+    /// than its executor claims.
+    pub slow: BTreeMap<String, Duration>,
 }
 
 impl Scripted {
@@ -59,6 +66,7 @@ impl Scripted {
             unavailable: None,
             placement: None,
             keep: None,
+            slow: BTreeMap::new(),
         }
     }
 
@@ -73,6 +81,7 @@ impl Scripted {
             unavailable: None,
             placement: None,
             keep: None,
+            slow: BTreeMap::new(),
         }
     }
 
@@ -85,6 +94,12 @@ impl Scripted {
     /// Sets the answer for unscripted ops.
     pub fn otherwise(mut self, s: Script) -> Scripted {
         self.default = s;
+        self
+    }
+
+    /// Makes its kernels take `extra` longer for each op of this name.
+    pub fn taking(mut self, op: &str, extra: Duration) -> Scripted {
+        self.slow.insert(op.into(), extra);
         self
     }
 
@@ -194,10 +209,22 @@ impl Executor for Scripted {
 
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         // A fallback kernel, run on the host: devices other than the CPU must
-        // be ones a test layer simulates (with host memory underneath).
-        let inner = FallbackExecutor.compile(region, &Context { ..*cx })?;
+        // be ones a test layer simulates (with host memory underneath). A
+        // composite it claimed whole runs through its decomposition.
+        let inner: Arc<dyn Kernel> = if region.ops.iter().any(|&op| cx.trace.op(op).kind.is_composite()) {
+            let whole = cx.trace.extract(&region.ops, &region.inputs, &region.outputs);
+            let plan = partition(
+                &whole,
+                &ExecutorSet::new(vec![Arc::new(FallbackExecutor)]),
+                cx.device,
+                &PartitionOptions::default(),
+            )?;
+            Arc::new(PlanKernel(CompiledPlan::compile(plan)?))
+        } else {
+            Arc::from(FallbackExecutor.compile(region, &Context { ..*cx })?)
+        };
         Ok(Box::new(PlacedKernel {
-            inner: Arc::from(inner),
+            inner,
             device: region.device,
             outputs: region
                 .outputs
@@ -208,7 +235,22 @@ impl Executor for Scripted {
                 })
                 .collect(),
             keep: self.keep.clone(),
+            slow: region
+                .ops
+                .iter()
+                .filter_map(|&op| self.slow.get(cx.trace.op(op).kind.name()))
+                .sum(),
         }))
+    }
+}
+
+/// A compiled plan run as one kernel.
+struct PlanKernel(CompiledPlan);
+
+impl Kernel for PlanKernel {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let inputs: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
+        Ok(self.0.run(&inputs, RunOptions::default())?.outputs)
     }
 }
 
@@ -222,6 +264,8 @@ struct PlacedKernel {
     /// The dtype and shape of each output.
     outputs: Vec<(switchyard_core::DType, Vec<usize>)>,
     keep: Option<Arc<Mutex<Vec<Tensor>>>>,
+    /// Time it spends before computing.
+    slow: Duration,
 }
 
 impl PlacedKernel {
@@ -268,6 +312,11 @@ impl Kernel for PlacedKernel {
         outputs: &mut Vec<Tensor>,
     ) -> Result<()> {
         self.check_inputs(inputs)?;
+        // Busy, as a slow kernel is: a sleep may last much longer.
+        let start = Instant::now();
+        while start.elapsed() < self.slow {
+            std::hint::spin_loop();
+        }
         let inputs: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
         let mut given = given.iter_mut().map(Option::take);
         if !crate::simdevice::simulated(self.device) {

@@ -34,6 +34,7 @@ pub fn fused_planner() -> Planner {
         options: PartitionOptions::default(),
         strategy: Strategy::MinPeak,
         budget: None,
+        autotune: None,
     }
 }
 

@@ -7,6 +7,7 @@
 //! linker keeps their link-time registrations.
 #![deny(missing_docs)]
 
+mod autotune;
 mod bench;
 mod calibrate;
 mod executors;
@@ -100,6 +101,9 @@ enum Command {
     /// Run the ONNX backend node tests in DIR and count pass, fail and
     /// unsupported cases.
     Conformance(onnx::ConformanceArgs),
+    /// Show the autotune cache (measured times of candidate kernels), or
+    /// clear it.
+    Autotune(autotune::AutotuneArgs),
 }
 
 #[derive(clap::Args)]
@@ -341,6 +345,7 @@ fn main() -> ExitCode {
         }),
         Command::Import(args) => onnx::import_command(args),
         Command::Conformance(args) => onnx::conformance_command(args),
+        Command::Autotune(args) => autotune::command(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

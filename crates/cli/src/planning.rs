@@ -36,9 +36,32 @@ pub(crate) struct Planning {
     #[arg(long)]
     allow_tf32: bool,
     #[command(flatten)]
+    pub(crate) autotune: Autotune,
+    #[command(flatten)]
     pub(crate) targeting: Targeting,
     #[command(flatten)]
     pub(crate) model: ModelArgs,
+}
+
+/// Whether to measure the decisions made by cost.
+#[derive(clap::Args)]
+pub(crate) struct Autotune {
+    /// Measure the candidates of each decision made by cost and keep the
+    /// fastest, with the measurements cached on disk: `measure` (the
+    /// default when the flag is given alone), `cached` (measurements already
+    /// in the cache only) or `off`. Replaces the config's `[autotune] mode`.
+    #[arg(long, value_name = "MODE", num_args = 0..=1, default_missing_value = "measure")]
+    autotune: Option<String>,
+}
+
+impl Autotune {
+    /// The mode given, if any.
+    pub(crate) fn mode(&self) -> Result<Option<switchyard_core::autotune::Mode>> {
+        self.autotune
+            .as_deref()
+            .map(|m| m.parse().map_err(|e: String| anyhow::anyhow!("--autotune: {e}")))
+            .transpose()
+    }
 }
 
 /// Where traces run, and the cost model they are planned with.
@@ -134,6 +157,7 @@ impl Planning {
             strategy,
             device,
             plan_only: plan_only && self.targeting.target.is_some(),
+            autotune: self.autotune.mode()?,
         };
         Ok((config.planner(&choices, &plugins)?, names))
     }

@@ -22,6 +22,18 @@ use crate::executor::{Kernel, Numerics, Region};
 use crate::ir::{Attrs, OpKind, Operand, Trace, ValueId};
 use crate::meta::TensorMeta;
 
+/// The directory switchyard keeps caches on disk in (compiled GPU kernels,
+/// autotune measurements): `$SWITCHYARD_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/switchyard`, else `~/.cache/switchyard`; `None` when
+/// none of them is set.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("SWITCHYARD_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("switchyard")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("switchyard")))
+}
+
 /// Where an op of a canonical region reads an operand.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Source {

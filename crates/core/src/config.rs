@@ -27,6 +27,11 @@
 //!
 //! [cost]
 //! profile = "cpu"          # a built-in model (cpu, h100, h200, a100) or a profile file
+//!
+//! [autotune]
+//! mode = "off"             # or "cached" (measurements on disk only), "measure"
+//! max_seconds = 60         # time spent measuring, per process, at most
+//! # dir = "/path"          # default: $SWITCHYARD_CACHE_DIR/autotune
 //! ```
 //!
 //! Adding an executor never means re-listing the defaults: `enable` puts it in
@@ -121,6 +126,31 @@ impl Default for CostConfig {
     }
 }
 
+/// `[autotune]` (see [`crate::autotune`]).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutotuneConfig {
+    /// `off` (the default), `cached` or `measure`.
+    pub mode: crate::autotune::Mode,
+    /// Seconds a process spends measuring, at most; what is left unmeasured
+    /// keeps its estimate.
+    pub max_seconds: f64,
+    /// Where measurements are kept (relative to the config file's
+    /// directory); by default `autotune` in the cache directory
+    /// ([`crate::autotune::default_dir`]).
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for AutotuneConfig {
+    fn default() -> Self {
+        AutotuneConfig {
+            mode: crate::autotune::Mode::Off,
+            max_seconds: 60.0,
+            dir: None,
+        }
+    }
+}
+
 /// A whole config file. Every section is optional.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -164,6 +194,9 @@ pub struct Config {
     /// `[cost]`
     #[serde(default)]
     pub cost: CostConfig,
+    /// `[autotune]`
+    #[serde(default)]
+    pub autotune: AutotuneConfig,
     /// The directory of the file this was read from: relative plugin paths
     /// start there.
     #[serde(skip)]
@@ -190,6 +223,8 @@ pub struct Choices {
     pub device: Option<DeviceModel>,
     /// Plan for a target this machine need not have (`plan --target`).
     pub plan_only: bool,
+    /// The autotune mode (`--autotune`).
+    pub autotune: Option<crate::autotune::Mode>,
 }
 
 impl Config {
@@ -269,7 +304,29 @@ impl Config {
                 None => self.strategy()?,
             },
             budget: self.scheduler.memory_budget.map(|b| b as usize),
+            autotune: self.autotuner(choices.autotune),
         })
+    }
+
+    /// The autotuner of `[autotune]`, in `mode` when one is given; `None`
+    /// when the mode is `off`.
+    pub fn autotuner(
+        &self,
+        mode: Option<crate::autotune::Mode>,
+    ) -> Option<std::sync::Arc<crate::autotune::Autotuner>> {
+        let mode = mode.unwrap_or(self.autotune.mode);
+        if mode == crate::autotune::Mode::Off {
+            return None;
+        }
+        let dir = self.autotune.dir.as_ref().map(|d| match &self.dir {
+            Some(base) if d.is_relative() => base.join(d),
+            _ => d.clone(),
+        });
+        Some(std::sync::Arc::new(crate::autotune::Autotuner::open(
+            mode,
+            self.autotune.max_seconds,
+            dir.as_deref(),
+        )))
     }
 
     /// The scheduling strategy `[scheduler] strategy` names.
@@ -282,6 +339,15 @@ impl Config {
 
     fn check(&self) -> Result<()> {
         self.strategy()?;
+        if !(self.autotune.max_seconds >= 0.0 && self.autotune.max_seconds.is_finite()) {
+            return Err(Error::Config {
+                key: "autotune.max_seconds".into(),
+                message: format!(
+                    "must be a number of seconds, 0 or more, not {}",
+                    self.autotune.max_seconds
+                ),
+            });
+        }
         if self.cache.capacity == 0 {
             return Err(Error::Config {
                 key: "cache.capacity".into(),
@@ -441,6 +507,17 @@ mod tests {
         assert_eq!(c.strategy().unwrap(), crate::schedule::Strategy::Program);
         assert_eq!(c.device_model().unwrap().name, "h200");
         assert_eq!(Config::parse("", "t.toml").unwrap(), Config::default());
+        let a = Config::parse(
+            "[autotune]\nmode = \"measure\"\nmax_seconds = 5\ndir = \"tuned\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            (a.autotune.mode, a.autotune.max_seconds, a.autotune.dir.as_deref()),
+            (crate::autotune::Mode::Measure, 5.0, Some(Path::new("tuned")))
+        );
+        assert_eq!(Config::default().autotune.mode, crate::autotune::Mode::Off);
+        assert!(Config::default().autotuner(None).is_none(), "off by default");
     }
 
     #[test]

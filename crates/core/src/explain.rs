@@ -2,7 +2,7 @@
 //! each op ended and what moved it, and the hints honoured or not. The
 //! partitioner writes it; the passes after it add their notes.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::executor::Claim;
 use crate::hints::{HintOutcome, HintPolicy};
@@ -61,6 +61,83 @@ pub struct Explanation<Op = OpId> {
     /// The policy the plan was made under, for the passes after partitioning.
     #[serde(skip)]
     pub hint_policy: HintPolicy,
+    /// What autotuning measured and decided, when it was on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<AutotuneReport>,
+}
+
+/// One alternative of a decision, with its estimated and measured time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Alternative {
+    /// What it is, e.g. `fallback`, `keep fused`, `split out line 4: ...`.
+    pub name: String,
+    /// Its estimated time, ns.
+    pub estimated_ns: f64,
+    /// Its measured median time, ns, when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_ns: Option<f64>,
+    /// The median absolute deviation of its measurement, ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise_ns: Option<f64>,
+    /// Why it was not measured, when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmeasured: Option<String>,
+}
+
+/// A decision the partitioner made by cost, with autotuning on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TunedDecision {
+    /// What was decided, e.g. `the operator executor of line 7: ...`.
+    pub what: String,
+    /// Its alternatives.
+    pub alternatives: Vec<Alternative>,
+    /// The alternative the estimates chose.
+    pub by_estimate: usize,
+    /// The fastest measured alternative, when every one was measured.
+    pub by_measurement: Option<usize>,
+    /// The alternative taken.
+    pub chosen: usize,
+    /// Why, in words.
+    pub why: String,
+    /// How many places in the trace made this very decision (identical
+    /// layers make it once each).
+    pub count: usize,
+    /// Its identity: a hash of its alternatives' structural keys.
+    #[serde(skip, default)]
+    pub key: String,
+}
+
+impl TunedDecision {
+    /// Whether measurement overruled the estimate.
+    pub fn overruled(&self) -> bool {
+        self.chosen != self.by_estimate
+    }
+}
+
+/// What autotuning did for one plan.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AutotuneReport {
+    /// `cached` or `measure`.
+    pub mode: String,
+    /// Candidates measured for this plan.
+    pub measured: usize,
+    /// Candidates whose time was known already (from the cache file, or an
+    /// identical region measured before).
+    pub reused: usize,
+    /// Candidates left with their estimates (not in the cache, the budget
+    /// spent, or they could not be run).
+    pub unmeasured: usize,
+    /// Seconds spent measuring for this plan.
+    pub seconds: f64,
+    /// The cache file, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// What went wrong with the cache file (it could not be read, or
+    /// written).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Every decision, in the order made.
+    pub decisions: Vec<TunedDecision>,
 }
 
 impl<Op> Default for Explanation<Op> {
@@ -74,6 +151,7 @@ impl<Op> Default for Explanation<Op> {
             rounds: 0,
             warnings: Vec::new(),
             hint_policy: HintPolicy::default(),
+            autotune: None,
         }
     }
 }
@@ -102,6 +180,7 @@ impl Explanation {
             rounds: self.rounds,
             warnings: self.warnings.clone(),
             hint_policy: self.hint_policy,
+            autotune: self.autotune.clone(),
         }
     }
 }

@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod arena;
+pub mod autotune;
 pub mod buffer;
 pub mod cache;
 pub mod config;
@@ -52,6 +53,7 @@ pub mod report;
 pub mod rng;
 pub mod runtime;
 pub mod schedule;
+pub mod stats;
 pub mod tensor;
 pub mod text;
 pub mod threads;

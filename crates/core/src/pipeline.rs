@@ -2,14 +2,23 @@
 //! to memory, compile. A plugin's kernel that fails to compile does not fail
 //! the whole: the plugin is set aside, the trace planned again without it,
 //! and its regions go to the next executor.
+//!
+//! With autotuning, a plan that measurement made too big for the memory
+//! budget is planned again with its measured winners refused, the last
+//! first, until it fits: a measured choice is held to the budget as the
+//! estimated one is.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::autotune::{Autotuner, Mode};
 use crate::cache::KernelCache;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::ExecutorSet;
 use crate::fit::fit;
 use crate::ir::Trace;
-use crate::partition::{PartitionOptions, partition};
+use crate::partition::{PartitionOptions, Tune, partition, partition_tuned};
 use crate::plan::Plan;
 use crate::runtime::CompiledPlan;
 use crate::schedule::Strategy;
@@ -28,16 +37,66 @@ pub struct Planner {
     pub strategy: Strategy,
     /// Bytes the plan may peak at.
     pub budget: Option<usize>,
+    /// Measured times for the decisions made by cost (see
+    /// [`crate::autotune`]); `None`, or a tuner in [`Mode::Off`], plans by
+    /// estimate alone.
+    pub autotune: Option<Arc<Autotuner>>,
 }
+
+/// Plans made again with measured winners refused, at most: past it, all of
+/// them are.
+const REFUSALS: usize = 16;
 
 impl Planner {
     /// Partitions `trace`, then schedules and fits it to memory.
     pub fn plan(&self, trace: &Trace) -> Result<Plan> {
-        fit(
-            partition(trace, &self.set, &self.device, &self.options)?,
-            self.strategy,
-            self.budget,
-        )
+        let tuner = match &self.autotune {
+            Some(t) if t.mode() != Mode::Off => t,
+            _ => {
+                return fit(
+                    partition(trace, &self.set, &self.device, &self.options)?,
+                    self.strategy,
+                    self.budget,
+                );
+            }
+        };
+        let mut refused = HashSet::new();
+        let result = loop {
+            let tune = Tune {
+                tuner,
+                refused: &refused,
+            };
+            let plan = partition_tuned(trace.clone(), &self.set, &self.device, &self.options, Some(tune))?;
+            let overruled: Vec<String> = plan
+                .explanation
+                .autotune
+                .iter()
+                .flat_map(|a| {
+                    a.decisions
+                        .iter()
+                        .filter(|d| d.overruled())
+                        .map(|d| d.key.clone())
+                })
+                .collect();
+            match fit(plan, self.strategy, self.budget) {
+                Err(Error::OverBudget { .. }) if !overruled.is_empty() => {
+                    if refused.len() < REFUSALS {
+                        refused.insert(overruled[overruled.len() - 1].clone());
+                    } else {
+                        refused.extend(overruled);
+                    }
+                }
+                r => break r,
+            }
+        };
+        if let Ok(n) = tuner.save() {
+            tracing::debug!(entries = n, "autotune cache saved");
+        }
+        let mut plan = result?;
+        if let Some(a) = &mut plan.explanation.autotune {
+            a.warnings = tuner.warnings();
+        }
+        Ok(plan)
     }
 
     /// Plans and compiles `trace`. When a kernel of one of the executors

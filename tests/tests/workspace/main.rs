@@ -5,6 +5,7 @@
 //! disk. Run one concern with a filter, e.g.
 //! `cargo test -p switchyard-tests --test workspace cache::`.
 
+mod autotune;
 mod cache;
 mod composites;
 mod cuda;

@@ -16,6 +16,7 @@ use switchyard_core::cache::KernelCache;
 use switchyard_core::io::random_inputs;
 use switchyard_core::pipeline::Planner;
 use switchyard_core::runtime::{CompiledPlan, RunOptions, RunResult};
+use switchyard_core::stats::Stats;
 use switchyard_core::text;
 
 /// The result file's format.
@@ -102,52 +103,6 @@ pub fn suite(name: &str) -> Result<Vec<(String, Trace)>> {
         .collect()
 }
 
-/// Median, extremes and median absolute deviation of per-run times (ns).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Stats {
-    /// Median.
-    pub median_ns: f64,
-    /// Fastest sample.
-    pub min_ns: f64,
-    /// Slowest sample.
-    pub max_ns: f64,
-    /// Median absolute deviation from the median.
-    pub mad_ns: f64,
-}
-
-impl Stats {
-    /// The statistics of `samples` (not empty).
-    pub fn of(samples: &[f64]) -> Stats {
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            let n = v.len();
-            if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            }
-        };
-        let mut s = samples.to_vec();
-        let m = median(&mut s);
-        let mut dev: Vec<f64> = samples.iter().map(|x| (x - m).abs()).collect();
-        Stats {
-            median_ns: m,
-            min_ns: s[0],
-            max_ns: s[s.len() - 1],
-            mad_ns: median(&mut dev),
-        }
-    }
-
-    /// The spread relative to the median.
-    pub fn noise(&self) -> f64 {
-        if self.median_ns > 0.0 {
-            self.mad_ns / self.median_ns
-        } else {
-            0.0
-        }
-    }
-}
-
 /// One workload on one executor set.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measurement {
@@ -183,6 +138,9 @@ pub struct Measurement {
     /// Median time relative to the first set's on the same workload (below
     /// 1 is faster).
     pub ratio: f64,
+    /// What autotuning measured and decided for the plan, when it was on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<switchyard_core::explain::AutotuneReport>,
 }
 
 /// A `switchyard bench --json` file.
@@ -271,6 +229,7 @@ pub fn measure(
         plan_ns,
         compile_ns: compiled.compile_ns(),
         ratio: 1.0,
+        autotune: compiled.plan().explanation.autotune.clone(),
     })
 }
 
@@ -453,6 +412,7 @@ mod tests {
                     plan_ns: 0,
                     compile_ns: 0,
                     ratio: 1.0,
+                    autotune: None,
                 })
                 .collect(),
         }
@@ -470,16 +430,6 @@ mod tests {
                 m * (1.0 + jitter * (2.0 * u - 1.0))
             })
             .collect()
-    }
-
-    #[test]
-    fn statistics_are_median_extremes_and_mad() {
-        let s = Stats::of(&[5.0, 1.0, 3.0, 2.0, 100.0]);
-        assert_eq!(
-            (s.median_ns, s.min_ns, s.max_ns, s.mad_ns),
-            (3.0, 1.0, 100.0, 2.0)
-        );
-        assert_eq!(Stats::of(&[1.0, 3.0]).median_ns, 2.0);
     }
 
     #[test]

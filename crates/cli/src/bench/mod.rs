@@ -16,7 +16,7 @@ use switchyard_core::runtime::RunOptions;
 use switchyard_core::text;
 
 use crate::model::{self, ModelArgs};
-use crate::planning::{Targeting, load_config, load_plugins};
+use crate::planning::{Autotune, Targeting, load_config, load_plugins};
 
 pub(crate) mod measure;
 
@@ -68,6 +68,8 @@ pub(crate) struct BenchArgs {
     /// kernel. For comparison.
     #[arg(long)]
     no_graphs: bool,
+    #[command(flatten)]
+    autotune: Autotune,
     #[command(flatten)]
     targeting: Targeting,
     #[command(flatten)]
@@ -156,6 +158,8 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
     let opts = config.partition_options();
     let strategy = config.strategy()?;
     let budget = config.scheduler.memory_budget.map(|b| b as usize);
+    // One tuner for every set: what one set measured, another reuses.
+    let autotune = config.autotuner(args.autotune.mode()?);
     let bar = indicatif::ProgressBar::new((workloads.len() * sets.len()) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
@@ -170,6 +174,7 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
                 options: opts.clone(),
                 strategy,
                 budget,
+                autotune: autotune.clone(),
             };
             let inputs = weights.get(w).map(Vec::as_slice);
             let run = RunOptions {
@@ -325,5 +330,22 @@ fn print_bench(r: &measure::Report) {
             human_ns(m.plan_ns as f64),
             human_ns(m.compile_ns as f64)
         );
+    }
+    // The plan time above includes the measuring.
+    let tuned: Vec<_> = r
+        .results
+        .iter()
+        .filter_map(|m| Some((m, m.autotune.as_ref()?)))
+        .collect();
+    if !tuned.is_empty() {
+        println!();
+        for (m, a) in tuned {
+            println!(
+                "{} on {}: {}",
+                m.workload,
+                m.set,
+                switchyard_core::report::autotune_summary(a)
+            );
+        }
     }
 }

@@ -817,3 +817,112 @@ fn a_closed_output_pipe_ends_the_command_quietly() {
 fn libc_sigpipe() -> i32 {
     13
 }
+
+#[test]
+fn a_second_process_reuses_the_autotune_cache_and_plans_the_same() {
+    let cache = scratch("autotune-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let plan = |mode: &str| -> serde_json::Value {
+        let out = bin()
+            .env("SWITCHYARD_CACHE_DIR", &cache)
+            .arg("plan")
+            .arg(example("transformer_block.trace"))
+            .args([&format!("--autotune={mode}"), "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_str(&ok(out)).unwrap()
+    };
+    let regions = |v: &serde_json::Value| -> Vec<(String, Vec<String>)> {
+        v["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let ops = r["ops"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|o| o.to_string())
+                    .collect();
+                (r["executor"].to_string(), ops)
+            })
+            .collect()
+    };
+    let first = plan("measure");
+    let measured = first["autotune"]["measured"].as_u64().unwrap();
+    assert!(measured > 0, "{}", first["autotune"]);
+    for mode in ["measure", "cached"] {
+        let again = plan(mode);
+        let a = &again["autotune"];
+        assert_eq!(
+            (a["measured"].as_u64(), a["unmeasured"].as_u64()),
+            (Some(0), Some(0)),
+            "{a}"
+        );
+        assert_eq!(regions(&again), regions(&first));
+        assert_eq!(a["decisions"], first["autotune"]["decisions"]);
+    }
+    // The cache lists what was measured, and clears.
+    let listing = ok(bin()
+        .env("SWITCHYARD_CACHE_DIR", &cache)
+        .arg("autotune")
+        .output()
+        .unwrap());
+    assert!(
+        listing.contains(&format!("{measured} measurement(s)")),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("fuser") && listing.contains("fallback"),
+        "{listing}"
+    );
+    let cleared = ok(bin()
+        .env("SWITCHYARD_CACHE_DIR", &cache)
+        .args(["autotune", "--clear"])
+        .output()
+        .unwrap());
+    assert!(cleared.contains("removed"), "{cleared}");
+    // Without the cache, `cached` measures nothing and the estimates decide:
+    // the plan without autotuning.
+    let cached = plan("cached");
+    assert_eq!(cached["autotune"]["measured"].as_u64(), Some(0));
+    let plain: serde_json::Value =
+        serde_json::from_str(&ok(sw!("plan", example("transformer_block.trace"), "--json"))).unwrap();
+    assert_eq!(regions(&cached), regions(&plain));
+    assert!(plain.get("autotune").is_none());
+    // A corrupt cache is ignored, with a warning, and replaced.
+    std::fs::create_dir_all(cache.join("autotune")).unwrap();
+    std::fs::write(cache.join("autotune/measurements.json"), "{ not json").unwrap();
+    let out = ok(bin()
+        .env("SWITCHYARD_CACHE_DIR", &cache)
+        .arg("run")
+        .arg(example("tiny.trace"))
+        .arg("--autotune")
+        .output()
+        .unwrap());
+    assert!(out.contains("warning: ignoring the autotune cache"), "{out}");
+    assert!(out.contains("autotune (measure):"), "{out}");
+    let listing = ok(bin()
+        .env("SWITCHYARD_CACHE_DIR", &cache)
+        .arg("autotune")
+        .output()
+        .unwrap());
+    assert!(!listing.contains(" 0 measurement(s)"), "{listing}");
+    std::fs::remove_dir_all(&cache).ok();
+}
+
+#[test]
+fn autotune_modes_and_budgets_are_checked() {
+    let e = fails(sw!("plan", example("tiny.trace"), "--autotune=always"));
+    assert!(
+        e.contains("--autotune: unknown autotune mode `always` (known: off, cached, measure)"),
+        "{e}"
+    );
+    let config = scratch("autotune-bad.toml");
+    std::fs::write(&config, "[autotune]\nmax_seconds = -1\n").unwrap();
+    let e = fails(sw!("plan", example("tiny.trace"), "--config", &config));
+    assert!(e.contains("autotune.max_seconds"), "{e}");
+    std::fs::write(&config, "[autotune]\nmode = \"sometimes\"\n").unwrap();
+    let e = fails(sw!("plan", example("tiny.trace"), "--config", &config));
+    assert!(e.contains("mode = \"sometimes\""), "{e}");
+}

@@ -1,5 +1,7 @@
 //! Lowering: composites that no executor claims whole are decomposed, round
-//! by round (a decomposition may emit other composites).
+//! by round (a decomposition may emit other composites). With autotuning, a
+//! composite claimed whole is decomposed too where its decomposition
+//! measures faster.
 
 use std::collections::HashSet;
 
@@ -7,16 +9,21 @@ use crate::cost::DeviceModel;
 use crate::error::Result;
 use crate::executor::{Context, ExecutorSet};
 use crate::explain::Explanation;
+use crate::hints::Hints;
 use crate::ir::{Trace, decompose_round};
 
-use super::state::Exec;
+use super::PartitionOptions;
+use super::state::{Exec, Tuning};
 
-/// Decomposes, round by round, the composites that no available executor claims whole.
+/// Decomposes, round by round, the composites that no available executor
+/// claims whole, and with `tuning` those whose decomposition measures faster.
 pub(super) fn lower(
     trace: Trace,
     set: &ExecutorSet,
     device: &DeviceModel,
     execs: &[Exec],
+    opts: &PartitionOptions,
+    mut tuning: Option<&mut Tuning>,
     ex: &mut Explanation,
 ) -> Result<Trace> {
     let mut current = trace;
@@ -26,12 +33,14 @@ pub(super) fn lower(
             return Ok(current);
         }
         let uses = current.uses();
+        // A hint that places a composite outranks a measurement.
+        let hints = tuning.is_some().then(|| Hints::of_trace(&current));
         let mut decompose = HashSet::new();
         for (id, op) in current.ops_with_ids() {
             if !op.kind.is_composite() {
                 continue;
             }
-            let whole = execs.iter().find(|e| {
+            let whole = execs.iter().find_map(|e| {
                 let cx = Context {
                     trace: &current,
                     device,
@@ -40,17 +49,34 @@ pub(super) fn lower(
                     numerics: set.numerics,
                     prepared: &e.prepared,
                 };
-                e.claim(&*set.executors[e.set_index], id, &cx).cost().is_some()
+                e.claim(&*set.executors[e.set_index], id, &cx)
+                    .cost()
+                    .map(|c| (e, c))
             });
-            match whole {
-                Some(e) => {
+            let hinted = hints.as_ref().is_some_and(|h| h[id.index()].executor.is_some());
+            let measured_apart = match (whole, tuning.as_deref_mut()) {
+                (Some((e, cost)), Some(t)) if !hinted => {
+                    t.decompose(&current, &uses, id, e, cost, set, device, opts)
+                }
+                _ => None,
+            };
+            match (whole, measured_apart) {
+                (Some((e, _)), Some(why)) => {
+                    ex.decomposed.push(format!(
+                        "{}: claimed whole by {}, but decomposed by autotune ({why})",
+                        current.describe_op(id),
+                        e.name
+                    ));
+                    decompose.insert(id);
+                }
+                (Some((e, _)), None) => {
                     // Asked again each round while other composites lower.
                     let kept = format!("{}: claimed whole by {}", current.describe_op(id), e.name);
                     if !ex.kept_whole.contains(&kept) {
                         ex.kept_whole.push(kept);
                     }
                 }
-                None => {
+                (None, _) => {
                     ex.decomposed.push(format!(
                         "{}: no enabled executor claims `{}` whole",
                         current.describe_op(id),

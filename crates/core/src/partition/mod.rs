@@ -41,6 +41,9 @@ mod hints;
 mod lower;
 mod reconsider;
 mod state;
+mod tune;
+
+pub use state::Tune;
 
 use cluster::Regions;
 use state::State;
@@ -89,16 +92,42 @@ pub fn partition_owned(
     device: &DeviceModel,
     opts: &PartitionOptions,
 ) -> Result<Plan> {
+    partition_tuned(trace, set, device, opts, None)
+}
+
+/// [`partition_owned`], with the decisions made by cost measured where
+/// `tune` is given (see [`crate::autotune`]); the plan's explanation then
+/// carries what was measured and decided.
+pub fn partition_tuned(
+    trace: Trace,
+    set: &ExecutorSet,
+    device: &DeviceModel,
+    opts: &PartitionOptions,
+    tune: Option<Tune>,
+) -> Result<Plan> {
     let t0 = Instant::now();
     let mut explanation = Explanation::default();
     let prepared = state::prepare(set)?;
     let execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
-    let trace = lower::lower(trace, set, device, &execs, &mut explanation)?;
+    let mut tuning = tune.map(state::Tuning::new);
+    let trace = lower::lower(
+        trace,
+        set,
+        device,
+        &execs,
+        opts,
+        tuning.as_mut(),
+        &mut explanation,
+    )?;
     // The trace is final from here on, through fitting and compiling: what
     // hooks keep per region is kept for it.
     let prepared: Vec<_> = prepared.iter().map(|p| p.for_trace(&trace)).collect();
     let mut state = State::new(trace, set, device, execs, prepared, opts.hint_policy, explanation);
     state.gather_groups();
+    if tuning.is_some() {
+        state.tuning = tuning;
+        state.tune_operators();
+    }
     let t_claims = t0.elapsed();
     let mut rounds = 0;
     let regions = loop {
@@ -176,6 +205,7 @@ impl State<'_> {
         explanation.ops = explained;
         explanation.rounds = rounds;
         explanation.hint_policy = self.policy;
+        explanation.autotune = self.tuning.map(state::Tuning::finish);
         Plan {
             trace: self.trace,
             executors: self.set.executors.clone(),

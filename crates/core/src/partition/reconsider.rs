@@ -13,11 +13,69 @@ use super::cluster::Regions;
 use super::state::{ExecId, State};
 
 /// What beats keeping a fusion region whole.
-enum Move {
-    /// Splitting `op` out to its best operator executor.
-    Split { op: OpId, fused: f64, cost: f64 },
+pub(super) enum Move {
+    /// Splitting `op` out to its best operator executor; the times are
+    /// estimates unless `measured`.
+    Split {
+        op: OpId,
+        fused: f64,
+        cost: f64,
+        measured: bool,
+    },
     /// Every op on its best operator executor.
-    Dissolve { fused: f64, apart: f64 },
+    Dissolve { fused: f64, apart: f64, measured: bool },
+}
+
+/// The alternatives to keeping a fusion region whole, by estimate.
+pub(super) struct Alternatives {
+    /// Every op on its best operator executor, when each has one.
+    pub(super) apart: Option<f64>,
+    /// Each op the fuser prices above its best operator executor, split out.
+    pub(super) splits: Vec<Split>,
+}
+
+/// One op split out of a fusion region: the cost of the pieces left plus
+/// the op on its best operator executor.
+pub(super) struct Split {
+    pub(super) op: OpId,
+    pub(super) cost: f64,
+}
+
+impl Alternatives {
+    /// What the estimates choose over keeping the region (`fused`), if
+    /// anything: the cheaper of dissolving and the cheapest split (the
+    /// first of equals; a split over dissolving at equal cost), when it
+    /// costs less than `fused`.
+    pub(super) fn by_estimate(&self, fused: f64) -> Option<Move> {
+        let mut split: Option<&Split> = None;
+        for s in &self.splits {
+            if split.is_none_or(|b| s.cost < b.cost) {
+                split = Some(s);
+            }
+        }
+        let best_other = match (self.apart, split) {
+            (Some(a), Some(s)) => a.min(s.cost),
+            (Some(a), None) => a,
+            (None, Some(s)) => s.cost,
+            (None, None) => return None,
+        };
+        if best_other >= fused {
+            return None;
+        }
+        Some(match split {
+            Some(s) if self.apart.is_none_or(|a| s.cost <= a) => Move::Split {
+                op: s.op,
+                fused,
+                cost: s.cost,
+                measured: false,
+            },
+            _ => Move::Dissolve {
+                fused,
+                apart: self.apart.unwrap_or(f64::INFINITY),
+                measured: false,
+            },
+        })
+    }
 }
 
 impl State<'_> {
@@ -54,21 +112,39 @@ impl State<'_> {
                 continue;
             }
             let fused = self.region_cost(*k, ops);
-            let Some(m) = self.better_than_fused(*k, ops, fused) else {
+            let alternatives = self.alternatives(*k, ops);
+            let by_estimate = alternatives.by_estimate(fused);
+            let chosen = match self.tuning.is_some() {
+                true => self.tuned_move(*k, ops, fused, &alternatives, by_estimate),
+                false => by_estimate,
+            };
+            let Some(m) = chosen else {
                 continue;
             };
             let (n, name) = (ops.len(), self.exec(*k).name.clone());
+            let basis = |measured: bool| if measured { " (measured)" } else { "" };
             match m {
-                Move::Split { op, fused, cost } => {
+                Move::Split {
+                    op,
+                    fused,
+                    cost,
+                    measured,
+                } => {
                     let note = format!(
-                        "split out of a {n}-op region on {name}: fused {fused:.0} ns, split {cost:.0} ns"
+                        "split out of a {n}-op region on {name}: fused {fused:.0} ns, split {cost:.0} ns{}",
+                        basis(measured)
                     );
                     self.ban(op, *k, note);
                 }
-                Move::Dissolve { fused, apart } => {
+                Move::Dissolve {
+                    fused,
+                    apart,
+                    measured,
+                } => {
                     for &op in ops {
                         let note = format!(
-                            "region of {n} ops dissolved: fused on {name} {fused:.0} ns, apart {apart:.0} ns"
+                            "region of {n} ops dissolved: fused on {name} {fused:.0} ns, apart {apart:.0} ns{}",
+                            basis(measured)
                         );
                         self.ban(op, *k, note);
                     }
@@ -79,16 +155,15 @@ impl State<'_> {
         changed
     }
 
-    /// The cheapest of dissolving the region of `ops` on `k` (every op on its
-    /// best operator executor) and splitting out one op the fuser prices
-    /// above its alternative, if it is cheaper than keeping the region
-    /// (`fused`).
-    fn better_than_fused(&self, k: ExecId, ops: &[OpId], fused: f64) -> Option<Move> {
+    /// The alternatives to keeping the region of `ops` on `k` whole:
+    /// dissolving it (every op on its best operator executor), and splitting
+    /// out each op the fuser prices above its alternative.
+    pub(super) fn alternatives(&self, k: ExecId, ops: &[OpId]) -> Alternatives {
         crate::work::add(ops.len());
         let exec = self.executor(k);
         let cx = self.cx(k);
         let apart: Option<f64> = ops.iter().map(|&op| self.best_operator(op).map(|(_, c)| c)).sum();
-        let mut split: Option<(OpId, f64)> = None;
+        let mut splits = Vec::new();
         for &v in ops {
             let Some(mine) = self.op(v).claims[k.0].cost() else {
                 continue;
@@ -99,29 +174,17 @@ impl State<'_> {
             if mine <= alone {
                 continue;
             }
-            let horizontal = self.exec(k).horizontal;
-            let pieces = split_pieces(&self.trace, ops, v, &self.uses.consumers, horizontal);
+            let pieces = self.pieces_without(k, ops, v);
             let cost: f64 = pieces.iter().map(|p| exec.cost(p, &cx)).sum::<f64>() + alone;
-            if split.is_none_or(|(_, s)| cost < s) {
-                split = Some((v, cost));
-            }
+            splits.push(Split { op: v, cost });
         }
-        let best_other = match (apart, split) {
-            (Some(a), Some((_, s))) => a.min(s),
-            (Some(a), None) => a,
-            (None, Some((_, s))) => s,
-            (None, None) => return None,
-        };
-        if best_other >= fused {
-            return None;
-        }
-        Some(match split {
-            Some((op, cost)) if apart.is_none_or(|a| cost <= a) => Move::Split { op, fused, cost },
-            _ => Move::Dissolve {
-                fused,
-                apart: apart.unwrap_or(f64::INFINITY),
-            },
-        })
+        Alternatives { apart, splits }
+    }
+
+    /// The regions `ops` on `k` fall into once `op` leaves them.
+    pub(super) fn pieces_without(&self, k: ExecId, ops: &[OpId], op: OpId) -> Vec<Vec<OpId>> {
+        let horizontal = self.exec(k).horizontal;
+        split_pieces(&self.trace, ops, op, &self.uses.consumers, horizontal)
     }
 
     /// Moves the ops of every fusion region past its executor's fuel to their

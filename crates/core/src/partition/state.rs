@@ -2,6 +2,10 @@
 //! the claims, bans, notes and hints that the phases read and write.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use crate::autotune::{Autotuner, Timing};
+use crate::explain::AutotuneReport;
 
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
@@ -72,6 +76,9 @@ pub(super) struct OpState {
     pub(super) pinned: bool,
     /// The hint group it was placed with this round.
     pub(super) group: Option<usize>,
+    /// Its operator executor as measured, when autotuning chose one
+    /// ([`State::tune_operators`]).
+    pub(super) operator: Option<ExecId>,
 }
 
 impl OpState {
@@ -92,6 +99,38 @@ pub(super) struct Group {
     /// Why it cannot be placed (under `prefer`; then its ops are placed as
     /// if ungrouped).
     pub(super) failed: Option<String>,
+}
+
+/// What a partition is autotuned with.
+#[derive(Clone, Copy, Debug)]
+pub struct Tune<'a> {
+    /// The measurements, and the means to make more.
+    pub tuner: &'a Autotuner,
+    /// Decisions (by [`TunedDecision::key`]) whose measured winner is
+    /// refused: the estimate's choice stands.
+    pub refused: &'a HashSet<String>,
+}
+
+/// The time of one candidate region, or why there is none, under its key.
+#[derive(Clone, Debug)]
+pub(super) struct Timed {
+    pub(super) key: String,
+    pub(super) time: Result<Timing, String>,
+}
+
+/// A partition's measurements and measured decisions.
+pub(super) struct Tuning<'a> {
+    pub(super) tune: Tune<'a>,
+    /// Each (executor, region) asked.
+    pub(super) times: HashMap<(ExecId, Vec<OpId>), Timed>,
+    pub(super) report: AutotuneReport,
+    /// Where each decision is in the report, by key, choice and estimate.
+    pub(super) recorded: HashMap<(String, usize, usize), usize>,
+    /// The places each recorded decision was made at (a region kept from
+    /// one round to the next is decided again, and counted once).
+    pub(super) counted: HashSet<(String, u64)>,
+    /// The tuner's time spent measuring when partitioning began.
+    pub(super) spent_before: Duration,
 }
 
 /// The partitioner's state, from the lowered trace to the final regions.
@@ -116,6 +155,8 @@ pub(super) struct State<'a> {
     pub(super) prepared: Vec<Prepared>,
     pub(super) policy: HintPolicy,
     pub(super) explanation: Explanation,
+    /// Measurements and measured decisions, when autotuning.
+    pub(super) tuning: Option<Tuning<'a>>,
 }
 
 impl<'a> State<'a> {
@@ -149,6 +190,7 @@ impl<'a> State<'a> {
             prepared,
             policy,
             explanation,
+            tuning: None,
         };
         crate::work::add(state.trace.ops.len() * state.execs.len());
         let claims: Vec<Vec<Claim>> = state
@@ -169,6 +211,7 @@ impl<'a> State<'a> {
                 exec: ExecId(0),
                 pinned: false,
                 group: None,
+                operator: None,
             })
             .collect();
         state
@@ -226,9 +269,23 @@ impl<'a> State<'a> {
         o.notes.push(note);
     }
 
-    /// The cheapest operator executor that accepts `op` and has not been
-    /// banned from it, with its cost.
+    /// The operator executor for `op`, with its estimated cost: the one
+    /// autotuning chose, else the cheapest by estimate
+    /// ([`State::cheapest_operator`]).
     pub(super) fn best_operator(&self, op: OpId) -> Option<(ExecId, f64)> {
+        let o = self.op(op);
+        if let Some(k) = o.operator
+            && !o.banned[k.0]
+            && let Some(c) = o.claims[k.0].cost()
+        {
+            return Some((k, c));
+        }
+        self.cheapest_operator(op)
+    }
+
+    /// The cheapest operator executor that accepts `op` and has not been
+    /// banned from it, by estimate, with its cost.
+    pub(super) fn cheapest_operator(&self, op: OpId) -> Option<(ExecId, f64)> {
         let o = self.op(op);
         let mut best: Option<(ExecId, f64)> = None;
         for k in self.all_ids() {

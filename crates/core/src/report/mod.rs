@@ -8,10 +8,12 @@ use crate::explain::Explanation;
 use crate::hints::HintOutcome;
 use crate::memory::StepMemory;
 
+mod autotune;
 mod draw;
 mod plan;
 mod run;
 
+pub use autotune::{autotune_decisions, autotune_summary};
 pub use draw::{memory_timeline_svg, plan_dot};
 pub use plan::{memory_report, plan_report, region_reports, render_plan};
 pub use run::render_run;
@@ -111,6 +113,9 @@ pub struct RunReport {
     /// What the last run did about the device graph, for plans on a device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph: Option<crate::graph::GraphUse>,
+    /// What autotuning measured and decided, when it was on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<crate::explain::AutotuneReport>,
 }
 
 /// `switchyard plan --json`.
@@ -140,6 +145,9 @@ pub struct PlanReport {
     /// Why each op went where it did (with `--explain`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<Explanation<String>>,
+    /// What autotuning measured and decided, when it was on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<crate::explain::AutotuneReport>,
 }
 
 /// Live bytes over a plan's schedule.

@@ -2,8 +2,11 @@
 
 use crate::plan::Plan;
 
+use crate::explain::Explanation;
+
 use super::{
-    CacheReport, LiveTensor, MemoryReport, OpHintReport, PlanReport, RegionReport, hints_text, human_ns,
+    CacheReport, LiveTensor, MemoryReport, OpHintReport, PlanReport, RegionReport, autotune_decisions,
+    autotune_summary, hints_text, human_ns,
 };
 
 /// The timeline of `plan`, for reports.
@@ -66,7 +69,12 @@ pub fn plan_report(plan: &Plan, explain: bool) -> PlanReport {
         timeline: memory_report(plan),
         arena_bytes: plan.arena().1,
         warnings: plan.explanation.warnings.clone(),
-        explanation: explain.then(|| plan.explanation.described(&plan.trace)),
+        explanation: explain.then(|| Explanation {
+            // Once, at the top.
+            autotune: None,
+            ..plan.explanation.described(&plan.trace)
+        }),
+        autotune: plan.explanation.autotune.clone(),
     }
 }
 
@@ -130,8 +138,15 @@ pub fn render_plan(plan: &Plan, explain: bool) -> String {
     for (name, why) in &plan.explanation.assumed_available {
         let _ = writeln!(s, "note: planned with {name}, which this machine lacks: {why}");
     }
+    if let Some(a) = &plan.explanation.autotune {
+        let _ = writeln!(s, "{}", autotune_summary(a));
+    }
     if !explain {
         return s;
+    }
+    if let Some(a) = &plan.explanation.autotune {
+        let _ = writeln!(s, "\nautotune decisions:");
+        s.push_str(&autotune_decisions(a));
     }
     let ex = &plan.explanation;
     let _ = writeln!(s, "\nexplanation ({} round(s) of region forming):", ex.rounds);

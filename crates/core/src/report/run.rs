@@ -4,7 +4,10 @@ use std::fmt::Write;
 
 use crate::runtime::{CompiledPlan, RunResult};
 
-use super::{CacheReport, OutputReport, RunReport, human_bytes, human_ns, memory_report, region_reports};
+use super::{
+    CacheReport, OutputReport, RunReport, autotune_summary, human_bytes, human_ns, memory_report,
+    region_reports,
+};
 
 /// The median of `v` (0 when empty).
 fn median(v: &[u64]) -> u64 {
@@ -62,6 +65,7 @@ impl RunReport {
             arena_bytes: last.arena_bytes,
             devices: last.devices.clone(),
             graph: (!last.devices.is_empty()).then(|| last.graph.clone()),
+            autotune: plan.explanation.autotune.clone(),
         }
     }
 }
@@ -137,6 +141,9 @@ pub fn render_run(r: &RunReport, trace: &str, previews: &[String]) -> String {
     }
     if let Some(graph) = &r.graph {
         let _ = writeln!(s, "device graph: {graph}");
+    }
+    if let Some(a) = &r.autotune {
+        let _ = writeln!(s, "{}", autotune_summary(a));
     }
     for d in &r.devices {
         let _ = writeln!(

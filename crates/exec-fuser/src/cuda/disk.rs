@@ -55,15 +55,12 @@ impl DiskCache {
         DiskCache { dir: dir.into() }
     }
 
-    /// The default place: `$SWITCHYARD_CACHE_DIR/cuda`, else
-    /// `$XDG_CACHE_HOME/switchyard/cuda`, else `~/.cache/switchyard/cuda`;
+    /// The default place: `cuda` in the cache directory
+    /// ([`switchyard_core::cache::cache_dir`]: `$SWITCHYARD_CACHE_DIR`,
+    /// else `$XDG_CACHE_HOME/switchyard`, else `~/.cache/switchyard`);
     /// `None` when none of them is set.
     pub fn default_location() -> Option<DiskCache> {
-        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let root = var("SWITCHYARD_CACHE_DIR")
-            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("switchyard")))
-            .or_else(|| var("HOME").map(|d| d.join(".cache").join("switchyard")))?;
-        Some(DiskCache::at(root.join("cuda")))
+        Some(DiskCache::at(switchyard_core::cache::cache_dir()?.join("cuda")))
     }
 
     /// The directory.

@@ -1,0 +1,190 @@
+//! Timing a candidate: a region compiled by one executor, or a small plan,
+//! run on random inputs laid out as the trace lays them out, warmed up, then
+//! timed in samples of several runs each.
+//!
+//! The time of a run is the sum of its regions' times as the runtime
+//! profiles them (each kernel call with its device work synchronised), not
+//! the whole call: a candidate of many regions is not charged the runtime's
+//! own bookkeeping once per measurement.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cost::DeviceModel;
+use crate::executor::{Context, Executor, Numerics, Prepared, Region};
+use crate::explain::Explanation;
+use crate::io::random_tensor;
+use crate::ir::{OpId, Trace, Uses};
+use crate::meta::{TensorMeta, is_contiguous};
+use crate::plan::Plan;
+use crate::runtime::{CompiledPlan, RunOptions};
+use crate::stats::Stats;
+use crate::tensor::Tensor;
+
+/// Samples taken of each candidate, at most.
+const SAMPLES: usize = 9;
+/// How long one sample lasts at least (it runs the candidate enough times).
+const SAMPLE: Duration = Duration::from_millis(1);
+/// How long warming up takes at least (and runs, at least): long enough
+/// for the first runs' page faults and thread wake-ups to pass.
+const WARM_UP: Duration = Duration::from_millis(5);
+const WARM_UP_RUNS: u32 = 3;
+/// Samples taken however slow the candidate, so that the noise is known.
+const MIN_SAMPLES: usize = 5;
+
+/// A candidate's time: per-run statistics, and the runs they came from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timing {
+    /// Per-run time over the samples.
+    pub stats: Stats,
+    /// Runs timed.
+    pub runs: u64,
+}
+
+/// What compiling a region of another trace needs.
+pub(crate) struct Candidate<'a> {
+    pub(crate) executor: &'a Arc<dyn Executor>,
+    pub(crate) name: &'a str,
+    pub(crate) options: &'a BTreeMap<String, toml::Table>,
+    pub(crate) prepared: &'a Prepared,
+    pub(crate) numerics: Numerics,
+    pub(crate) device: &'a DeviceModel,
+}
+
+/// Times `ops` of `trace` as one region of `c`'s executor, within about
+/// `limit`.
+pub(crate) fn time_region(
+    c: &Candidate,
+    trace: &Trace,
+    ops: &[OpId],
+    uses: &Uses,
+    limit: Duration,
+) -> Result<Timing, String> {
+    let (inputs, outputs) = trace.region_boundary(ops, uses);
+    let sub = trace.extract(ops, &inputs, &outputs);
+    let sub_uses = sub.uses();
+    let prepared = c.prepared.for_trace(&sub);
+    let region_ops: Vec<OpId> = (0..sub.ops.len() as u32).map(OpId).collect();
+    let cx = Context {
+        trace: &sub,
+        device: c.device,
+        options: crate::executor::options_in(c.options, c.name),
+        uses: &sub_uses,
+        numerics: c.numerics,
+        prepared: &prepared,
+    };
+    let device = c.executor.placement(&region_ops, &cx);
+    let region = Region {
+        id: 0,
+        executor: 0,
+        ops: region_ops,
+        inputs: sub.inputs.clone(),
+        outputs: sub.outputs.clone(),
+        device,
+    };
+    let plan = Plan {
+        trace: sub,
+        executors: vec![c.executor.clone()],
+        options: c.options.clone(),
+        prepared: vec![prepared],
+        device: c.device.clone(),
+        numerics: c.numerics,
+        regions: vec![region],
+        estimates: vec![0.0],
+        explanation: Explanation::default(),
+    };
+    time_plan(plan, limit)
+}
+
+/// Times a whole plan: the sum of its regions' times per run.
+pub(crate) fn time_plan(plan: Plan, limit: Duration) -> Result<Timing, String> {
+    let start = Instant::now();
+    let compiled = CompiledPlan::compile(plan).map_err(|e| format!("it did not compile: {e}"))?;
+    let inputs = compiled
+        .plan()
+        .trace
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let meta = compiled.plan().trace.meta(v);
+            // Where the trace declares it, once: runs time kernels, not copies.
+            crate::device::move_to(&laid_out(meta, k as u64)?, meta.device)
+                .map_err(|e| format!("its input cannot be placed: {e}"))
+        })
+        .collect::<Result<Vec<Tensor>, String>>()?;
+    let opts = RunOptions {
+        profile: true,
+        ..RunOptions::default()
+    };
+    let run = || -> Result<f64, String> {
+        let r = compiled
+            .run(&inputs, opts)
+            .map_err(|e| format!("it did not run: {e}"))?;
+        let ns: u64 = r.region_ns.iter().sum();
+        // Its outputs go back to the plan for the next run to write into,
+        // as a caller running it in a loop would.
+        compiled.recycle(r.outputs);
+        Ok(ns as f64)
+    };
+    let warm = Instant::now();
+    let mut runs = 0;
+    while runs < WARM_UP_RUNS || (warm.elapsed() < WARM_UP && start.elapsed() < limit) {
+        run()?;
+        runs += 1;
+    }
+    let per_run = warm.elapsed().as_secs_f64() / f64::from(runs);
+    let batch = ((SAMPLE.as_secs_f64() / per_run).ceil() as u64).clamp(1, 10_000);
+    let mut samples = Vec::with_capacity(SAMPLES);
+    let mut timed = 0;
+    while samples.len() < MIN_SAMPLES || (samples.len() < SAMPLES && start.elapsed() < limit) {
+        let mut ns = 0.0;
+        for _ in 0..batch {
+            ns += run()?;
+        }
+        samples.push(ns / batch as f64);
+        timed += batch;
+    }
+    Ok(Timing {
+        stats: Stats::of(&samples),
+        runs: timed,
+    })
+}
+
+/// A random tensor for an input of this metadata, with its strides: a view
+/// into a buffer just large enough, where they are not the contiguous ones.
+fn laid_out(meta: &TensorMeta, stream: u64) -> Result<Tensor, String> {
+    if is_contiguous(&meta.shape, &meta.strides) || meta.numel() == 0 {
+        return Ok(random_tensor(meta, 0, stream));
+    }
+    let span = 1 + meta
+        .shape
+        .iter()
+        .zip(&meta.strides)
+        .map(|(&d, &s)| (d as isize - 1) * s)
+        .sum::<isize>();
+    let base = random_tensor(
+        &TensorMeta::new(meta.dtype, vec![span.max(1) as usize]),
+        0,
+        stream,
+    );
+    base.view(meta.shape.clone(), meta.strides.clone(), 0)
+        .map_err(|e| format!("its input layout cannot be made: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn inputs_keep_their_strides() {
+        let mut meta = TensorMeta::new(DType::F32, vec![3, 4]);
+        meta.strides = vec![1, 3];
+        let t = laid_out(&meta, 0).unwrap();
+        assert_eq!((t.shape(), t.strides()), (&[3, 4][..], &[1, 3][..]));
+        let c = laid_out(&TensorMeta::new(DType::I64, vec![2, 2]), 1).unwrap();
+        assert!(c.is_contiguous());
+    }
+}
