@@ -13,19 +13,29 @@
 //! ops, all of which the fuser takes, and on 10 000 such ops cut into fused
 //! regions of 10 to 10 000 ops (`recent_elementwise_regions`).
 //!
+//! The `autotune` group times planning the transformer block (one layer
+//! and eight) with autotuning measuring everything afresh (a new tuner per
+//! iteration, nothing cached), beside planning by estimate: identical
+//! layers are measured once, so eight cost about what one does.
+//!
 //! `cargo bench -p switchyard-tests --bench plan`
 
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use switchyard_core::autotune::{Autotuner, Mode};
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::pipeline::Planner;
 use switchyard_core::schedule::{Strategy, order};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
 use switchyard_tests::fakes::{Script, Scripted};
-use switchyard_tests::workloads::{random_ops, recent_elementwise, recent_elementwise_regions};
+use switchyard_tests::fused_planner;
+use switchyard_tests::workloads::{
+    BlockSize, llama, random_ops, recent_elementwise, recent_elementwise_regions,
+};
 
 fn plan_time(c: &mut Criterion) {
     let device = DeviceModel::cpu_default();
@@ -118,5 +128,26 @@ fn pipeline_time(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(plan, plan_time, schedule_time, pipeline_time);
+fn autotune_time(c: &mut Criterion) {
+    let mut g = c.benchmark_group("autotune");
+    g.sample_size(10);
+    for layers in [1usize, 8] {
+        let trace = llama(layers, BlockSize::SMALL).unwrap();
+        g.bench_with_input(BenchmarkId::new("estimates", layers), &trace, |b, t| {
+            b.iter(|| fused_planner().plan(t).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("measure", layers), &trace, |b, t| {
+            b.iter(|| {
+                let planner = Planner {
+                    autotune: Some(Arc::new(Autotuner::in_memory(Mode::Measure, 600.0))),
+                    ..fused_planner()
+                };
+                planner.plan(t).unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(plan, plan_time, schedule_time, pipeline_time, autotune_time);
 criterion_main!(plan);
