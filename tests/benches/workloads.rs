@@ -6,20 +6,26 @@
 //! - per-call time of a repeated fused plan with two 64 MiB intermediates,
 //!   placed in the plan's arena (kept between calls) against allocated per
 //!   call.
+//! - per-call time of the transformer block (1 and 8 layers) planned by
+//!   estimate and autotuned (measured once, outside the timing), in the
+//!   same run.
 //!
 //! `cargo bench -p switchyard-tests --bench workloads`
 
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use switchyard_core::autotune::{Autotuner, Mode};
 use switchyard_core::cache::KernelCache;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::io::random_inputs;
 use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::pipeline::Planner;
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
+use switchyard_tests::fused_planner;
 use switchyard_tests::workloads::{BlockSize, llama, small_einsums};
 
 fn both() -> Vec<Arc<dyn Executor>> {
@@ -104,5 +110,24 @@ fn arena(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(workloads, plan_and_compile, einsums, arena);
+fn autotuned(c: &mut Criterion) {
+    let mut g = c.benchmark_group("autotuned_block");
+    for layers in [1usize, 8] {
+        let t = llama(layers, BlockSize::SMALL).unwrap();
+        let inputs = random_inputs(&t, 0);
+        let tuned = Planner {
+            autotune: Some(Arc::new(Autotuner::in_memory(Mode::Measure, 600.0))),
+            ..fused_planner()
+        };
+        for (name, planner) in [("estimated", fused_planner()), ("autotuned", tuned)] {
+            let compiled = CompiledPlan::compile(planner.plan(&t).unwrap()).unwrap();
+            g.bench_function(BenchmarkId::new(name, layers), |b| {
+                b.iter(|| compiled.run(&inputs, RunOptions::default()).unwrap())
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(workloads, plan_and_compile, einsums, arena, autotuned);
 criterion_main!(workloads);

@@ -61,10 +61,13 @@ impl Planner {
             }
         };
         let mut refused = HashSet::new();
+        let measured = std::cell::RefCell::new(HashSet::new());
+        let spent = tuner.spent();
         let result = loop {
             let tune = Tune {
                 tuner,
                 refused: &refused,
+                measured: &measured,
             };
             let plan = partition_tuned(trace.clone(), &self.set, &self.device, &self.options, Some(tune))?;
             let overruled: Vec<String> = plan
@@ -95,6 +98,8 @@ impl Planner {
         let mut plan = result?;
         if let Some(a) = &mut plan.explanation.autotune {
             a.warnings = tuner.warnings();
+            // Every attempt's measuring went into this plan.
+            a.seconds = (tuner.spent() - spent).as_secs_f64();
         }
         Ok(plan)
     }

@@ -331,5 +331,7 @@ fn a_measured_winner_over_the_memory_budget_is_refused() {
         .expect("a measured winner refused");
     assert!(!d.overruled());
     assert!(d.why.contains("above the memory budget"), "{}", d.why);
+    // What the refused attempt measured counts for the plan.
+    assert_eq!(tuned(&plan).measured, tuned(&free).measured);
     same_as_fallback(&t, plan);
 }

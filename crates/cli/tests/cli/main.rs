@@ -926,3 +926,40 @@ fn autotune_modes_and_budgets_are_checked() {
     let e = fails(sw!("plan", example("tiny.trace"), "--config", &config));
     assert!(e.contains("mode = \"sometimes\""), "{e}");
 }
+
+#[test]
+fn bench_carries_what_autotuning_did() {
+    let cache = scratch("autotune-bench");
+    let _ = std::fs::remove_dir_all(&cache);
+    let json = scratch("autotune-bench.json");
+    let out = ok(bin()
+        .env("SWITCHYARD_CACHE_DIR", &cache)
+        .arg("bench")
+        .arg(example("tiny.trace"))
+        .args([
+            "--executors-sets",
+            "fuser,fallback;fallback,fuser",
+            "--repeat",
+            "1",
+            "--autotune",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap());
+    assert!(out.contains("autotune (measure):"), "{out}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        let a = &r["autotune"];
+        assert_eq!(a["mode"], "measure", "{r}");
+        assert!(a["decisions"].is_array(), "{a}");
+    }
+    // One tuner for both sets: the second (the same executors, listed the
+    // other way) reuses what the first measured.
+    let second = &results[1]["autotune"];
+    assert_eq!(second["measured"].as_u64(), Some(0), "{second}");
+    assert!(second["reused"].as_u64().unwrap() > 0, "{second}");
+    std::fs::remove_dir_all(&cache).ok();
+}

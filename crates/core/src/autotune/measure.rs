@@ -4,15 +4,17 @@
 //!
 //! The time of a run is the sum of its regions' times as the runtime
 //! profiles them (each kernel call with its device work synchronised), not
-//! the whole call: a candidate of many regions is not charged the runtime's
-//! own bookkeeping once per measurement.
+//! the whole call, whose fixed part a real plan pays once. The runtime's
+//! work per region is timed apart ([`time_step`]) and charged once per
+//! region of each alternative.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::OutputBuffer;
 use crate::cost::DeviceModel;
-use crate::executor::{Context, Executor, Numerics, Prepared, Region};
+use crate::executor::{Context, Executor, Kernel, Numerics, Prepared, Region};
 use crate::explain::Explanation;
 use crate::io::random_tensor;
 use crate::ir::{OpId, Trace, Uses};
@@ -118,7 +120,7 @@ pub(crate) fn time_plan(plan: Plan, limit: Duration) -> Result<Timing, String> {
         profile: true,
         ..RunOptions::default()
     };
-    let run = || -> Result<f64, String> {
+    sample(start, limit, || {
         let r = compiled
             .run(&inputs, opts)
             .map_err(|e| format!("it did not run: {e}"))?;
@@ -127,7 +129,107 @@ pub(crate) fn time_plan(plan: Plan, limit: Duration) -> Result<Timing, String> {
         // as a caller running it in a loop would.
         compiled.recycle(r.outputs);
         Ok(ns as f64)
+    })
+}
+
+/// Regions of the plan the runtime's step is timed on.
+const STEP_REGIONS: usize = 64;
+
+/// Times the runtime's own work per region of a plan (moving values
+/// between slots, freeing, the call), which per-region times leave out: the
+/// wall time of a plan of regions whose kernels do nothing, per region.
+/// Every region of a candidate costs it once, so a candidate of many small
+/// regions is not favoured over one region doing the same work.
+pub(crate) fn time_step(limit: Duration) -> Result<Timing, String> {
+    let start = Instant::now();
+    let mut text = String::from("input v0: f32[1]\n");
+    for i in 1..=STEP_REGIONS {
+        text.push_str(&format!("v{i} = neg(v{})\n", i - 1));
+    }
+    text.push_str(&format!("output v{STEP_REGIONS}\n"));
+    let trace = crate::text::parse(&text).map_err(|e| e.to_string())?;
+    let uses = trace.uses();
+    let regions = trace
+        .ops_with_ids()
+        .enumerate()
+        .map(|(id, (op, _))| {
+            let (inputs, outputs) = trace.region_boundary(&[op], &uses);
+            Region {
+                id,
+                executor: 0,
+                ops: vec![op],
+                inputs,
+                outputs,
+                device: crate::meta::Device::Cpu,
+            }
+        })
+        .collect();
+    let plan = Plan {
+        executors: vec![Arc::new(Nothing)],
+        options: BTreeMap::new(),
+        prepared: vec![Prepared::default()],
+        device: DeviceModel::cpu_default(),
+        numerics: Numerics::default(),
+        estimates: vec![0.0; STEP_REGIONS],
+        regions,
+        explanation: Explanation::default(),
+        trace,
     };
+    let compiled = CompiledPlan::compile(plan).map_err(|e| e.to_string())?;
+    let input = [random_tensor(&TensorMeta::new(crate::DType::F32, vec![1]), 0, 0)];
+    sample(start, limit, || {
+        let t0 = Instant::now();
+        let r = compiled
+            .run(&input, RunOptions::default())
+            .map_err(|e| e.to_string())?;
+        let ns = t0.elapsed().as_nanos() as f64;
+        compiled.recycle(r.outputs);
+        Ok(ns / STEP_REGIONS as f64)
+    })
+}
+
+/// An executor whose kernels hand their input back: what is left of a
+/// region's time is the runtime's.
+struct Nothing;
+
+impl Executor for Nothing {
+    fn info(&self) -> crate::executor::ExecutorInfo {
+        crate::executor::ExecutorInfo::operator("autotune-step", env!("CARGO_PKG_VERSION"), &["cpu"])
+    }
+
+    fn claim(&self, _: OpId, _: &Context) -> crate::executor::Claim {
+        crate::executor::Claim::Accept(0.0)
+    }
+
+    fn compile(&self, _: &Region, _: &Context) -> crate::Result<Box<dyn Kernel>> {
+        Ok(Box::new(Nothing))
+    }
+}
+
+impl Kernel for Nothing {
+    fn run(&self, inputs: &[&Tensor]) -> crate::Result<Vec<Tensor>> {
+        Ok(inputs.iter().map(|&t| t.clone()).collect())
+    }
+
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        _: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> crate::Result<()> {
+        outputs.extend(inputs.iter().map(|&t| t.clone()));
+        Ok(())
+    }
+}
+
+/// Runs `run` (one run of a candidate, returning its time) to warm up,
+/// then in samples of enough runs to last [`SAMPLE`], within about `limit`
+/// of `start`.
+fn sample(
+    start: Instant,
+    limit: Duration,
+    mut run: impl FnMut() -> Result<f64, String>,
+) -> Result<Timing, String> {
     let warm = Instant::now();
     let mut runs = 0;
     while runs < WARM_UP_RUNS || (warm.elapsed() < WARM_UP && start.elapsed() < limit) {

@@ -39,7 +39,7 @@ mod measure;
 mod store;
 
 pub use measure::Timing;
-pub(crate) use measure::{Candidate, time_plan, time_region};
+pub(crate) use measure::{Candidate, time_plan, time_region, time_step};
 use store::Store;
 pub use store::{Entry, FILE, VERSION};
 

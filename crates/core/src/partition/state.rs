@@ -106,9 +106,14 @@ pub(super) struct Group {
 pub struct Tune<'a> {
     /// The measurements, and the means to make more.
     pub tuner: &'a Autotuner,
-    /// Decisions (by [`TunedDecision::key`]) whose measured winner is
-    /// refused: the estimate's choice stands.
+    /// Decisions (by [`crate::explain::TunedDecision::key`]) whose
+    /// measured winner is refused: the estimate's choice stands.
     pub refused: &'a HashSet<String>,
+    /// The keys measured for the plan being made, over all its attempts
+    /// (a plan made again with a winner refused): the partition adds those
+    /// it measures, and counts those measured by an earlier attempt as
+    /// measured for this plan, not as reused.
+    pub measured: &'a std::cell::RefCell<HashSet<String>>,
 }
 
 /// The time of one candidate region, or why there is none, under its key.
@@ -129,6 +134,13 @@ pub(super) struct Tuning<'a> {
     /// The places each recorded decision was made at (a region kept from
     /// one round to the next is decided again, and counted once).
     pub(super) counted: HashSet<(String, u64)>,
+    /// The keys asked for so far.
+    pub(super) asked: HashSet<String>,
+    /// The runtime's time per region, once asked.
+    pub(super) step: Option<Timed>,
+    /// What was decided for each composite, by place: lowering asks again
+    /// each round while other composites lower.
+    pub(super) composites: HashMap<u64, Option<String>>,
     /// The tuner's time spent measuring when partitioning began.
     pub(super) spent_before: Duration,
 }
