@@ -8,13 +8,15 @@ use switchyard_core::Device;
 use switchyard_core::config::executor_statuses;
 use switchyard_core::executor::Availability;
 
-use crate::planning::{load_config, load_plugins};
+use crate::planning::{load_config, plugins_not_loaded};
 
 /// `switchyard executors`: every executor, registered or from a plugin,
-/// with what it is and whether it is available here; then CUDA's state.
+/// with what it is and whether it is available here; then the plugins that
+/// could not be loaded, and why; then CUDA's state. A plugin asked for and
+/// not loaded (not marked optional) makes it fail, after the listing.
 pub(crate) fn list(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
     let config = load_config(config.as_deref(), false)?;
-    let loaded = load_plugins(&config, &plugins);
+    let (loaded, failed) = switchyard_plugin_host::load_configured(&config, &plugins);
     println!(
         "{:<14} {:<9} {:<9} {:<10} {:<4} availability",
         "name", "version", "kind", "devices", "abi"
@@ -41,9 +43,17 @@ pub(crate) fn list(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()>
         };
         let kind = format!("{:?}", info.kind).to_lowercase();
         let (abi, from) = match plugin {
-            Some(p) => (
+            Some(p) if p.defaulted.is_empty() => (
                 p.abi_version.to_string(),
                 format!(" (plugin {})", p.path.display()),
+            ),
+            Some(p) => (
+                p.abi_version.to_string(),
+                format!(
+                    " (plugin {}; without {}: defaults)",
+                    p.path.display(),
+                    p.defaulted.join(", ")
+                ),
             ),
             None => ("-".to_string(), String::new()),
         };
@@ -56,9 +66,24 @@ pub(crate) fn list(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()>
             abi
         );
     }
+    if !failed.is_empty() {
+        println!("\nPlugins not loaded:");
+        for f in &failed {
+            let what = if f.optional {
+                "optional, skipped"
+            } else {
+                "required"
+            };
+            println!("  {} ({what})", f.error);
+        }
+    }
     println!("\nCUDA on this machine:");
     for line in switchyard_cuda::probe().summary() {
         println!("  {line}");
+    }
+    let required: Vec<_> = failed.into_iter().filter(|f| !f.optional).collect();
+    if !required.is_empty() {
+        return Err(plugins_not_loaded(&required));
     }
     Ok(())
 }

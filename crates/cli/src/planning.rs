@@ -139,7 +139,7 @@ impl Planning {
     /// [`Planner::compile`]). A plan made for `--target` alone
     /// (`plan_only`) may use executors this machine lacks.
     pub(crate) fn planner(&self, config: &Config, plan_only: bool) -> Result<(Planner, Vec<String>)> {
-        let plugins = load_plugins(config, &self.plugin);
+        let plugins = load_plugins(config, &self.plugin)?;
         let names = plugins.iter().map(|p| p.executor.info().name).collect();
         let strategy = match &self.schedule {
             Some(name) => Some(
@@ -175,12 +175,26 @@ pub(crate) fn load_config(path: Option<&Path>, allow_tf32: bool) -> Result<Confi
     Ok(config)
 }
 
-/// The config's plugins and `extra`; each that cannot be loaded is a
-/// warning, and skipped.
-pub(crate) fn load_plugins(config: &Config, extra: &[PathBuf]) -> Vec<LoadedPlugin> {
+/// The config's plugins and `extra`. One that cannot be loaded is an
+/// error naming it and the cause, unless the config marked it optional:
+/// then a warning, and skipped.
+pub(crate) fn load_plugins(config: &Config, extra: &[PathBuf]) -> Result<Vec<LoadedPlugin>> {
     let (loaded, failed) = switchyard_plugin_host::load_configured(config, extra);
-    for e in failed {
-        eprintln!("warning: {e} (skipped)");
+    let (optional, required): (Vec<_>, Vec<_>) = failed.into_iter().partition(|f| f.optional);
+    for f in optional {
+        eprintln!("warning: {} (optional: skipped)", f.error);
     }
-    loaded
+    if !required.is_empty() {
+        return Err(plugins_not_loaded(&required));
+    }
+    Ok(loaded)
+}
+
+/// The error of plugins that were asked for and not loaded.
+pub(crate) fn plugins_not_loaded(required: &[switchyard_plugin_host::Failed]) -> anyhow::Error {
+    let lines: Vec<String> = required.iter().map(|f| f.error.to_string()).collect();
+    anyhow::anyhow!(
+        "{}\n(a config's `[[plugin]]` with `optional = true` is skipped with a warning instead)",
+        lines.join("\n")
+    )
 }

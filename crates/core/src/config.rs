@@ -209,6 +209,11 @@ pub struct Config {
 pub struct PluginConfig {
     /// The shared library (relative to the config file's directory).
     pub path: std::path::PathBuf,
+    /// Whether planning goes on without it when it cannot be loaded (with
+    /// a warning). Off by default: a plugin asked for and not loaded is an
+    /// error.
+    #[serde(default)]
+    pub optional: bool,
 }
 
 /// Choices that replace the config's, as a command line makes them.
@@ -264,14 +269,17 @@ impl Config {
         Ok(c)
     }
 
-    /// The paths of the config's `[[plugin]]` libraries, relative ones
-    /// against the config file's folder.
-    pub fn plugin_paths(&self) -> Vec<PathBuf> {
+    /// The config's `[[plugin]]`s, relative paths resolved against the
+    /// config file's folder.
+    pub fn plugins(&self) -> Vec<PluginConfig> {
         self.plugin
             .iter()
-            .map(|p| match &self.dir {
-                Some(d) if p.path.is_relative() => d.join(&p.path),
-                _ => p.path.clone(),
+            .map(|p| PluginConfig {
+                path: match &self.dir {
+                    Some(d) if p.path.is_relative() => d.join(&p.path),
+                    _ => p.path.clone(),
+                },
+                optional: p.optional,
             })
             .collect()
     }

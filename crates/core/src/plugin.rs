@@ -110,6 +110,11 @@ pub struct LoadedPlugin {
     pub path: PathBuf,
     /// Its ABI version.
     pub abi_version: u32,
+    /// The size of its table in bytes: this host's, or an older or newer
+    /// layout's.
+    pub table_size: usize,
+    /// The optional hooks its table lacks, which take their defaults.
+    pub defaulted: Vec<&'static str>,
     /// Its place in the default executor order.
     pub default_rank: u32,
     /// The executor.

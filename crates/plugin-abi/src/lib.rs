@@ -5,8 +5,8 @@
 //!
 //! - the library exports one symbol, [`ENTRY_SYMBOL`], an [`EntryFn`] that
 //!   returns a [`PluginTable`]: the ABI version first (checked by the host
-//!   before it reads anything else), then the plugin's state and its
-//!   functions;
+//!   before it reads anything else), its size second, then the plugin's
+//!   state and its functions;
 //! - ops and regions go to the plugin as JSON bytes (a request, versioned
 //!   by [`REQUEST_FORMAT`]): `{"format", "trace", "ops", "device",
 //!   "options"}`, a small trace holding just the op or region in
@@ -20,14 +20,30 @@
 //!
 //! A plugin never unwinds into the host: the plugin side of the ABI catches
 //! panics and returns [`status::PANIC`] with the panic's message.
+//!
+//! ## Growing the ABI
+//!
+//! Within one [`ABI_VERSION`], the structs passed by pointer grow only by
+//! appending fields, and each carries its size in bytes (`struct_size`),
+//! as its writer built it: the [`PluginTable`] the plugin's, an [`OutBuf`]
+//! the host's. A reader uses the fields that lie inside both its own layout
+//! and the size it was given, and takes the default of every other one. So
+//! a host accepts a table from an older plugin (the hooks it lacks take
+//! their defaults, see [`PluginTable`]) and from a newer one (it never
+//! reads the fields it does not know), and refuses one smaller than
+//! [`TABLE_MIN_SIZE`] or missing a required function. The JSON documents
+//! (info, requests, answers) grow by adding keys, which readers ignore when
+//! they do not know them. [`Bytes`] (passed by value) and DLPack's
+//! [`DLTensor`] are frozen. [`ABI_VERSION`] changes only when an existing
+//! field changes its meaning or place.
 
 use std::ffi::c_void;
 
 use serde::{Deserialize, Serialize};
 
 /// The ABI version this crate describes. The host refuses a plugin whose
-/// table carries another.
-pub const ABI_VERSION: u32 = 1;
+/// table carries another. Version 1 tables carried no size.
+pub const ABI_VERSION: u32 = 2;
 
 /// The format of request this crate describes.
 pub const REQUEST_FORMAT: u32 = 1;
@@ -51,7 +67,8 @@ pub mod status {
     pub const PANIC: i32 = 3;
 }
 
-/// Bytes the host lends the plugin for the duration of a call.
+/// Bytes the host lends the plugin for the duration of a call. Passed by
+/// value, so frozen: it never grows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Bytes {
@@ -91,6 +108,9 @@ impl Bytes {
 #[repr(C)]
 #[derive(Debug)]
 pub struct OutBuf {
+    /// `size_of::<OutBuf>()` of the host's build: fields past the first
+    /// version's exist only where this says they do.
+    pub struct_size: usize,
     /// Where to write.
     pub ptr: *mut u8,
     /// Bytes available.
@@ -100,11 +120,25 @@ pub struct OutBuf {
 }
 
 impl OutBuf {
-    /// Writes `text`, truncated to the capacity, and records its full length.
+    /// A buffer over `cap` bytes at `ptr`, of this build's size.
+    pub fn new(ptr: *mut u8, cap: usize) -> OutBuf {
+        OutBuf {
+            struct_size: std::mem::size_of::<OutBuf>(),
+            ptr,
+            cap,
+            len: 0,
+        }
+    }
+
+    /// Writes `text`, truncated to the capacity, and records its full
+    /// length. A buffer whose size says it lacks those fields is left alone.
     ///
     /// # Safety
     /// `ptr` must point to `cap` writable bytes.
     pub unsafe fn write(&mut self, text: &[u8]) {
+        if self.struct_size < std::mem::size_of::<OutBuf>() {
+            return;
+        }
         let n = text.len().min(self.cap);
         if n > 0 {
             // SAFETY: `n <= cap` bytes are writable (the caller's promise)
@@ -180,51 +214,93 @@ pub struct DLTensor {
     pub byte_offset: u64,
 }
 
+/// `info`: writes the plugin's [`Info`] as JSON into `out`.
+pub type InfoFn = unsafe extern "C" fn(plugin: *mut c_void, out: *mut OutBuf) -> i32;
+/// `availability`: [`status::OK`] if the executor can run here, or
+/// [`status::NO`] with the reason in `msg`.
+pub type AvailabilityFn = unsafe extern "C" fn(plugin: *mut c_void, msg: *mut OutBuf) -> i32;
+/// `check_options`: checks the executor's options (a JSON object).
+pub type CheckOptionsFn = unsafe extern "C" fn(plugin: *mut c_void, options: Bytes, msg: *mut OutBuf) -> i32;
+/// `claim` and `cost`: a cost in ns into `cost`, or a status and a message.
+pub type CostFn =
+    unsafe extern "C" fn(plugin: *mut c_void, request: Bytes, cost: *mut f64, msg: *mut OutBuf) -> i32;
+/// `refine`: writes the request's ops handed back, as JSON
+/// `[[op index in the request's trace, reason], ...]`, into `out`.
+pub type RefineFn = unsafe extern "C" fn(plugin: *mut c_void, request: Bytes, out: *mut OutBuf) -> i32;
+/// `compile`: compiles the request's region; the kernel handle goes to
+/// `kernel`.
+pub type CompileFn = unsafe extern "C" fn(
+    plugin: *mut c_void,
+    request: Bytes,
+    kernel: *mut *mut c_void,
+    msg: *mut OutBuf,
+) -> i32;
+/// `run`: runs a kernel: `inputs` in the region's input order, `outputs`
+/// dense buffers of the region's output dtypes and shapes, which it fills.
+pub type RunFn = unsafe extern "C" fn(
+    kernel: *mut c_void,
+    inputs: *const DLTensor,
+    n_inputs: usize,
+    outputs: *const DLTensor,
+    n_outputs: usize,
+    msg: *mut OutBuf,
+) -> i32;
+/// `drop_kernel`: frees a kernel.
+pub type DropKernelFn = unsafe extern "C" fn(kernel: *mut c_void);
+
 /// The table a plugin's entry function returns. `abi_version` comes first
-/// and stays first in every version, so that a host can read it from any.
+/// and stays first in every version, so that a host can read it from any;
+/// `struct_size` follows it in every version since 2.
+///
+/// The functions up to `drop_kernel` are required: a table without one of
+/// them (null, or smaller than [`TABLE_MIN_SIZE`]) is refused. Those after
+/// it are optional: when null, or past the table's `struct_size`, the host
+/// takes their defaults:
+/// - `availability`: available;
+/// - `check_options`: an empty options table is accepted, any other refused
+///   (the plugin cannot check it, so it takes none);
+/// - `refine`: nothing handed back;
+/// - `cost`: the sum of the region's ops' claim costs.
+///
+/// New fields are appended after the last one.
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct PluginTable {
     /// [`ABI_VERSION`] of the plugin's build.
     pub abi_version: u32,
+    /// `size_of::<PluginTable>()` of the plugin's build, in bytes.
+    pub struct_size: u32,
     /// The plugin's state, passed back to every function.
     pub plugin: *mut c_void,
-    /// Writes the plugin's [`Info`] as JSON into `out`.
-    pub info: unsafe extern "C" fn(plugin: *mut c_void, out: *mut OutBuf) -> i32,
-    /// [`status::OK`] if the executor can run here, or [`status::NO`] with
-    /// the reason in `msg`.
-    pub availability: unsafe extern "C" fn(plugin: *mut c_void, msg: *mut OutBuf) -> i32,
-    /// Checks the executor's options (a JSON object).
-    pub check_options: unsafe extern "C" fn(plugin: *mut c_void, options: Bytes, msg: *mut OutBuf) -> i32,
-    /// Claims the request's one op: [`status::OK`] with the cost in
-    /// `cost`, or [`status::NO`] with the reason.
-    pub claim:
-        unsafe extern "C" fn(plugin: *mut c_void, request: Bytes, cost: *mut f64, msg: *mut OutBuf) -> i32,
-    /// For fusion executors: writes the request's ops it hands back, as
-    /// JSON `[[op index in the request's trace, reason], ...]`, into `out`.
-    pub refine: unsafe extern "C" fn(plugin: *mut c_void, request: Bytes, out: *mut OutBuf) -> i32,
-    /// Estimates the request's region, in ns, into `cost`.
-    pub cost:
-        unsafe extern "C" fn(plugin: *mut c_void, request: Bytes, cost: *mut f64, msg: *mut OutBuf) -> i32,
-    /// Compiles the request's region; the kernel handle goes to `kernel`.
-    pub compile: unsafe extern "C" fn(
-        plugin: *mut c_void,
-        request: Bytes,
-        kernel: *mut *mut c_void,
-        msg: *mut OutBuf,
-    ) -> i32,
-    /// Runs a kernel: `inputs` in the region's input order, `outputs` dense
-    /// buffers of the region's output dtypes and shapes, which it fills.
-    pub run: unsafe extern "C" fn(
-        kernel: *mut c_void,
-        inputs: *const DLTensor,
-        n_inputs: usize,
-        outputs: *const DLTensor,
-        n_outputs: usize,
-        msg: *mut OutBuf,
-    ) -> i32,
-    /// Frees a kernel.
-    pub drop_kernel: unsafe extern "C" fn(kernel: *mut c_void),
+    /// Required: [`InfoFn`].
+    pub info: Option<InfoFn>,
+    /// Required: claims the request's one op: [`status::OK`] with the cost
+    /// in `cost`, or [`status::NO`] with the reason ([`CostFn`]).
+    pub claim: Option<CostFn>,
+    /// Required: [`CompileFn`].
+    pub compile: Option<CompileFn>,
+    /// Required: [`RunFn`].
+    pub run: Option<RunFn>,
+    /// Required: [`DropKernelFn`].
+    pub drop_kernel: Option<DropKernelFn>,
+    /// Optional: [`AvailabilityFn`].
+    pub availability: Option<AvailabilityFn>,
+    /// Optional: [`CheckOptionsFn`].
+    pub check_options: Option<CheckOptionsFn>,
+    /// Optional, for fusion executors: [`RefineFn`].
+    pub refine: Option<RefineFn>,
+    /// Optional: estimates the request's region, in ns ([`CostFn`]).
+    pub cost: Option<CostFn>,
 }
+
+/// The size of the smallest table a host of this version accepts: through
+/// `drop_kernel`, the last required function.
+pub const TABLE_MIN_SIZE: usize =
+    std::mem::offset_of!(PluginTable, drop_kernel) + std::mem::size_of::<usize>();
+
+/// The largest `struct_size` a host believes: a table claiming more is
+/// taken for garbage, not for a newer layout.
+pub const TABLE_MAX_SIZE: usize = 64 * 1024;
 
 /// What the plugin's `info` says, as JSON.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //!
 //! A plugin that cannot be loaded (no file, not a shared library, no entry
 //! symbol, another ABI version, malformed info) is an error naming its path
-//! and the cause; callers skip it. A loaded plugin that panics or fails is
+//! and the cause; callers stop, unless the config marked it optional. A loaded plugin that panics or fails is
 //! never allowed to take the host down: a failed claim is a rejection with
 //! the reason, a failed cost an infinite cost, a failed compile or run an
 //! error naming the plugin.
@@ -25,28 +25,126 @@ use switchyard_core::tensor::{HostData, HostDataMut, Tensor};
 use switchyard_core::{DType, OutputBuffer};
 use switchyard_plugin_abi as abi;
 
-/// The library and its table, kept alive by every executor and kernel of it.
+/// The functions of a plugin's table this host knows, read once at load:
+/// the required ones checked present, the optional ones `None` where the
+/// plugin's table is too old to have them or leaves them null.
+#[derive(Clone, Copy, Debug)]
+pub struct Hooks {
+    /// The plugin's state, passed back to every function.
+    plugin: *mut c_void,
+    /// The table's `struct_size`.
+    pub table_size: usize,
+    info: abi::InfoFn,
+    claim: abi::CostFn,
+    compile: abi::CompileFn,
+    run: abi::RunFn,
+    drop_kernel: abi::DropKernelFn,
+    availability: Option<abi::AvailabilityFn>,
+    check_options: Option<abi::CheckOptionsFn>,
+    refine: Option<abi::RefineFn>,
+    cost: Option<abi::CostFn>,
+}
+
+impl Hooks {
+    /// Which optional hooks the plugin has, by name.
+    pub fn optional(&self) -> Vec<(&'static str, bool)> {
+        vec![
+            ("availability", self.availability.is_some()),
+            ("check_options", self.check_options.is_some()),
+            ("refine", self.refine.is_some()),
+            ("cost", self.cost.is_some()),
+        ]
+    }
+}
+
+/// Reads a plugin's table as this host understands it: the version first,
+/// then the size, then only the fields inside both this host's layout and
+/// the plugin's (a newer plugin's extra fields are never read; an older
+/// plugin's missing ones are `None`). Refuses, with the reason, a table of
+/// another ABI version, a size it cannot interpret, or a missing required
+/// function.
+///
+/// # Safety
+/// `table` must be null or point to a table of at least 4 readable bytes
+/// and, when its version is [`abi::ABI_VERSION`], of `struct_size` readable
+/// bytes, as the ABI asks of a plugin's entry.
+pub unsafe fn read_table(table: *const abi::PluginTable) -> std::result::Result<Hooks, String> {
+    if table.is_null() {
+        return Err("its entry returned no table".into());
+    }
+    // SAFETY: every ABI version starts the table with its version.
+    let version = unsafe { table.cast::<u32>().read_unaligned() };
+    if version != abi::ABI_VERSION {
+        let why = if version < abi::ABI_VERSION {
+            " (an older plugin: rebuild it against this switchyard's switchyard-plugin)"
+        } else {
+            " (a newer plugin: this switchyard is too old for it)"
+        };
+        return Err(format!(
+            "was built for plugin ABI version {version}; this switchyard speaks version {}{why}",
+            abi::ABI_VERSION
+        ));
+    }
+    // SAFETY: since version 2, the size follows the version.
+    let size = unsafe { table.cast::<u32>().add(1).read_unaligned() } as usize;
+    let known = std::mem::size_of::<abi::PluginTable>();
+    if size < abi::TABLE_MIN_SIZE {
+        return Err(format!(
+            "its table is {size} bytes, smaller than the {} bytes that hold the required functions \
+             of ABI version {version}",
+            abi::TABLE_MIN_SIZE
+        ));
+    }
+    if size > abi::TABLE_MAX_SIZE || !size.is_multiple_of(std::mem::align_of::<abi::PluginTable>()) {
+        return Err(format!(
+            "its table claims {size} bytes, which no table of ABI version {version} can be \
+             (this host's is {known}; at most {} from a newer plugin, in whole words)",
+            abi::TABLE_MAX_SIZE
+        ));
+    }
+    let mut copy = std::mem::MaybeUninit::<abi::PluginTable>::zeroed();
+    // SAFETY: the plugin promises `size` readable bytes; at most this
+    // host's own layout is copied, into a zeroed table, and every field is
+    // an integer, a pointer or an optional function, for which zero bytes
+    // are valid (null, `None`).
+    let t = unsafe {
+        std::ptr::copy_nonoverlapping(
+            table.cast::<u8>(),
+            copy.as_mut_ptr().cast::<u8>(),
+            size.min(known),
+        );
+        copy.assume_init()
+    };
+    let missing = |name: &str| format!("its table has no `{name}` function, which every plugin must have");
+    Ok(Hooks {
+        plugin: t.plugin,
+        table_size: size,
+        info: t.info.ok_or_else(|| missing("info"))?,
+        claim: t.claim.ok_or_else(|| missing("claim"))?,
+        compile: t.compile.ok_or_else(|| missing("compile"))?,
+        run: t.run.ok_or_else(|| missing("run"))?,
+        drop_kernel: t.drop_kernel.ok_or_else(|| missing("drop_kernel"))?,
+        availability: t.availability,
+        check_options: t.check_options,
+        refine: t.refine,
+        cost: t.cost,
+    })
+}
+
+/// The library and its hooks, kept alive by every executor and kernel of it.
 struct Library {
-    table: *const abi::PluginTable,
-    // Dropped last: the table points into it.
+    hooks: Hooks,
+    // Dropped last: the hooks point into it.
     _lib: libloading::Library,
     name: String,
 }
 
 // SAFETY: the ABI requires a plugin's functions to be callable from any
 // thread (the host calls them from the partitioner and from runs in
-// parallel); the table itself is never written after loading.
+// parallel); the hooks are never written after loading.
 unsafe impl Send for Library {}
 // SAFETY: as above.
 unsafe impl Sync for Library {}
-
-impl Library {
-    fn table(&self) -> &abi::PluginTable {
-        // SAFETY: checked non-null at load; valid while the library is loaded,
-        // which `self` keeps it.
-        unsafe { &*self.table }
-    }
-}
 
 const MSG_CAP: usize = 4096;
 
@@ -70,11 +168,7 @@ fn with_msg(f: impl FnOnce(*mut abi::OutBuf) -> i32) -> (i32, String) {
                 &mut own
             }
         };
-        let mut out = abi::OutBuf {
-            ptr: buf.as_mut_ptr(),
-            cap: buf.len(),
-            len: 0,
-        };
+        let mut out = abi::OutBuf::new(buf.as_mut_ptr(), buf.len());
         let status = f(&mut out);
         if status == abi::status::OK {
             return (status, String::new());
@@ -93,11 +187,7 @@ fn with_answer(mut f: impl FnMut(*mut abi::OutBuf) -> i32) -> (i32, Vec<u8>) {
     let mut cap = MSG_CAP;
     loop {
         let mut buf = vec![0u8; cap];
-        let mut out = abi::OutBuf {
-            ptr: buf.as_mut_ptr(),
-            cap,
-            len: 0,
-        };
+        let mut out = abi::OutBuf::new(buf.as_mut_ptr(), cap);
         let status = f(&mut out);
         if status == abi::status::OK && out.len > cap && cap == MSG_CAP {
             cap = out.len;
@@ -137,27 +227,17 @@ pub fn load(path: &Path) -> Result<LoadedPlugin> {
             ))
         })?
     };
-    // SAFETY: calling the plugin's entry as the ABI defines it.
-    let table = unsafe { entry() };
-    if table.is_null() {
-        return Err(bad("its entry returned no table".into()));
-    }
-    // SAFETY: every ABI version starts the table with its version.
-    let version = unsafe { (*table).abi_version };
-    if version != abi::ABI_VERSION {
-        return Err(bad(format!(
-            "was built for plugin ABI version {version}; this switchyard speaks version {}",
-            abi::ABI_VERSION
-        )));
-    }
+    // SAFETY: calling the plugin's entry as the ABI defines it; the table
+    // it returns is read as the ABI's versions lay it out.
+    let hooks = unsafe { read_table(entry()) }.map_err(bad)?;
     let mut library = Library {
-        table,
+        hooks,
         _lib: lib,
         name: path.display().to_string(),
     };
-    let t = library.table();
+    let h = library.hooks;
     // SAFETY: the table's function with its own state and a valid buffer.
-    let (status, json) = with_answer(|out| unsafe { (t.info)(t.plugin, out) });
+    let (status, json) = with_answer(|out| unsafe { (h.info)(h.plugin, out) });
     if status != abi::status::OK {
         return Err(bad(format!(
             "its info failed: {}",
@@ -181,7 +261,14 @@ pub fn load(path: &Path) -> Result<LoadedPlugin> {
     library.name = info.name.clone();
     Ok(LoadedPlugin {
         path: path.to_path_buf(),
-        abi_version: version,
+        abi_version: abi::ABI_VERSION,
+        table_size: h.table_size,
+        defaulted: h
+            .optional()
+            .into_iter()
+            .filter(|&(_, present)| !present)
+            .map(|(name, _)| name)
+            .collect(),
         default_rank: info.default_rank,
         executor: Arc::new(PluginExecutor {
             lib: Arc::new(library),
@@ -202,19 +289,15 @@ struct PluginExecutor {
 }
 
 impl PluginExecutor {
-    fn table(&self) -> &abi::PluginTable {
-        self.lib.table()
+    fn hooks(&self) -> &Hooks {
+        &self.lib.hooks
     }
 
     /// Asks for a cost (claim or region cost) with a request.
-    fn ask_cost(
-        &self,
-        request: &Request,
-        f: unsafe extern "C" fn(*mut c_void, abi::Bytes, *mut f64, *mut abi::OutBuf) -> i32,
-    ) -> std::result::Result<f64, (i32, String)> {
+    fn ask_cost(&self, request: &Request, f: abi::CostFn) -> std::result::Result<f64, (i32, String)> {
         let bytes = request.to_bytes();
         let mut cost = f64::NAN;
-        let t = self.table();
+        let t = self.hooks();
         // SAFETY: the plugin's function with its state, a request it may read
         // for the call, and buffers it may write.
         let (status, msg) = with_msg(|out| unsafe { f(t.plugin, abi::Bytes::of(&bytes), &mut cost, out) });
@@ -237,9 +320,12 @@ impl Executor for PluginExecutor {
     }
 
     fn availability(&self) -> Availability {
-        let t = self.table();
+        let t = self.hooks();
+        let Some(availability) = t.availability else {
+            return Availability::Available;
+        };
         // SAFETY: as in `ask_cost`.
-        let (status, msg) = with_msg(|out| unsafe { (t.availability)(t.plugin, out) });
+        let (status, msg) = with_msg(|out| unsafe { availability(t.plugin, out) });
         match status {
             abi::status::OK => Availability::Available,
             abi::status::NO => Availability::Unavailable(msg),
@@ -248,11 +334,20 @@ impl Executor for PluginExecutor {
     }
 
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
+        let t = self.hooks();
+        let Some(check) = t.check_options else {
+            // A plugin that cannot check options takes none, rather than
+            // ignore what the user set.
+            return match options.keys().next() {
+                None => Ok(()),
+                Some(key) => Err(format!(
+                    "takes no options (its plugin has no options check), but `{key}` is set"
+                )),
+            };
+        };
         let json = serde_json::to_vec(options).map_err(|e| e.to_string())?;
-        let t = self.table();
         // SAFETY: as in `ask_cost`.
-        let (status, msg) =
-            with_msg(|out| unsafe { (t.check_options)(t.plugin, abi::Bytes::of(&json), out) });
+        let (status, msg) = with_msg(|out| unsafe { check(t.plugin, abi::Bytes::of(&json), out) });
         match status {
             abi::status::OK => Ok(()),
             s => Err(failure(s, &msg)),
@@ -260,7 +355,7 @@ impl Executor for PluginExecutor {
     }
 
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
-        match self.ask_cost(&Request::new(&[op], cx), self.table().claim) {
+        match self.ask_cost(&Request::new(&[op], cx), self.hooks().claim) {
             Ok(cost) => Claim::Accept(cost),
             Err((abi::status::NO, why)) => Claim::Reject(why),
             Err((s, msg)) => {
@@ -272,10 +367,13 @@ impl Executor for PluginExecutor {
     }
 
     fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
+        let t = self.hooks();
+        let Some(refine) = t.refine else {
+            return Refinement::default();
+        };
         let bytes = Request::new(region, cx).to_bytes();
-        let t = self.table();
         // SAFETY: as in `ask_cost`.
-        let (status, json) = with_answer(|out| unsafe { (t.refine)(t.plugin, abi::Bytes::of(&bytes), out) });
+        let (status, json) = with_answer(|out| unsafe { refine(t.plugin, abi::Bytes::of(&bytes), out) });
         let parsed: std::result::Result<Vec<(u32, String)>, String> = if status == abi::status::OK {
             serde_json::from_slice(&json).map_err(|e| format!("returned a malformed refinement: {e}"))
         } else {
@@ -300,7 +398,17 @@ impl Executor for PluginExecutor {
     }
 
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
-        match self.ask_cost(&Request::new(region, cx), self.table().cost) {
+        let Some(cost) = self.hooks().cost else {
+            // Without a cost hook, a region costs what its ops claim.
+            return region
+                .iter()
+                .map(|&op| match self.claim(op, cx) {
+                    Claim::Accept(c) => c,
+                    Claim::Reject(_) => f64::INFINITY,
+                })
+                .sum();
+        };
+        match self.ask_cost(&Request::new(region, cx), cost) {
             Ok(c) => c,
             Err((s, msg)) => {
                 tracing::warn!("plugin {}: cost {}", self.info.name, failure(s, &msg));
@@ -313,7 +421,7 @@ impl Executor for PluginExecutor {
         let request = Request::new(&region.ops, cx);
         let bytes = request.to_bytes();
         let mut kernel: *mut c_void = std::ptr::null_mut();
-        let t = self.table();
+        let t = self.hooks();
         // SAFETY: as in `ask_cost`.
         let (status, msg) =
             with_msg(|out| unsafe { (t.compile)(t.plugin, abi::Bytes::of(&bytes), &mut kernel, out) });
@@ -357,7 +465,7 @@ unsafe impl Sync for PluginKernel {}
 
 impl Drop for PluginKernel {
     fn drop(&mut self) {
-        let t = self.lib.table();
+        let t = &self.lib.hooks;
         // SAFETY: the handle came from this plugin's compile and is freed once.
         unsafe { (t.drop_kernel)(self.kernel) };
     }
@@ -469,7 +577,7 @@ impl Kernel for PluginKernel {
                 })
             })
             .collect::<Result<_>>()?;
-        let t = self.lib.table();
+        let t = &self.lib.hooks;
         // SAFETY: the kernel's run with views of live host buffers (inputs
         // borrowed for the call, outputs owned by `bufs`, which nothing else
         // refers to) whose shapes and strides `in_dims`/`out_dims` keep alive.
@@ -491,30 +599,197 @@ impl Kernel for PluginKernel {
     }
 }
 
-/// Loads `config`'s plugins, then those in `extra` (paths as given).
-/// Returns the loaded ones and, for each that could not be loaded, the
-/// error naming it and the cause: callers skip those and say so. A plugin
-/// whose executor has the name of a built-in one or of an earlier plugin
-/// is refused.
-pub fn load_configured(config: &Config, extra: &[PathBuf]) -> (Vec<LoadedPlugin>, Vec<Error>) {
-    let (mut loaded, mut failed): (Vec<LoadedPlugin>, Vec<Error>) = (Vec::new(), Vec::new());
-    for path in config.plugin_paths().into_iter().chain(extra.iter().cloned()) {
-        match load(&path) {
+/// A plugin that was asked for and could not be loaded.
+#[derive(Debug)]
+pub struct Failed {
+    /// The error, naming the library and the cause.
+    pub error: Error,
+    /// Whether the config marked it `optional = true`: planning may go on
+    /// without it. Plugins named on the command line never are.
+    pub optional: bool,
+}
+
+/// Loads `config`'s plugins, then those in `extra` (paths as given, each
+/// required). Returns the loaded ones and, for each that could not be
+/// loaded, the error naming it and the cause and whether it was optional:
+/// callers refuse to go on without a required one. A plugin whose
+/// executor has the name of a built-in one or of an earlier plugin is
+/// refused.
+pub fn load_configured(config: &Config, extra: &[PathBuf]) -> (Vec<LoadedPlugin>, Vec<Failed>) {
+    let (mut loaded, mut failed): (Vec<LoadedPlugin>, Vec<Failed>) = (Vec::new(), Vec::new());
+    let asked = config.plugins().into_iter().map(|p| (p.path, p.optional));
+    for (path, optional) in asked.chain(extra.iter().map(|p| (p.clone(), false))) {
+        let error = match load(&path) {
             Ok(p) => {
                 let name = p.executor.info().name;
                 let builtin = executor::registered().iter().any(|f| f.name == name);
                 let twice = loaded.iter().any(|q| q.executor.info().name == name);
-                if builtin || twice {
-                    failed.push(Error::Plugin {
-                        path,
-                        message: format!("its executor `{name}` has the name of another executor"),
-                    });
-                } else {
+                if !(builtin || twice) {
                     loaded.push(p);
+                    continue;
+                }
+                Error::Plugin {
+                    path,
+                    message: format!("its executor `{name}` has the name of another executor"),
                 }
             }
-            Err(e) => failed.push(e),
-        }
+            Err(e) => e,
+        };
+        failed.push(Failed { error, optional });
     }
     (loaded, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "C" fn info(_: *mut c_void, _: *mut abi::OutBuf) -> i32 {
+        abi::status::OK
+    }
+    unsafe extern "C" fn cost(_: *mut c_void, _: abi::Bytes, _: *mut f64, _: *mut abi::OutBuf) -> i32 {
+        abi::status::OK
+    }
+    unsafe extern "C" fn compile(
+        _: *mut c_void,
+        _: abi::Bytes,
+        _: *mut *mut c_void,
+        _: *mut abi::OutBuf,
+    ) -> i32 {
+        abi::status::OK
+    }
+    unsafe extern "C" fn run(
+        _: *mut c_void,
+        _: *const abi::DLTensor,
+        _: usize,
+        _: *const abi::DLTensor,
+        _: usize,
+        _: *mut abi::OutBuf,
+    ) -> i32 {
+        abi::status::OK
+    }
+    unsafe extern "C" fn drop_kernel(_: *mut c_void) {}
+    unsafe extern "C" fn availability(_: *mut c_void, _: *mut abi::OutBuf) -> i32 {
+        abi::status::OK
+    }
+
+    /// A full table of this version, every hook present.
+    fn full() -> abi::PluginTable {
+        abi::PluginTable {
+            abi_version: abi::ABI_VERSION,
+            struct_size: std::mem::size_of::<abi::PluginTable>() as u32,
+            plugin: std::ptr::null_mut(),
+            info: Some(info),
+            claim: Some(cost),
+            compile: Some(compile),
+            run: Some(run),
+            drop_kernel: Some(drop_kernel),
+            availability: Some(availability),
+            check_options: None,
+            refine: None,
+            cost: Some(cost),
+        }
+    }
+
+    /// A table followed by words a newer layout would have.
+    #[repr(C)]
+    struct Newer {
+        table: abi::PluginTable,
+        more: [usize; 3],
+    }
+
+    fn read(t: &abi::PluginTable) -> std::result::Result<Hooks, String> {
+        // SAFETY: `t` is a whole table; every test's size stays inside the
+        // memory it points into (the `Newer` ones point into a `Newer`).
+        unsafe { read_table(t) }
+    }
+
+    #[test]
+    fn a_table_of_this_layout_is_read_whole() {
+        let h = read(&full()).unwrap();
+        assert_eq!(h.table_size, std::mem::size_of::<abi::PluginTable>());
+        assert_eq!(
+            h.optional(),
+            [
+                ("availability", true),
+                ("check_options", false),
+                ("refine", false),
+                ("cost", true)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_older_table_is_read_only_as_far_as_its_size() {
+        // The optional hooks lie past the size an older plugin gives: they
+        // are not its, and must not be read.
+        let mut t = full();
+        t.struct_size = abi::TABLE_MIN_SIZE as u32;
+        let h = read(&t).unwrap();
+        assert_eq!(h.table_size, abi::TABLE_MIN_SIZE);
+        assert!(
+            h.optional().iter().all(|&(_, present)| !present),
+            "{:?}",
+            h.optional()
+        );
+        // Between the two: the hooks inside the size are read.
+        t.struct_size = (std::mem::offset_of!(abi::PluginTable, availability) + 8) as u32;
+        let h = read(&t).unwrap();
+        assert_eq!(h.optional()[0], ("availability", true));
+        assert_eq!(h.optional()[3], ("cost", false));
+    }
+
+    #[test]
+    fn a_newer_table_is_read_as_far_as_this_host_knows() {
+        let mut n = Newer {
+            table: full(),
+            more: [usize::MAX; 3],
+        };
+        n.table.struct_size = std::mem::size_of::<Newer>() as u32;
+        let h = read(&n.table).unwrap();
+        assert_eq!(h.table_size, std::mem::size_of::<Newer>());
+        assert_eq!(h.optional()[3], ("cost", true));
+    }
+
+    #[test]
+    fn tables_this_host_cannot_interpret_are_refused_with_the_reason() {
+        let with = |edit: &dyn Fn(&mut abi::PluginTable)| {
+            let mut n = Newer {
+                table: full(),
+                more: [0; 3],
+            };
+            edit(&mut n.table);
+            read(&n.table).unwrap_err()
+        };
+        for (why, want) in [
+            (
+                with(&|t| t.struct_size = 8),
+                "its table is 8 bytes, smaller than the",
+            ),
+            (with(&|t| t.struct_size = 0), "its table is 0 bytes"),
+            (
+                with(&|t| t.struct_size = 1 << 20),
+                "its table claims 1048576 bytes",
+            ),
+            (
+                with(&|t| t.struct_size = abi::TABLE_MIN_SIZE as u32 + 3),
+                "in whole words",
+            ),
+            (with(&|t| t.run = None), "its table has no `run` function"),
+            (with(&|t| t.info = None), "its table has no `info` function"),
+            (
+                with(&|t| t.abi_version = 1),
+                "was built for plugin ABI version 1; this switchyard speaks version 2 (an older plugin",
+            ),
+            (
+                with(&|t| t.abi_version = 3),
+                "version 3; this switchyard speaks version 2 (a newer plugin",
+            ),
+        ] {
+            assert!(why.contains(want), "{why}");
+        }
+        // SAFETY: null is allowed.
+        let why = unsafe { read_table(std::ptr::null()) }.unwrap_err();
+        assert!(why.contains("no table"), "{why}");
+    }
 }

@@ -77,16 +77,17 @@ pub fn table<E: Executor + 'static>(make: impl FnOnce() -> E, rank: u32) -> Tabl
     let plugin = Box::into_raw(Box::new(Plugin { executor, rank })).cast::<c_void>();
     TablePtr(Box::into_raw(Box::new(abi::PluginTable {
         abi_version: abi::ABI_VERSION,
+        struct_size: std::mem::size_of::<abi::PluginTable>() as u32,
         plugin,
-        info: info::<E>,
-        availability: availability::<E>,
-        check_options: check_options::<E>,
-        claim: claim::<E>,
-        refine: refine::<E>,
-        cost: cost::<E>,
-        compile: compile::<E>,
-        run,
-        drop_kernel,
+        info: Some(info::<E>),
+        claim: Some(claim::<E>),
+        compile: Some(compile::<E>),
+        run: Some(run),
+        drop_kernel: Some(drop_kernel),
+        availability: Some(availability::<E>),
+        check_options: Some(check_options::<E>),
+        refine: Some(refine::<E>),
+        cost: Some(cost::<E>),
     })))
 }
 

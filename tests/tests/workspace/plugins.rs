@@ -17,7 +17,7 @@ use switchyard_core::text::parse;
 use switchyard_core::{Error, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
-use switchyard_plugin_host::{load, load_configured};
+use switchyard_plugin_host::{Failed, load, load_configured};
 use switchyard_tests::workloads::{BlockSize, llama};
 use switchyard_tests::{assert_close, built_library, run};
 
@@ -153,22 +153,37 @@ fn libraries_that_cannot_be_loaded_are_clear_errors() {
             "{m}"
         );
     }
-    // From a config, each is skipped with its error, and the rest load.
+    // From a config, each failure comes with its error and whether the
+    // config let planning go on without it; the rest load. Paths given
+    // beside the config are always required.
     let c = config(&format!(
-        "[[plugin]]\npath = {:?}\n[[plugin]]\npath = {:?}\n",
+        "[[plugin]]\npath = {:?}\noptional = true\n[[plugin]]\npath = {:?}\n",
         missing.display().to_string(),
         matmul_plugin().display().to_string()
     ));
-    let (loaded, failed): (Vec<LoadedPlugin>, Vec<Error>) = load_configured(&c, std::slice::from_ref(&text));
+    let (loaded, failed): (Vec<LoadedPlugin>, Vec<Failed>) = load_configured(&c, std::slice::from_ref(&text));
     assert_eq!(loaded.len(), 1);
-    assert_eq!(failed.len(), 2);
+    let failed: Vec<(String, bool)> = failed.iter().map(|f| (f.error.to_string(), f.optional)).collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed[0].0.contains("no such file") && failed[0].1, "{failed:?}");
+    assert!(
+        failed[1].0.contains("cannot be loaded") && !failed[1].1,
+        "{failed:?}"
+    );
+    // Unmarked, a config's plugin is required.
+    let c = config(&format!(
+        "[[plugin]]\npath = {:?}\n",
+        missing.display().to_string()
+    ));
+    let (_, failed) = load_configured(&c, &[]);
+    assert!(failed.len() == 1 && !failed[0].optional, "{failed:?}");
     // The same plugin twice: the second is refused by name.
-    let (loaded, failed) = load_configured(&c, &[matmul_plugin()]);
+    let (loaded, failed) = load_configured(&c, &[matmul_plugin(), matmul_plugin()]);
     assert_eq!(loaded.len(), 1);
     assert!(
         failed
             .iter()
-            .any(|e| e.to_string().contains("has the name of another executor"))
+            .any(|f| f.error.to_string().contains("has the name of another executor"))
     );
     std::fs::remove_file(text).ok();
 }
@@ -308,5 +323,72 @@ fn a_plugin_kernel_finds_a_value_read_twice_once() {
     let (outputs, executors, set_aside) = plan_and_run(&t, &fast).unwrap();
     assert!(set_aside.is_empty(), "{set_aside:?}");
     assert_eq!(executors, vec!["tiled_matmul", "tiled_matmul"]);
+    same_as_fallback(&t, &outputs);
+}
+
+#[test]
+fn plugins_of_an_older_and_a_newer_table_layout_load_and_run() {
+    let own = std::mem::size_of::<switchyard_plugin_abi::PluginTable>();
+    let none = toml::Table::new();
+    let device = DeviceModel::cpu_default();
+    // An older plugin's table stops after the required functions: its
+    // optional hooks take their defaults.
+    let older = load(&built_library("switchyard-test-plugin-older-table")).unwrap();
+    assert_eq!(older.table_size, switchyard_plugin_abi::TABLE_MIN_SIZE);
+    assert!(older.table_size < own);
+    assert_eq!(
+        older.defaulted,
+        ["availability", "check_options", "refine", "cost"]
+    );
+    let e = &older.executor;
+    assert_eq!(
+        e.availability(),
+        switchyard_core::executor::Availability::Available
+    );
+    assert_eq!(e.check_options(&none), Ok(()));
+    let mut some = toml::Table::new();
+    some.insert("tile".into(), 8.into());
+    let why = e.check_options(&some).unwrap_err();
+    assert!(
+        why.contains("takes no options") && why.contains("`tile`"),
+        "{why}"
+    );
+    let t = parse("input x: f32[64]\na = neg(x)\nb = neg(a)\noutput b\n").unwrap();
+    let uses = t.uses();
+    let cx = switchyard_core::executor::Context {
+        trace: &t,
+        device: &device,
+        options: &none,
+        uses: &uses,
+        numerics: Default::default(),
+        prepared: &Default::default(),
+    };
+    let ops = [switchyard_core::ir::OpId(0), switchyard_core::ir::OpId(1)];
+    // A region costs what its ops claim (1 ns each).
+    assert_eq!(e.cost(&ops, &cx), 2.0);
+    assert!(e.refine(&ops, &cx).handed_back.is_empty());
+    let c = config(&format!(
+        "executors = [\"older_neg\", \"fallback\"]\n[[plugin]]\npath = {:?}\n",
+        built_library("switchyard-test-plugin-older-table")
+            .display()
+            .to_string()
+    ));
+    let (outputs, executors, _) = plan_and_run(&t, &c).unwrap();
+    assert!(executors.iter().all(|e| e == "older_neg"), "{executors:?}");
+    same_as_fallback(&t, &outputs);
+    // A newer plugin's table is larger, with fields this host does not
+    // know (one a function that aborts if called): they are never read.
+    let newer = load(&built_library("switchyard-test-plugin-newer-table")).unwrap();
+    assert!(newer.table_size > own, "{} bytes", newer.table_size);
+    assert!(newer.defaulted.is_empty(), "{:?}", newer.defaulted);
+    let t = parse("input x: f32[64]\na = abs(x)\noutput a\n").unwrap();
+    let c = config(&format!(
+        "executors = [\"newer_abs\", \"fallback\"]\n[[plugin]]\npath = {:?}\n",
+        built_library("switchyard-test-plugin-newer-table")
+            .display()
+            .to_string()
+    ));
+    let (outputs, executors, _) = plan_and_run(&t, &c).unwrap();
+    assert_eq!(executors, ["newer_abs"]);
     same_as_fallback(&t, &outputs);
 }

@@ -85,7 +85,7 @@ struct SetPlanner {
 /// `switchyard bench`: measures, prints, writes and compares the report.
 pub(crate) fn command(args: BenchArgs) -> Result<()> {
     let config = load_config(args.config.as_deref(), args.allow_tf32)?;
-    let plugins = load_plugins(&config, &args.plugin);
+    let plugins = load_plugins(&config, &args.plugin)?;
     // A model's workload runs on its own weights.
     let mut weights = std::collections::HashMap::new();
     let (suite_name, mut workloads) = if args.traces.is_empty() {

@@ -311,7 +311,7 @@ fn plugins_load_from_the_command_line_and_config() {
     assert!(
         line.contains("0.1.0")
             && line.contains("operator")
-            && line.contains(" 1 ")
+            && line.contains(" 2 ")
             && line.contains("available"),
         "{line}"
     );
@@ -329,14 +329,68 @@ fn plugins_load_from_the_command_line_and_config() {
     let out = sw!("run", example("transformer_block.trace"), "--config", &cfg);
     let s = ok(out);
     assert!(s.contains("9 on tiled_matmul"), "{s}");
-    // A plugin that cannot be loaded is a warning; the run goes on.
-    let out = sw!("run", example("mlp.trace"), "--plugin", "/no/such/plugin.so");
+}
+
+#[test]
+fn plugins_asked_for_and_not_loaded_are_errors_unless_optional() {
+    // On the command line: an error naming the path and the cause, for
+    // every command that loads plugins.
+    let not_a_library = scratch("not-a-plugin.so");
+    std::fs::write(&not_a_library, "text\n").unwrap();
+    for args in [
+        vec!["run".into(), example("mlp.trace")],
+        vec!["plan".into(), example("mlp.trace")],
+        vec![
+            "bench".into(),
+            example("mlp.trace"),
+            "--repeat".into(),
+            "1".into(),
+        ],
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.args(&args).arg("--plugin").arg("/no/such/plugin.so");
+        let e = fails(cmd.output().unwrap());
+        assert!(
+            e.contains("plugin /no/such/plugin.so: no such file"),
+            "{args:?}: {e}"
+        );
+    }
+    // `executors` lists what failed and why, then fails.
+    let out = sw!(
+        "executors",
+        "--plugin",
+        &not_a_library,
+        "--plugin",
+        "/no/such/plugin.so"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("fallback"), "{s}");
+    assert!(s.contains("Plugins not loaded:"), "{s}");
+    assert!(
+        s.contains("not-a-plugin.so: cannot be loaded as a shared library"),
+        "{s}"
+    );
+    assert!(s.contains("/no/such/plugin.so: no such file (required)"), "{s}");
+    // In a config: an error unless it says `optional = true`, which is a
+    // warning, and the run goes on.
+    let required = "[[plugin]]\npath = \"/no/such/plugin.so\"\n";
+    let e = fails(with_config("run", required));
+    assert!(e.contains("plugin /no/such/plugin.so: no such file"), "{e}");
+    assert!(e.contains("optional = true"), "{e}");
+    let optional = "[[plugin]]\npath = \"/no/such/plugin.so\"\noptional = true\n";
+    let out = with_config("run", optional);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("warning: plugin /no/such/plugin.so: no such file (skipped)"),
+        err.contains("warning: plugin /no/such/plugin.so: no such file (optional: skipped)"),
         "{err}"
     );
+    let cfg = scratch("optional-plugin.toml");
+    std::fs::write(&cfg, optional).unwrap();
+    let out = sw!("executors", "--config", &cfg);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no such file (optional, skipped)"));
 }
 
 /// Runs `COMMAND mlp.trace --config FILE` with `config` written to FILE.

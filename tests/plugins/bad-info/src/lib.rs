@@ -19,11 +19,6 @@ unsafe extern "C" fn no(_: *mut c_void, msg: *mut OutBuf) -> i32 {
     status::ERROR
 }
 
-unsafe extern "C" fn no_bytes(_: *mut c_void, _: Bytes, msg: *mut OutBuf) -> i32 {
-    // SAFETY: as above.
-    unsafe { no(std::ptr::null_mut(), msg) }
-}
-
 unsafe extern "C" fn no_cost(_: *mut c_void, _: Bytes, _: *mut f64, msg: *mut OutBuf) -> i32 {
     // SAFETY: as above.
     unsafe { no(std::ptr::null_mut(), msg) }
@@ -54,22 +49,18 @@ unsafe impl Sync for Table {}
 
 static TABLE: Table = Table(PluginTable {
     abi_version: ABI_VERSION,
+    struct_size: std::mem::size_of::<PluginTable>() as u32,
     plugin: std::ptr::null_mut(),
-    info,
-    availability: no,
-    check_options: no_bytes,
-    claim: no_cost,
-    refine: no_bytes_out,
-    cost: no_cost,
-    compile: no_compile,
-    run: no_run,
-    drop_kernel,
+    info: Some(info),
+    claim: Some(no_cost),
+    compile: Some(no_compile),
+    run: Some(no_run),
+    drop_kernel: Some(drop_kernel),
+    availability: None,
+    check_options: None,
+    refine: None,
+    cost: None,
 });
-
-unsafe extern "C" fn no_bytes_out(_: *mut c_void, _: Bytes, out: *mut OutBuf) -> i32 {
-    // SAFETY: as above.
-    unsafe { no(std::ptr::null_mut(), out) }
-}
 
 /// The entry: a table whose info is malformed.
 #[unsafe(no_mangle)]
