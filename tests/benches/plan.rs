@@ -5,7 +5,9 @@
 //! whether planning stays near O(n log n).
 //!
 //! The `schedule` group times scheduling (min-peak, dfs, bfs) with the
-//! liveness and arena layout that follow it, on the same traces.
+//! liveness and arena layout that follow it, on the same traces, and the
+//! memory check a compile makes first (each place's peak against what the
+//! machine has available, `Plan::check_fits`).
 //!
 //! The `pipeline` group times the whole of planning (`Planner::plan`:
 //! partitioning, scheduling and fitting to memory) with the default
@@ -24,6 +26,7 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use switchyard_core::autotune::{Autotuner, Mode};
+use switchyard_core::capacity::MemoryLimits;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Executor, ExecutorSet};
 use switchyard_core::partition::{PartitionOptions, partition};
@@ -101,6 +104,9 @@ fn schedule_time(c: &mut Criterion) {
                 })
             });
         }
+        g.bench_with_input(BenchmarkId::new("memory check", n), &plan, |b, p| {
+            b.iter(|| p.check_fits(&MemoryLimits::for_plan(p, None)).unwrap())
+        });
     }
     g.finish();
 }

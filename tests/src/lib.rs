@@ -34,6 +34,7 @@ pub fn fused_planner() -> Planner {
         options: PartitionOptions::default(),
         strategy: Strategy::MinPeak,
         budget: None,
+        memory_limit: None,
         autotune: None,
     }
 }
@@ -190,4 +191,50 @@ pub fn run_default(trace: &Trace, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec
     )?;
     let executors = plan.regions.iter().map(|r| plan.executor_name(r)).collect();
     Ok((run_plan(plan, inputs)?.outputs, executors))
+}
+
+/// Runs `compiled` from `threads` threads, `runs` times each, thread `k`'s
+/// run `i` on input set `(k + i) % inputs.len()` (so that threads run
+/// different inputs at once), every other run giving its outputs back to
+/// the plan for later runs to write into; checks that every run's outputs
+/// have the bits of a single run on the same inputs. Outputs on a device
+/// are compared on the host.
+pub fn concurrent_runs_match_single_runs(
+    compiled: &CompiledPlan,
+    inputs: &[Vec<Tensor>],
+    threads: usize,
+    runs: usize,
+) {
+    fn host_bits(outputs: &[Tensor]) -> Vec<(Vec<usize>, Vec<u64>)> {
+        outputs
+            .iter()
+            .map(|t| {
+                let host = switchyard_core::device::move_to(t, switchyard_core::Device::Cpu).unwrap();
+                let bits = host.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect();
+                (host.shape().to_vec(), bits)
+            })
+            .collect()
+    }
+    let want: Vec<_> = inputs
+        .iter()
+        .map(|i| host_bits(&compiled.run(i, RunOptions::default()).unwrap().outputs))
+        .collect();
+    std::thread::scope(|s| {
+        for k in 0..threads {
+            let (want, inputs) = (&want, inputs);
+            s.spawn(move || {
+                for i in 0..runs {
+                    let set = (k + i) % inputs.len();
+                    let got = compiled.run(&inputs[set], RunOptions::default()).unwrap();
+                    assert!(
+                        host_bits(&got.outputs) == want[set],
+                        "thread {k}, run {i}, input set {set}: not the single run's results"
+                    );
+                    if i % 2 == 0 {
+                        compiled.recycle(got.outputs);
+                    }
+                }
+            });
+        }
+    });
 }

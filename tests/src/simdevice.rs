@@ -26,6 +26,10 @@ use switchyard_core::{DType, Device, OutputBuffer, Tensor};
 /// so the CUDA layer (linked into the same tests) never reaches it first.
 pub const SIM: Device = Device::Cuda(63);
 
+/// The memory of each simulated device, as a small GPU's: what plans are
+/// checked against before they run there.
+pub const SIM_MEMORY: usize = 1 << 30;
+
 /// The first ordinal simulated.
 const FIRST: u32 = 56;
 
@@ -295,6 +299,11 @@ impl Transfer for SimTransfer {
 
     fn memory(&self, device: Device) -> MemoryStats {
         pool(device).map(|p| p.stats()).unwrap_or_default()
+    }
+
+    fn free_memory(&self, device: Device) -> Option<usize> {
+        let in_use = pool(device).ok()?.stats().in_use_bytes;
+        Some(SIM_MEMORY.saturating_sub(in_use))
     }
 
     fn copy_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {

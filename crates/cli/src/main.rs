@@ -22,6 +22,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use switchyard_core::Device;
 use switchyard_core::cache::KernelCache;
+use switchyard_core::capacity::MemoryLimits;
 use switchyard_core::io::{preview, random_inputs, write_safetensors};
 use switchyard_core::report::{
     RunReport, memory_timeline_svg, plan_dot, plan_report, render_plan, render_run,
@@ -259,6 +260,14 @@ fn plan(args: PlanArgs) -> Result<()> {
     let config = args.planning.config()?;
     let trace = args.planning.program(&args.trace, &config, None)?.trace;
     let plan = args.planning.planner(&config, true)?.0.plan(&trace)?;
+    // A plan for this machine that it cannot hold is worth knowing before
+    // `run` refuses it.
+    if args.planning.targeting.target.is_none() {
+        let limits = MemoryLimits::for_plan(&plan, config.memory_limit_bytes());
+        if let Err(e) = plan.check_fits(&limits) {
+            eprintln!("warning: `run` would refuse this plan here: {e}");
+        }
+    }
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -41,13 +41,20 @@ enum Mem {
 }
 
 impl OutputBuffer {
-    /// A zeroed buffer in host memory of its own.
-    pub fn new(dtype: DType, shape: &[usize]) -> OutputBuffer {
-        let len = numel(shape);
-        OutputBuffer {
-            mem: Mem::Host(Arc::new(ArenaBuf::alone(dtype, len))),
+    /// A zeroed buffer in host memory of its own, or
+    /// [`Error::OutOfMemory`] when the system cannot give it.
+    pub fn new(dtype: DType, shape: &[usize]) -> Result<OutputBuffer> {
+        let len = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| Error::OutOfMemory {
+                what: format!("a buffer of {dtype}{}", ShapeDisplay(shape)),
+                message: "its size overflows".into(),
+            })?;
+        Ok(OutputBuffer {
+            mem: Mem::Host(Arc::new(ArenaBuf::alone(dtype, len)?)),
             shape: SmallVec::from_slice(shape),
-        }
+        })
     }
 
     /// The buffer of `t` to write again, if `t` holds the only reference to
@@ -265,11 +272,11 @@ pub(crate) struct Arena {
 
 impl Arena {
     /// A zeroed arena of at least `bytes` bytes.
-    pub(crate) fn new(bytes: usize) -> Arena {
-        Arena {
-            block: Arc::new(Block::new(bytes)),
+    pub(crate) fn new(bytes: usize) -> Result<Arena> {
+        Ok(Arena {
+            block: Arc::new(Block::new(bytes)?),
             handed: Handed::new(),
-        }
+        })
     }
 
     /// Its size in bytes.
@@ -439,7 +446,7 @@ mod tests {
 
     #[test]
     fn a_range_is_reused_only_once_nothing_refers_to_it() {
-        let mut arena = Arena::new(4 * ARENA_ALIGN);
+        let mut arena = Arena::new(4 * ARENA_ALIGN).unwrap();
         let mut a = arena.take(0, DType::F32, &[16]).unwrap();
         a.slice_mut::<f32>().unwrap().fill(1.5);
         let a = a.into_tensor();
@@ -468,21 +475,21 @@ mod tests {
     fn the_slot_keeps_one_arena() {
         let slot: ArenaSlot<Arena> = ArenaSlot::default();
         assert!(slot.take().is_none());
-        slot.put(Arena::new(64));
-        slot.put(Arena::new(128));
+        slot.put(Arena::new(64).unwrap());
+        slot.put(Arena::new(128).unwrap());
         assert_eq!(slot.take().map(|a| a.bytes()), Some(64), "the first one is kept");
         assert!(slot.take().is_none());
-        slot.put(Arena::new(64));
+        slot.put(Arena::new(64).unwrap());
     }
 
     #[test]
     fn copy_from_checks_and_copies_views() {
         let t = Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3]).unwrap();
         let tt = t.view(vec![3, 2], vec![1, 3], 0).unwrap();
-        let mut out = OutputBuffer::new(DType::I32, &[3, 2]);
+        let mut out = OutputBuffer::new(DType::I32, &[3, 2]).unwrap();
         out.copy_from(&tt).unwrap();
         assert_eq!(out.into_tensor().to_vec::<i32>().unwrap(), vec![1, 4, 2, 5, 3, 6]);
-        let mut wrong = OutputBuffer::new(DType::F32, &[3, 2]);
+        let mut wrong = OutputBuffer::new(DType::F32, &[3, 2]).unwrap();
         let e = wrong.copy_from(&tt).unwrap_err().to_string();
         assert!(e.contains("expected f32[3, 2] but got i32[3, 2]"), "{e}");
     }

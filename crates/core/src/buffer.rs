@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::meta::Device;
 use crate::pages::{LINE, Pages};
 
@@ -29,12 +29,12 @@ pub(crate) struct Block {
 // `OutputBuffer`, which holds the only reference to its buffer.
 
 impl Block {
-    pub(crate) fn new(bytes: usize) -> Block {
+    pub(crate) fn new(bytes: usize) -> Result<Block> {
         // Large blocks come straight from the OS as untouched pages, so an
         // arena costs nothing until it is used.
-        Block {
-            pages: Pages::zeroed(bytes),
-        }
+        Ok(Block {
+            pages: Pages::zeroed(bytes)?,
+        })
     }
 
     pub(crate) fn bytes(&self) -> usize {
@@ -66,14 +66,18 @@ impl std::fmt::Debug for Block {
 
 impl ArenaBuf {
     /// A zeroed buffer of `len` elements of `dtype` in a block of its own.
-    pub(crate) fn alone(dtype: DType, len: usize) -> ArenaBuf {
-        ArenaBuf {
-            block: Arc::new(Block::new(len * dtype.size())),
+    pub(crate) fn alone(dtype: DType, len: usize) -> Result<ArenaBuf> {
+        let bytes = len.checked_mul(dtype.size()).ok_or_else(|| Error::OutOfMemory {
+            what: format!("a buffer of {len} {dtype} elements"),
+            message: "its size overflows".into(),
+        })?;
+        Ok(ArenaBuf {
+            block: Arc::new(Block::new(bytes)?),
             offset: 0,
             dtype,
             len,
             own: true,
-        }
+        })
     }
 
     /// The buffer of `len` elements of `dtype` at byte `offset` of `block`;

@@ -11,6 +11,7 @@
 //! hint_policy = "strict"  # or "prefer": hints that cannot be honoured warn
 //! allow_tf32 = false      # f32 matrix products on TF32 tensor cores (off: IEEE f32)
 //! threads = 4             # CPU kernel threads (default: one per core; SWITCHYARD_THREADS wins)
+//! memory_limit = "16 GiB"  # host memory a plan may peak at (default: what is available)
 //!
 //! [options.myexec]
 //! tile = 64
@@ -176,6 +177,11 @@ pub struct Config {
     /// per core.
     #[serde(default)]
     pub threads: Option<usize>,
+    /// Host memory a plan may keep live at its peak, below what the
+    /// machine has available ([`crate::capacity`]): bytes, or a size with
+    /// a unit (`"16 GiB"`, `"512 MB"`). Absent: what is available.
+    #[serde(default)]
+    pub memory_limit: Option<ByteSize>,
     /// `[[plugin]]`: executor plugins to load (shared libraries).
     #[serde(default)]
     pub plugin: Vec<PluginConfig>,
@@ -201,6 +207,66 @@ pub struct Config {
     /// start there.
     #[serde(skip)]
     pub dir: Option<std::path::PathBuf>,
+}
+
+/// A number of bytes in a config: an integer, or a string of a number and
+/// a unit (`B`, `KB`, `MB`, `GB`, `TB` in powers of 1000; `KiB`, `MiB`,
+/// `GiB`, `TiB` in powers of 1024).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<ByteSize, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::Bytes(b)) => Ok(ByteSize(b)),
+            Ok(Raw::Text(t)) => t.parse().map_err(serde::de::Error::custom),
+            Err(_) => Err(serde::de::Error::custom(
+                "must be a number of bytes, or a size such as \"16 GiB\"",
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<ByteSize, String> {
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (number, unit) = (&t[..split], t[split..].trim());
+        let scale: u64 = match unit {
+            "" | "B" => 1,
+            "KB" | "kB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "TB" => 1_000_000_000_000,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            other => {
+                return Err(format!(
+                    "`{s}`: unknown unit `{other}` (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+                ));
+            }
+        };
+        let n: f64 = number
+            .parse()
+            .map_err(|_| format!("`{s}` is not a size such as \"16 GiB\""))?;
+        let bytes = n * scale as f64;
+        if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
+            return Err(format!("`{s}` is not a size this machine can count"));
+        }
+        Ok(ByteSize(bytes as u64))
+    }
 }
 
 /// `[[plugin]]`: one executor plugin.
@@ -312,8 +378,15 @@ impl Config {
                 None => self.strategy()?,
             },
             budget: self.scheduler.memory_budget.map(|b| b as usize),
+            memory_limit: self.memory_limit_bytes(),
             autotune: self.autotuner(choices.autotune),
         })
+    }
+
+    /// `memory_limit` in bytes, if set.
+    pub fn memory_limit_bytes(&self) -> Option<usize> {
+        self.memory_limit
+            .map(|b| usize::try_from(b.0).unwrap_or(usize::MAX))
     }
 
     /// The autotuner of `[autotune]`, in `mode` when one is given; `None`

@@ -80,6 +80,14 @@ pub trait Transfer: Send + Sync {
         self.to_device(&self.to_host(tensor)?, tensor.device())
     }
 
+    /// Bytes `device` can still give this process: its free memory and
+    /// what the layer's pool holds unused. `None` (the default) where the
+    /// layer cannot tell; plans are then not checked against it.
+    fn free_memory(&self, device: Device) -> Option<usize> {
+        let _ = device;
+        None
+    }
+
     /// What the layer's allocator has done on `device` so far. By default
     /// nothing is known.
     fn memory(&self, device: Device) -> MemoryStats {

@@ -75,6 +75,16 @@ pub enum Error {
         /// Each executor's reason.
         reasons: String,
     },
+    /// Memory cannot be had: a plan whose peak does not fit in what the
+    /// machine can give, or an allocation refused.
+    #[error("out of memory: {what}: {message}")]
+    OutOfMemory {
+        /// What needed it (`the plan's peak on the host`, `an output of
+        /// region 3 (y = exp(x), line 2)`).
+        what: String,
+        /// The numbers, and what was live.
+        message: String,
+    },
     /// A plugin cannot be loaded.
     #[error("plugin {}: {message}", path.display())]
     Plugin {

@@ -26,6 +26,7 @@ pub mod arena;
 pub mod autotune;
 pub mod buffer;
 pub mod cache;
+pub mod capacity;
 pub mod config;
 pub mod cost;
 pub mod device;

@@ -475,6 +475,93 @@ impl MemoryGraph {
         ArenaPlan { offsets, size }
     }
 
+    /// The most bytes live at once over `order` among the buffers `keep`
+    /// selects, with the trace's inputs counted for the whole run (their
+    /// caller holds them): what a machine must give the plan there. Returns
+    /// the peak, the step it is reached at, and the buffers live then,
+    /// largest first.
+    pub fn peak_where(&self, order: &[usize], keep: impl Fn(&Buffer) -> bool) -> Peak {
+        let kept: Vec<bool> = self.buffers.iter().map(&keep).collect();
+        let (mut peak, mut step) = (None::<usize>, None);
+        let first = self.replay(order, &kept, None, |s, bytes, _| {
+            if peak.is_none_or(|p| bytes > p) {
+                (peak, step) = (Some(bytes), Some(s));
+            }
+        });
+        // The inputs alone, before the first step.
+        let (bytes, step) = match peak {
+            Some(p) if p > first => (p, step),
+            _ => (first, None),
+        };
+        let mut live: Vec<usize> = match step {
+            Some(p) => {
+                let mut at_peak = Vec::new();
+                self.replay(order, &kept, Some(p), |s, _, is_live| {
+                    if s == p {
+                        at_peak = (0..is_live.len()).filter(|&b| is_live[b]).collect();
+                    }
+                });
+                at_peak
+            }
+            None => (0..self.buffers.len())
+                .filter(|&b| kept[b] && self.buffers[b].producer.is_none())
+                .collect(),
+        };
+        live.sort_by(|&a, &b| self.buffers[b].bytes.cmp(&self.buffers[a].bytes).then(a.cmp(&b)));
+        Peak { bytes, step, live }
+    }
+
+    /// Replays `order` over the `kept` buffers, the inputs live throughout,
+    /// up to step `stop` (all of it when `None`), calling `at(step, live
+    /// bytes, live buffers)` once each step's outputs are allocated; returns
+    /// the inputs' bytes.
+    fn replay(
+        &self,
+        order: &[usize],
+        kept: &[bool],
+        stop: Option<usize>,
+        mut at: impl FnMut(usize, usize, &[bool]),
+    ) -> usize {
+        let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
+        let mut is_live: Vec<bool> = (0..self.buffers.len())
+            .map(|b| kept[b] && self.buffers[b].producer.is_none())
+            .collect();
+        let inputs: usize = (0..self.buffers.len())
+            .filter(|&b| is_live[b])
+            .map(|b| self.buffers[b].bytes)
+            .sum();
+        let mut live = inputs;
+        for (s, &r) in order.iter().enumerate() {
+            for &b in self.makes[r].iter().filter(|&&b| kept[b]) {
+                live += self.buffers[b].bytes;
+                is_live[b] = true;
+            }
+            at(s, live, &is_live);
+            if stop == Some(s) {
+                break;
+            }
+            let mut free = |b: usize| {
+                let buf = &self.buffers[b];
+                if is_live[b] && buf.producer.is_some() && !buf.output {
+                    live -= buf.bytes;
+                    is_live[b] = false;
+                }
+            };
+            for &b in &self.reads[r] {
+                remaining[b] -= 1;
+                if remaining[b] == 0 {
+                    free(b);
+                }
+            }
+            for &b in &self.makes[r] {
+                if self.buffers[b].readers.is_empty() {
+                    free(b);
+                }
+            }
+        }
+        inputs
+    }
+
     /// The buffers live at step `step` of `order`, once its outputs are allocated.
     fn live_at(&self, order: &[usize], step: usize) -> Vec<usize> {
         let mut remaining: Vec<usize> = self.buffers.iter().map(|b| b.readers.len()).collect();
@@ -502,6 +589,18 @@ impl MemoryGraph {
             .filter(|&b| live[b] && self.buffers[b].producer.is_some())
             .collect()
     }
+}
+
+/// The most bytes live at once on one place ([`MemoryGraph::peak_where`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peak {
+    /// The bytes.
+    pub bytes: usize,
+    /// The step of the order it is reached at (`None`: before the first,
+    /// when the inputs alone are the most).
+    pub step: Option<usize>,
+    /// The buffers live then, largest first.
+    pub live: Vec<usize>,
 }
 
 /// Live bytes at one step of a schedule.

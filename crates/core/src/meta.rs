@@ -281,6 +281,20 @@ pub fn normalize_dim(dim: i64, rank: usize) -> Option<usize> {
     (0..r).contains(&d).then_some(d as usize)
 }
 
+/// Bytes for people: `768.00 KiB`.
+pub fn human_bytes(b: usize) -> String {
+    let f = b as f64;
+    if f >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", f / (1u64 << 30) as f64)
+    } else if f >= (1 << 20) as f64 {
+        format!("{:.2} MiB", f / (1 << 20) as f64)
+    } else if f >= 1024.0 {
+        format!("{:.2} KiB", f / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,7 +142,7 @@ mod tests {
     use super::*;
 
     fn written(shape: &[usize]) -> Tensor {
-        let mut b = OutputBuffer::new(DType::F32, shape);
+        let mut b = OutputBuffer::new(DType::F32, shape).unwrap();
         b.slice_mut::<f32>().unwrap().fill(2.0);
         b.into_tensor()
     }

@@ -5,10 +5,13 @@
 //! aligned and advised for transparent huge pages (`MADV_HUGEPAGE`): the
 //! first touch of each 2 MiB faults once instead of 512 times, and a buffer
 //! streamed through stays within few TLB entries. Either way the memory
-//! reads as zeros, and untouched pages cost nothing until written.
+//! reads as zeros, and untouched pages cost nothing until written. Memory
+//! the system refuses is an error, never an abort.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
 
 /// Alignment of every allocation, in bytes: a cache line.
 pub(crate) const LINE: usize = 64;
@@ -44,33 +47,38 @@ unsafe impl Send for Pages {}
 unsafe impl Sync for Pages {}
 
 impl Pages {
-    /// `bytes` zeroed bytes (rounded up to whole lines).
-    pub(crate) fn zeroed(bytes: usize) -> Pages {
-        let bytes = bytes.div_ceil(LINE) * LINE;
+    /// `bytes` zeroed bytes (rounded up to whole lines), or an error when
+    /// the system refuses them: never an abort.
+    pub(crate) fn zeroed(bytes: usize) -> Result<Pages> {
+        let refused = |why: &str| Error::OutOfMemory {
+            what: format!("allocating {}", crate::meta::human_bytes(bytes)),
+            message: why.to_string(),
+        };
+        let bytes = bytes
+            .checked_next_multiple_of(LINE)
+            .ok_or_else(|| refused("the size overflows"))?;
         if bytes == 0 {
-            return Pages {
+            return Ok(Pages {
                 ptr: NonNull::<Line>::dangling().cast(),
                 bytes: 0,
                 how: How::Empty,
-            };
+            });
         }
         #[cfg(target_os = "linux")]
         if bytes >= HUGE_PAGE
             && let Some(p) = Pages::mapped(bytes)
         {
-            return p;
+            return Ok(p);
         }
-        let layout = Layout::from_size_align(bytes, LINE).expect("allocation size overflows");
+        let layout = Layout::from_size_align(bytes, LINE).map_err(|_| refused("the size overflows"))?;
         // SAFETY: the layout has a nonzero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(p) else {
-            std::alloc::handle_alloc_error(layout);
-        };
-        Pages {
+        let ptr = NonNull::new(p).ok_or_else(|| refused("the system refused it"))?;
+        Ok(Pages {
             ptr,
             bytes,
             how: How::Heap(layout),
-        }
+        })
     }
 
     /// A fresh anonymous mapping, 2 MiB aligned, advised for huge pages;
@@ -150,7 +158,7 @@ mod tests {
     #[test]
     fn memory_is_zeroed_and_aligned_small_and_large() {
         for bytes in [0, 1, 100, 4096, HUGE_PAGE, 3 * HUGE_PAGE + 5] {
-            let p = Pages::zeroed(bytes);
+            let p = Pages::zeroed(bytes).unwrap();
             assert!(p.bytes() >= bytes && p.bytes().is_multiple_of(LINE));
             assert!((p.base() as usize).is_multiple_of(LINE));
             if p.bytes() > 0 {
@@ -163,6 +171,15 @@ mod tests {
                 assert!(p.is_mapped());
                 assert!((p.base() as usize).is_multiple_of(HUGE_PAGE), "2 MiB aligned");
             }
+        }
+    }
+
+    #[test]
+    fn memory_the_system_cannot_give_is_an_error_not_an_abort() {
+        for bytes in [usize::MAX, usize::MAX / 2, 1 << 60] {
+            let e = Pages::zeroed(bytes).err().expect("no machine has this much");
+            let m = e.to_string();
+            assert!(m.starts_with("out of memory: allocating "), "{m}");
         }
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::autotune::{Autotuner, Mode};
 use crate::cache::KernelCache;
+use crate::capacity::MemoryLimits;
 use crate::cost::DeviceModel;
 use crate::error::{Error, Result};
 use crate::executor::ExecutorSet;
@@ -37,6 +38,9 @@ pub struct Planner {
     pub strategy: Strategy,
     /// Bytes the plan may peak at.
     pub budget: Option<usize>,
+    /// Host bytes a compiled plan may keep live at its peak, below what the
+    /// machine has available ([`crate::capacity`]).
+    pub memory_limit: Option<usize>,
     /// Measured times for the decisions made by cost (see
     /// [`crate::autotune`]); `None`, or a tuner in [`Mode::Off`], plans by
     /// estimate alone.
@@ -122,7 +126,8 @@ impl Planner {
                 ..self.clone()
             };
             let plan = planner.plan(trace)?;
-            match CompiledPlan::compile_with(plan, cache) {
+            let limits = MemoryLimits::for_plan(&plan, self.memory_limit);
+            match CompiledPlan::compile_within(plan, cache, &limits) {
                 Ok(c) => return Ok((c, set_aside)),
                 Err(Error::Kernel {
                     executor,

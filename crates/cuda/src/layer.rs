@@ -526,6 +526,14 @@ impl Transfer for CudaTransfer {
         }
     }
 
+    fn free_memory(&self, device: Device) -> Option<usize> {
+        let Device::Cuda(n) = device else { return None };
+        let (free, _total) = stream(n).ok()?.context().mem_get_info().ok()?;
+        // The pool's idle blocks are this process's to hand out again.
+        let idle = memory(n).held_bytes.saturating_sub(memory(n).in_use_bytes);
+        Some(free.saturating_add(idle))
+    }
+
     fn copy_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
         let d = buffer_of(dst)?;
         if !dst.is_contiguous() || dst.shape() != src.shape() || dst.dtype() != src.dtype() {

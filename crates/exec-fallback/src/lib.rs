@@ -51,12 +51,28 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// An op's output could not be allocated.
+    #[error("{op}: out of memory: {what}: {message}")]
+    OutOfMemory {
+        /// The op, as a statement.
+        op: String,
+        /// What was asked for.
+        what: String,
+        /// Why it was refused.
+        message: String,
+    },
 }
 
 impl From<Error> for switchyard_core::Error {
     fn from(e: Error) -> Self {
         let (op, message) = match e {
             Error::Run { op, message } | Error::Compile { op, message } => (op, message),
+            Error::OutOfMemory { op, what, message } => {
+                return switchyard_core::Error::OutOfMemory {
+                    what: format!("{what} for the output of {op}"),
+                    message,
+                };
+            }
         };
         switchyard_core::Error::Kernel {
             executor: NAME.to_string(),
@@ -319,9 +335,18 @@ impl CompiledOp {
         let fits = |b: &OutputBuffer| {
             b.dtype() == self.out.dtype && b.shape() == shape.as_slice() && b.device() == Device::Cpu
         };
-        let mut dst = buf
-            .filter(fits)
-            .or_else(|| writes.then(|| OutputBuffer::new(self.out.dtype, shape)));
+        let mut dst = match buf.filter(fits) {
+            Some(b) => Some(b),
+            None if writes => Some(OutputBuffer::new(self.out.dtype, shape).map_err(|e| match e {
+                switchyard_core::Error::OutOfMemory { what, message } => Error::OutOfMemory {
+                    op: self.describe.clone(),
+                    what,
+                    message,
+                },
+                other => fail(other.to_string()),
+            })?),
+            None => None,
+        };
         if in_place && let Some(mut buf) = dst.take() {
             let written = match &self.prim {
                 Prim::Unary(u) => elementwise::unary_into(*u, args[0], &mut buf),

@@ -275,7 +275,7 @@ mod tests {
             let Storage::F32(want) = matmul(&a, &b, &out).unwrap() else {
                 panic!()
             };
-            let mut buf = OutputBuffer::new(DType::F32, &out);
+            let mut buf = OutputBuffer::new(DType::F32, &out).unwrap();
             buf.slice_mut::<f32>().unwrap().fill(f32::NAN);
             assert!(matmul_into(&a, &b, &mut buf).unwrap());
             let got = buf.into_tensor().to_vec::<f32>().unwrap();
@@ -283,7 +283,7 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "{:?} @ {:?}", a.shape(), b.shape());
         }
         let i = Tensor::from_vec(vec![1i32, 2, 3, 4], &[2, 2]).unwrap();
-        let mut buf = OutputBuffer::new(DType::I32, &[2, 2]);
+        let mut buf = OutputBuffer::new(DType::I32, &[2, 2]).unwrap();
         assert!(
             !matmul_into(&i, &i, &mut buf).unwrap(),
             "integers take the vector path"

@@ -74,7 +74,7 @@ proptest! {
         let out = elementwise::binary(BinaryOp::Sub, &a, &b, &shape, None).unwrap().to_vec::<f64>().unwrap();
         // The same walk into a buffer given, full of NaN as a recycled one
         // holds old values: written in place, every element.
-        let mut buf = OutputBuffer::new(DType::F64, &shape);
+        let mut buf = OutputBuffer::new(DType::F64, &shape).unwrap();
         buf.slice_mut::<f64>().unwrap().fill(f64::NAN);
         let at = buf.slice_mut::<f64>().unwrap().as_ptr();
         let into = elementwise::binary(BinaryOp::Sub, &a, &b, &shape, Some(buf)).unwrap();

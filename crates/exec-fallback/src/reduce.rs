@@ -469,7 +469,7 @@ mod tests {
                 let Storage::F32(want) = reduce(op, &x, &dims).unwrap() else {
                     panic!()
                 };
-                let mut buf = OutputBuffer::new(DType::F32, &kept);
+                let mut buf = OutputBuffer::new(DType::F32, &kept).unwrap();
                 buf.slice_mut::<f32>().unwrap().fill(f32::NAN);
                 assert!(reduce_into(op, &x, &dims, &mut buf).unwrap());
                 let got = buf.into_tensor().to_vec::<f32>().unwrap();
@@ -478,14 +478,14 @@ mod tests {
             }
         }
         let x = Tensor::from_vec(vec![1i64, 2, 3, 4], &[2, 2]).unwrap();
-        let mut buf = OutputBuffer::new(DType::I64, &[2]);
+        let mut buf = OutputBuffer::new(DType::I64, &[2]).unwrap();
         assert!(
             !reduce_into(ReduceOp::Mean, &x, &[1], &mut buf).unwrap(),
             "mean of integers is not written"
         );
         assert!(reduce_into(ReduceOp::Sum, &x, &[1], &mut buf).unwrap());
         assert_eq!(buf.into_tensor().to_vec::<i64>().unwrap(), vec![3, 7]);
-        let mut wrong = OutputBuffer::new(DType::I64, &[3]);
+        let mut wrong = OutputBuffer::new(DType::I64, &[3]).unwrap();
         let e = reduce_into(ReduceOp::Sum, &x, &[1], &mut wrong).unwrap_err();
         assert!(e.contains("holds 3 elements, the result 2"), "{e}");
     }

@@ -532,11 +532,11 @@ impl Kernel for PluginKernel {
                 Some(b)
                     if b.dtype() == *dtype && b.shape() == shape.as_slice() && b.device() == Device::Cpu =>
                 {
-                    b
+                    Ok(b)
                 }
                 _ => OutputBuffer::new(*dtype, shape),
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut out_dims: Vec<Vec<i64>> = self
             .outputs
             .iter()

@@ -35,6 +35,7 @@ fn planner(executors: Vec<Arc<dyn Executor>>, autotune: Option<Arc<Autotuner>>) 
         options: PartitionOptions::default(),
         strategy: Strategy::MinPeak,
         budget: None,
+        memory_limit: None,
         autotune,
     }
 }

@@ -723,3 +723,17 @@ fn gpu_the_transformer_block_matches_the_fallback() {
     }
     gpu_matches_fallback(BLOCK, BLOCK_F32);
 }
+
+#[test]
+fn gpu_one_plan_run_from_eight_threads_a_hundred_times_each_gives_single_run_results() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let t = block();
+    let plan = plan_for(&t, &DeviceModel::h200(), false);
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    let host = parse(BLOCK).unwrap();
+    let inputs: Vec<Vec<switchyard_core::Tensor>> = (0..16).map(|s| random_inputs(&host, s)).collect();
+    switchyard_tests::concurrent_runs_match_single_runs(&compiled, &inputs, 8, 100);
+}

@@ -400,3 +400,13 @@ fn ops_that_read_one_value_twice_run_and_replay_on_the_simulated_device() {
         );
     }
 }
+
+#[test]
+fn one_device_plan_run_from_eight_threads_a_hundred_times_each_gives_single_run_results() {
+    let t = parse(ROPE).unwrap();
+    let plan = plan_on(&t, vec![placed_fuser(SIM), std::sync::Arc::new(FallbackExecutor)]).unwrap();
+    assert!(plan.regions.iter().any(|r| r.device == SIM));
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    let inputs: Vec<Vec<switchyard_core::Tensor>> = (0..16).map(|s| random_inputs(&t, s)).collect();
+    switchyard_tests::concurrent_runs_match_single_runs(&compiled, &inputs, 8, 100);
+}

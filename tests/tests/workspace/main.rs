@@ -13,6 +13,7 @@ mod devices;
 mod examples;
 mod fuser;
 mod hints;
+mod memory_limits;
 mod onnx;
 mod partition;
 mod plan_files;

@@ -226,7 +226,7 @@ fn run_into_writes_into_the_callers_buffers_and_checks_them() {
     use switchyard_core::{DType, OutputBuffer};
     let compiled = fused_exp(64);
     let x = Tensor::from_vec(vec![0.5f32; 64], &[64]).unwrap();
-    let mut mine = OutputBuffer::new(DType::F32, &[64]);
+    let mut mine = OutputBuffer::new(DType::F32, &[64]).unwrap();
     let at = mine.slice_mut::<f32>().unwrap().as_ptr();
     let r = compiled
         .run_into(std::slice::from_ref(&x), vec![Some(mine)], RunOptions::default())
@@ -240,7 +240,7 @@ fn run_into_writes_into_the_callers_buffers_and_checks_them() {
         .run_into(std::slice::from_ref(&x), vec![Some(again)], RunOptions::default())
         .unwrap();
     assert_eq!(r.outputs[0].contiguous_data::<f32>().unwrap().as_ptr(), at);
-    let wrong = OutputBuffer::new(DType::F64, &[64]);
+    let wrong = OutputBuffer::new(DType::F64, &[64]).unwrap();
     let e = compiled
         .run_into(std::slice::from_ref(&x), vec![Some(wrong)], RunOptions::default())
         .unwrap_err()
@@ -474,6 +474,15 @@ fn concurrent_runs_of_one_plan_each_get_an_arena() {
             });
         }
     });
+}
+
+#[test]
+fn one_plan_run_from_eight_threads_a_hundred_times_each_gives_single_run_results() {
+    use switchyard_core::runtime::CompiledPlan;
+    let t = workloads::llama(1, workloads::BlockSize::SMALL).unwrap();
+    let compiled = CompiledPlan::compile(switchyard_tests::fused_planner().plan(&t).unwrap()).unwrap();
+    let inputs: Vec<Vec<Tensor>> = (0..16).map(|s| random_inputs(&t, s)).collect();
+    switchyard_tests::concurrent_runs_match_single_runs(&compiled, &inputs, 8, 100);
 }
 
 #[test]

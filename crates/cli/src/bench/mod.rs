@@ -158,6 +158,7 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
     let opts = config.partition_options();
     let strategy = config.strategy()?;
     let budget = config.scheduler.memory_budget.map(|b| b as usize);
+    let memory_limit = config.memory_limit_bytes();
     // One tuner for every set: what one set measured, another reuses.
     let autotune = config.autotuner(args.autotune.mode()?);
     let bar = indicatif::ProgressBar::new((workloads.len() * sets.len()) as u64);
@@ -174,6 +175,7 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
                 options: opts.clone(),
                 strategy,
                 budget,
+                memory_limit,
                 autotune: autotune.clone(),
             };
             let inputs = weights.get(w).map(Vec::as_slice);

@@ -1017,3 +1017,32 @@ fn bench_carries_what_autotuning_did() {
     assert!(second["reused"].as_u64().unwrap() > 0, "{second}");
     std::fs::remove_dir_all(&cache).ok();
 }
+
+#[test]
+fn a_plan_this_machine_cannot_hold_is_refused_before_running() {
+    // 74.5 GiB at the peak: more than any machine this runs on has free.
+    let big = scratch("big.trace");
+    std::fs::write(&big, "input x: f32[100000, 100000]\ny = exp(x)\noutput y\n").unwrap();
+    let available = switchyard_core::capacity::available_host_memory();
+    if available.as_ref().is_none_or(|a| a.bytes > 80 << 30) {
+        println!("skipped: this machine has more than 80 GiB available, or does not say");
+        return;
+    }
+    let e = fails(sw!("run", &big));
+    assert!(
+        e.contains("out of memory: the plan's peak on the host: it needs 74.51 GiB"),
+        "{e}"
+    );
+    assert!(e.contains("`x` f32[100000, 100000] 37.25 GiB (an input)"), "{e}");
+    // `plan` plans it, and says that `run` would refuse it.
+    let out = sw!("plan", &big);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: `run` would refuse this plan here"),
+        "{err}"
+    );
+    // The config's limit, below what is available.
+    let e = fails(with_config("run", "memory_limit = \"1 KiB\"\n"));
+    assert!(e.contains("the config's `memory_limit` is 1.00 KiB"), "{e}");
+}

@@ -171,19 +171,7 @@ pub struct LiveTensor {
     pub bytes: usize,
 }
 
-/// Bytes for people: `768.00 KiB`.
-pub fn human_bytes(b: usize) -> String {
-    let f = b as f64;
-    if f >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", f / (1u64 << 30) as f64)
-    } else if f >= (1 << 20) as f64 {
-        format!("{:.2} MiB", f / (1 << 20) as f64)
-    } else if f >= 1024.0 {
-        format!("{:.2} KiB", f / 1024.0)
-    } else {
-        format!("{b} B")
-    }
-}
+pub use crate::meta::human_bytes;
 
 /// An op's hints for people: `executor=fallback, fuse=false (not honoured:
 /// ...)`, or `None` when it has none.

@@ -5,8 +5,18 @@ use super::*;
 
 impl CompiledPlan {
     /// Compiles every region with its executor; regions whose canonical form
-    /// is already in `cache` reuse its kernel.
+    /// is already in `cache` reuse its kernel. A plan whose peak does not
+    /// fit in what this machine has available is refused first
+    /// ([`crate::capacity`]).
     pub fn compile_with(plan: Plan, cache: &KernelCache) -> Result<CompiledPlan> {
+        let limits = MemoryLimits::for_plan(&plan, None);
+        CompiledPlan::compile_within(plan, cache, &limits)
+    }
+
+    /// [`CompiledPlan::compile_with`], refusing a plan whose peaks do not
+    /// fit in `limits` ([`MemoryLimits::none`] checks nothing).
+    pub fn compile_within(plan: Plan, cache: &KernelCache, limits: &MemoryLimits) -> Result<CompiledPlan> {
+        plan.check_fits(limits)?;
         let start = Instant::now();
         // A CPU model that measured where threads start to pay says so to
         // the kernels (see [`crate::threads`]).

@@ -6,10 +6,48 @@ use super::*;
 
 impl CompiledPlan {
     /// An arena for one run: a free one (`true`), or a new one.
-    pub(super) fn take_arena(&self) -> (Arena, bool) {
-        match self.arenas.take() {
+    pub(super) fn take_arena(&self) -> Result<(Arena, bool)> {
+        Ok(match self.arenas.take() {
             Some(a) => (a, true),
-            None => (Arena::new(self.arena_bytes), false),
+            None => {
+                let arena = Arena::new(self.arena_bytes).map_err(|e| match e {
+                    Error::OutOfMemory { message, .. } => Error::OutOfMemory {
+                        what: format!(
+                            "the arena of the plan's host intermediates ({}{})",
+                            crate::meta::human_bytes(self.arena_bytes),
+                            self.largest_in_arena()
+                        ),
+                        message,
+                    },
+                    other => other,
+                })?;
+                (arena, false)
+            }
+        })
+    }
+
+    /// `; the largest: `y` f32[...] of line 3: y = exp(b)`, naming the
+    /// largest intermediate the host arena holds and the op that makes it.
+    fn largest_in_arena(&self) -> String {
+        let trace = &self.plan.trace;
+        let largest = (0..trace.values.len())
+            .filter(|&v| self.arena_at[v].is_some())
+            .map(|v| ValueId(v as u32))
+            .filter(|&v| trace.meta(v).device == Device::Cpu)
+            .max_by_key(|&v| trace.meta(v).bytes());
+        match largest {
+            Some(v) => {
+                let made = trace
+                    .producer(v)
+                    .map(|op| trace.describe_op(op))
+                    .unwrap_or_default();
+                format!(
+                    "; the largest: `{}` {} of {made}",
+                    trace.value(v).name,
+                    trace.meta(v)
+                )
+            }
+            None => String::new(),
         }
     }
 
@@ -82,12 +120,34 @@ impl CompiledPlan {
     }
 
     pub(super) fn kernel_error(&self, region: usize, message: String) -> Error {
+        Error::Kernel {
+            executor: self.plan.executor_name(&self.plan.regions[region]),
+            op: self.region_label(region),
+            message,
+        }
+    }
+
+    /// `region 3 (y = exp(x), line 2; ...)`.
+    fn region_label(&self, region: usize) -> String {
         let r = &self.plan.regions[region];
         let ops: Vec<String> = r.ops.iter().map(|&o| self.plan.trace.describe_op(o)).collect();
-        Error::Kernel {
-            executor: self.plan.executor_name(r),
-            op: format!("region {} ({})", r.id, ops.join("; ")),
-            message,
+        format!("region {} ({})", r.id, ops.join("; "))
+    }
+
+    /// A kernel's error, said of its region: out of memory stays out of
+    /// memory, naming the region's ops.
+    fn region_error(&self, region: usize, e: Error) -> Error {
+        match e {
+            Error::Kernel { op, message, .. } => self.kernel_error(region, format!("{op}: {message}")),
+            Error::OutOfMemory { what, message } => Error::OutOfMemory {
+                what: format!(
+                    "{what} in {} on {}",
+                    self.region_label(region),
+                    self.plan.executor_name(&self.plan.regions[region])
+                ),
+                message,
+            },
+            other => self.kernel_error(region, other.to_string()),
         }
     }
 
@@ -104,7 +164,7 @@ impl CompiledPlan {
         let (arena, arena_reused) = match opts.allocate_per_call || self.arena_bytes == 0 {
             true => (None, false),
             false => {
-                let (a, reused) = self.take_arena();
+                let (a, reused) = self.take_arena()?;
                 (Some(a), reused)
             }
         };
@@ -271,10 +331,7 @@ impl CompiledPlan {
             st.returned.clear();
             kernel
                 .run_into(&args, &mut st.given, &mut st.returned)
-                .map_err(|e| match e {
-                    Error::Kernel { op, message, .. } => self.kernel_error(i, format!("{op}: {message}")),
-                    other => self.kernel_error(i, other.to_string()),
-                })?;
+                .map_err(|e| self.region_error(i, e))?;
             drop(args);
             if let Some(t0) = t0 {
                 // A device kernel returns once queued: time it to its end.

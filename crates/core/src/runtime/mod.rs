@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::arena::{Arena, ArenaSlot, DeviceArena, OutputBuffer};
 
 use crate::cache::{CacheStats, KernelCache, RegionKey};
+use crate::capacity::MemoryLimits;
 use crate::device::{MemoryStats, Transfer, move_to, synchronize, transfer_for};
 use crate::error::{Error, Result};
 use crate::executor::Kernel;

@@ -325,7 +325,7 @@ impl CpuKernel {
                 Some(b) => b,
                 // Zeroed, so that no element is ever uninitialised
                 // whatever the tiles cover; huge pages when large.
-                None => OutputBuffer::new(s.dtype, &s.shape),
+                None => OutputBuffer::new(s.dtype, &s.shape).map_err(|e| e.to_string())?,
             });
         }
         let mut out_ptrs: SmallVec<[OutPtr; 4]> = SmallVec::new();
@@ -678,7 +678,7 @@ mod tests {
     fn outputs_go_into_the_buffers_given() {
         let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
         let kernel = CpuKernel::new(transpose_flatten());
-        let mut given = OutputBuffer::new(DType::F32, &[6]);
+        let mut given = OutputBuffer::new(DType::F32, &[6]).unwrap();
         given.slice_mut::<f32>().unwrap().fill(f32::NAN);
         let at = given.slice_mut::<f32>().unwrap().as_ptr();
         let out = kernel.run_vec(&[&x], vec![Some(given)]).unwrap();
@@ -691,7 +691,7 @@ mod tests {
             out[0].to_vec::<f32>().unwrap(),
             vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
         );
-        let wrong = OutputBuffer::new(DType::F64, &[6]);
+        let wrong = OutputBuffer::new(DType::F64, &[6]).unwrap();
         let e = kernel.run_vec(&[&x], vec![Some(wrong)]).unwrap_err();
         assert!(
             e.contains("the buffer given for output 0 holds 6 f64, expected 6 f32"),

@@ -1,0 +1,251 @@
+//! What the machine can give a plan, and whether the plan fits in it.
+//!
+//! Before a plan is compiled, the peak of the bytes it keeps live on the
+//! host and on each device (the trace's inputs counted for the whole run,
+//! since their caller holds them) is checked against what is there: the
+//! host's available memory (`MemAvailable`, or the cgroup's limit where it
+//! is lower), each device's free memory as its layer reports it, and the
+//! configured `memory_limit` where it is lower. A plan that does not fit is
+//! an [`Error::OutOfMemory`] naming the numbers and the largest tensors
+//! live at the peak, instead of an allocation that aborts the process or a
+//! run that the system's out-of-memory killer ends.
+//!
+//! Kernels' own scratch memory is not counted: the check is of the tensors.
+
+use crate::device::transfer_for;
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::meta::{Device, human_bytes};
+use crate::plan::Plan;
+
+/// Bytes a place can give, and where the figure comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// The bytes.
+    pub bytes: usize,
+    /// Where the figure comes from, for messages (`available memory
+    /// (MemAvailable)`, `the config's memory_limit`).
+    pub source: String,
+}
+
+/// What each place can give: `None` where nothing is known (nothing is
+/// checked there).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// Host memory.
+    pub host: Option<Limit>,
+    /// Each device's.
+    pub devices: Vec<(Device, Limit)>,
+}
+
+impl MemoryLimits {
+    /// No limits: every plan fits.
+    pub fn none() -> MemoryLimits {
+        MemoryLimits::default()
+    }
+
+    /// This machine's, now: the host's available memory and each of
+    /// `devices`' free memory, with `configured` (host bytes) in place of
+    /// the host's figure where it is lower.
+    pub fn detect(configured: Option<usize>, devices: &[Device]) -> MemoryLimits {
+        let configured = configured.map(|bytes| Limit {
+            bytes,
+            source: "the config's `memory_limit`".into(),
+        });
+        let host = match (available_host_memory(), configured) {
+            (Some(a), Some(c)) => Some(if c.bytes <= a.bytes { c } else { a }),
+            (a, c) => a.or(c),
+        };
+        let devices = devices
+            .iter()
+            .filter(|d| **d != Device::Cpu)
+            .filter_map(|&d| {
+                let free = transfer_for(d).ok()?.free_memory(d)?;
+                Some((
+                    d,
+                    Limit {
+                        bytes: free,
+                        source: format!("free memory on {d}"),
+                    },
+                ))
+            })
+            .collect();
+        MemoryLimits { host, devices }
+    }
+
+    /// [`MemoryLimits::detect`] for the host and the devices `plan` puts
+    /// tensors on.
+    pub fn for_plan(plan: &Plan, configured: Option<usize>) -> MemoryLimits {
+        let mut devices: Vec<Device> = plan
+            .regions
+            .iter()
+            .map(|r| r.device)
+            .chain(plan.trace.values.iter().map(|v| v.meta.device))
+            .filter(|d| *d != Device::Cpu)
+            .collect();
+        devices.sort();
+        devices.dedup();
+        MemoryLimits::detect(configured, &devices)
+    }
+
+    /// The limit of `place`, if one is known.
+    pub fn of(&self, place: Device) -> Option<&Limit> {
+        match place {
+            Device::Cpu => self.host.as_ref(),
+            d => self.devices.iter().find(|(p, _)| *p == d).map(|(_, l)| l),
+        }
+    }
+}
+
+/// Host memory this process can still have: `MemAvailable` of
+/// `/proc/meminfo`, or what the process's cgroup (v2) has left below its
+/// `memory.max` where that is lower. `None` where neither can be read.
+pub fn available_host_memory() -> Option<Limit> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(Limit {
+            bytes: kib.saturating_mul(1024),
+            source: "available memory (MemAvailable in /proc/meminfo)".into(),
+        })
+    });
+    match (meminfo, cgroup_left()) {
+        (Some(m), Some(c)) => Some(if c.bytes < m.bytes { c } else { m }),
+        (m, c) => m.or(c),
+    }
+}
+
+/// What the process's cgroup (v2) has left below its `memory.max`.
+fn cgroup_left() -> Option<Limit> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?.trim();
+    let dirs = [format!("/sys/fs/cgroup{path}"), "/sys/fs/cgroup".to_string()];
+    dirs.iter().find_map(|dir| {
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+        // "max" is no limit.
+        let max: usize = read("memory.max")?.trim().parse().ok()?;
+        let current: usize = read("memory.current")?.trim().parse().ok()?;
+        Some(Limit {
+            bytes: max.saturating_sub(current),
+            source: format!(
+                "what the cgroup has left below its memory.max ({})",
+                human_bytes(max)
+            ),
+        })
+    })
+}
+
+/// The peak a plan keeps live on one place.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Need {
+    /// The host, or a device.
+    pub place: Device,
+    /// The bytes.
+    pub bytes: usize,
+    /// The region running at the peak (`None`: the inputs alone).
+    pub region: Option<usize>,
+    /// The values live then, with their bytes, largest first.
+    pub live: Vec<(crate::ir::ValueId, usize)>,
+}
+
+impl Plan {
+    /// The peak of live bytes on the host and on each device the plan
+    /// puts tensors on, in the order its regions run, with the trace's
+    /// inputs counted for the whole run.
+    pub fn memory_needs(&self) -> Vec<Need> {
+        let graph = self.memory_graph();
+        let order: Vec<usize> = (0..self.regions.len()).collect();
+        let place_of = |b: &Buffer| match b.producer {
+            Some(r) => self.regions[r].device,
+            None => self.trace.meta(b.value).device,
+        };
+        let mut places: Vec<Device> = graph.buffers.iter().map(place_of).collect();
+        places.push(Device::Cpu);
+        places.sort();
+        places.dedup();
+        places
+            .into_iter()
+            .map(|place| {
+                let peak = graph.peak_where(&order, |b| place_of(b) == place);
+                Need {
+                    place,
+                    bytes: peak.bytes,
+                    region: peak.step,
+                    live: peak
+                        .live
+                        .iter()
+                        .map(|&b| (graph.buffers[b].value, graph.buffers[b].bytes))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the plan's peaks fit in `limits`: an
+    /// [`Error::OutOfMemory`] naming the place, the numbers and the
+    /// largest tensors live at the peak where one does not.
+    pub fn check_fits(&self, limits: &MemoryLimits) -> Result<()> {
+        if limits.host.is_none() && limits.devices.is_empty() {
+            return Ok(());
+        }
+        for need in self.memory_needs() {
+            let Some(limit) = limits.of(need.place) else {
+                continue;
+            };
+            if need.bytes <= limit.bytes {
+                continue;
+            }
+            let place = match need.place {
+                Device::Cpu => "the host".to_string(),
+                d => d.to_string(),
+            };
+            let when = match need.region {
+                Some(r) => {
+                    let ops: Vec<String> = self.regions[r]
+                        .ops
+                        .iter()
+                        .take(3)
+                        .map(|&o| self.trace.describe_op(o))
+                        .collect();
+                    let more = self.regions[r].ops.len().saturating_sub(3);
+                    let more = if more > 0 {
+                        format!("; {more} more")
+                    } else {
+                        String::new()
+                    };
+                    format!(" while region {r} ({}{more}) runs", ops.join("; "))
+                }
+                None => " for the inputs alone".into(),
+            };
+            const SHOWN: usize = 4;
+            let mut live: Vec<String> = need
+                .live
+                .iter()
+                .take(SHOWN)
+                .map(|&(v, bytes)| {
+                    let value = self.trace.value(v);
+                    let made = match self.trace.producer(v) {
+                        Some(op) => self.trace.describe_op(op),
+                        None => "an input".into(),
+                    };
+                    format!("`{}` {} {} ({made})", value.name, value.meta, human_bytes(bytes))
+                })
+                .collect();
+            if need.live.len() > SHOWN {
+                let rest: usize = need.live[SHOWN..].iter().map(|&(_, b)| b).sum();
+                live.push(format!("{} more, {}", need.live.len() - SHOWN, human_bytes(rest)));
+            }
+            return Err(Error::OutOfMemory {
+                what: format!("the plan's peak on {place}"),
+                message: format!(
+                    "it needs {}{when}, and {} is {}; live then, largest first: {}",
+                    human_bytes(need.bytes),
+                    limit.source,
+                    human_bytes(limit.bytes),
+                    live.join(", "),
+                ),
+            });
+        }
+        Ok(())
+    }
+}
