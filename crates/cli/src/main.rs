@@ -14,6 +14,7 @@ mod executors;
 mod model;
 mod onnx;
 mod planning;
+mod plugin_check;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -105,6 +106,10 @@ enum Command {
     /// Show the autotune cache (measured times of candidate kernels), or
     /// clear it.
     Autotune(autotune::AutotuneArgs),
+    /// Load an executor plugin and drive it through its hooks on a standard
+    /// set of ops and regions (every dtype, strided, broadcast, empty and
+    /// repeated operands), comparing its results with the fallback's.
+    PluginCheck(plugin_check::PluginCheckArgs),
 }
 
 #[derive(clap::Args)]
@@ -326,6 +331,7 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Bench(args) => bench::command(args),
+        Command::PluginCheck(args) => plugin_check::command(args),
         Command::Check {
             trace,
             print,

@@ -183,6 +183,28 @@ pub fn random_tensor(meta: &TensorMeta, seed: u64, stream: u64) -> Tensor {
     Tensor::from_storage(storage, &meta.shape).expect("numel matches the shape")
 }
 
+/// A deterministic random tensor for an input of this metadata, with its
+/// strides: a view into a buffer just large enough where they are not the
+/// contiguous ones (as a transposed or sliced input would be).
+pub fn random_laid_out(meta: &TensorMeta, seed: u64, stream: u64) -> std::result::Result<Tensor, String> {
+    if crate::meta::is_contiguous(&meta.shape, &meta.strides) || meta.numel() == 0 {
+        return Ok(random_tensor(meta, seed, stream));
+    }
+    let span = 1 + meta
+        .shape
+        .iter()
+        .zip(&meta.strides)
+        .map(|(&d, &s)| (d as isize - 1) * s)
+        .sum::<isize>();
+    let base = random_tensor(
+        &TensorMeta::new(meta.dtype, vec![span.max(1) as usize]),
+        seed,
+        stream,
+    );
+    base.view(meta.shape.clone(), meta.strides.clone(), 0)
+        .map_err(|e| format!("its input layout cannot be made: {e}"))
+}
+
 /// Deterministic random inputs for a trace: input `k` uses stream `k` of `seed`.
 pub fn random_inputs(trace: &Trace, seed: u64) -> Vec<Tensor> {
     trace
@@ -223,6 +245,16 @@ fn fmt_elem(v: f64, d: DType) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_keep_their_strides() {
+        let mut meta = TensorMeta::new(DType::F32, vec![3, 4]);
+        meta.strides = vec![1, 3];
+        let t = random_laid_out(&meta, 0, 0).unwrap();
+        assert_eq!((t.shape(), t.strides()), (&[3, 4][..], &[1, 3][..]));
+        let c = random_laid_out(&TensorMeta::new(DType::I64, vec![2, 2]), 0, 1).unwrap();
+        assert!(c.is_contiguous());
+    }
 
     #[test]
     fn safetensors_round_trip_every_dtype() {

@@ -287,17 +287,22 @@ fn executors_lists_the_registry() {
 
 /// The example plugin's shared library, as the build left it.
 fn matmul_plugin() -> PathBuf {
+    built_plugin("switchyard_matmul_plugin")
+}
+
+/// The shared library of a plugin crate built with the tests.
+fn built_plugin(lib: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     let file = format!(
-        "{}switchyard_matmul_plugin{}",
+        "{}{lib}{}",
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
     );
     [deps.join(&file), deps.parent().unwrap().join(&file)]
         .into_iter()
         .find(|p| p.exists())
-        .expect("the example plugin is built with the tests")
+        .unwrap_or_else(|| panic!("{file} is built with the tests"))
 }
 
 #[test]
@@ -1045,4 +1050,69 @@ fn a_plan_this_machine_cannot_hold_is_refused_before_running() {
     // The config's limit, below what is available.
     let e = fails(with_config("run", "memory_limit = \"1 KiB\"\n"));
     assert!(e.contains("the config's `memory_limit` is 1.00 KiB"), "{e}");
+}
+
+#[test]
+fn plugin_check_drives_a_plugin_through_its_hooks_and_reports_findings() {
+    // A sound plugin: its matmuls are equal to the fallback's; no findings.
+    let s = ok(sw!("plugin-check", matmul_plugin()));
+    assert!(
+        s.contains("plugin tiled_matmul 0.1.0 (operator, cpu): ABI 2"),
+        "{s}"
+    );
+    assert!(
+        s.contains("claimed and equal to the fallback, ") && s.contains(" 0 findings"),
+        "{s}"
+    );
+    let claimed: usize = s
+        .split(" claimed and equal")
+        .next()
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{s}"));
+    assert!(
+        claimed >= 5,
+        "matmul in f32 and f64, dense, transposed, batched: {s}"
+    );
+    // An older plugin: the hooks it lacks are named.
+    let s = ok(sw!(
+        "plugin-check",
+        built_plugin("switchyard_test_plugin_older_table"),
+        "--verbose"
+    ));
+    assert!(
+        s.contains("without availability, check_options, refine, cost (defaults)"),
+        "{s}"
+    );
+    assert!(s.contains("  ok        neg f32 strided"), "{s}");
+    assert!(s.contains("  rejected  exp f32 dense: only f32 neg"), "{s}");
+    // A plugin that misbehaves: each way is a finding naming the case, and
+    // the check fails.
+    let misbehaving = built_plugin("switchyard_test_plugin_misbehaving");
+    for (mode, want) in [
+        (
+            "panic-claim",
+            "FINDING   exp f32 dense: claim of line 2: y = exp(x): plugin misbehaving panicked: claim blew up",
+        ),
+        (
+            "nan-cost",
+            "FINDING   exp f32 dense: claim of line 2: y = exp(x): plugin misbehaving returned the cost NaN",
+        ),
+        ("error-compile", "FINDING   exp f32 dense: compile failed: "),
+        ("panic-run", "FINDING   exp f32 strided: run failed: "),
+        ("wrong-shape", "FINDING   exp f32 dense: run failed: "),
+        ("wrong-count", "the kernel returned 0 tensors for 1 outputs"),
+    ] {
+        let cfg = scratch(&format!("check-{mode}.toml"));
+        std::fs::write(&cfg, format!("[options.misbehaving]\nmode = {mode:?}\n")).unwrap();
+        let out = sw!("plugin-check", &misbehaving, "--config", &cfg);
+        assert_eq!(out.status.code(), Some(1), "{mode}");
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(s.contains(want), "{mode}: {s}");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("misbehaving has 4 findings"), "{mode}: {e}");
+    }
+    // One that cannot be loaded.
+    let e = fails(sw!("plugin-check", "/no/such/plugin.so"));
+    assert!(e.contains("plugin /no/such/plugin.so: no such file"), "{e}");
 }

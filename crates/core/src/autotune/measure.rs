@@ -16,9 +16,9 @@ use crate::OutputBuffer;
 use crate::cost::DeviceModel;
 use crate::executor::{Context, Executor, Kernel, Numerics, Prepared, Region};
 use crate::explain::Explanation;
-use crate::io::random_tensor;
+use crate::io::{random_laid_out, random_tensor};
 use crate::ir::{OpId, Trace, Uses};
-use crate::meta::{TensorMeta, is_contiguous};
+use crate::meta::TensorMeta;
 use crate::plan::Plan;
 use crate::runtime::{CompiledPlan, RunOptions};
 use crate::stats::Stats;
@@ -112,7 +112,7 @@ pub(crate) fn time_plan(plan: Plan, limit: Duration) -> Result<Timing, String> {
         .map(|(k, &v)| {
             let meta = compiled.plan().trace.meta(v);
             // Where the trace declares it, once: runs time kernels, not copies.
-            crate::device::move_to(&laid_out(meta, k as u64)?, meta.device)
+            crate::device::move_to(&random_laid_out(meta, 0, k as u64)?, meta.device)
                 .map_err(|e| format!("its input cannot be placed: {e}"))
         })
         .collect::<Result<Vec<Tensor>, String>>()?;
@@ -252,41 +252,4 @@ fn sample(
         stats: Stats::of(&samples),
         runs: timed,
     })
-}
-
-/// A random tensor for an input of this metadata, with its strides: a view
-/// into a buffer just large enough, where they are not the contiguous ones.
-fn laid_out(meta: &TensorMeta, stream: u64) -> Result<Tensor, String> {
-    if is_contiguous(&meta.shape, &meta.strides) || meta.numel() == 0 {
-        return Ok(random_tensor(meta, 0, stream));
-    }
-    let span = 1 + meta
-        .shape
-        .iter()
-        .zip(&meta.strides)
-        .map(|(&d, &s)| (d as isize - 1) * s)
-        .sum::<isize>();
-    let base = random_tensor(
-        &TensorMeta::new(meta.dtype, vec![span.max(1) as usize]),
-        0,
-        stream,
-    );
-    base.view(meta.shape.clone(), meta.strides.clone(), 0)
-        .map_err(|e| format!("its input layout cannot be made: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::DType;
-
-    #[test]
-    fn inputs_keep_their_strides() {
-        let mut meta = TensorMeta::new(DType::F32, vec![3, 4]);
-        meta.strides = vec![1, 3];
-        let t = laid_out(&meta, 0).unwrap();
-        assert_eq!((t.shape(), t.strides()), (&[3, 4][..], &[1, 3][..]));
-        let c = laid_out(&TensorMeta::new(DType::I64, vec![2, 2]), 1).unwrap();
-        assert!(c.is_contiguous());
-    }
 }
