@@ -7,7 +7,8 @@
 //! The `schedule` group times scheduling (min-peak, dfs, bfs) with the
 //! liveness and arena layout that follow it, on the same traces, and the
 //! memory check a compile makes first (each place's peak against what the
-//! machine has available, `Plan::check_fits`).
+//! machine has available, `Plan::check_fits_of`) beside building the memory
+//! graph it runs over, which a compile builds for its arenas anyway.
 //!
 //! The `pipeline` group times the whole of planning (`Planner::plan`:
 //! partitioning, scheduling and fitting to memory) with the default
@@ -104,8 +105,14 @@ fn schedule_time(c: &mut Criterion) {
                 })
             });
         }
+        // What a compile adds: the peaks of each place over the memory
+        // graph it builds for the arenas anyway, and the machine's limits.
+        let graph = plan.memory_graph();
         g.bench_with_input(BenchmarkId::new("memory check", n), &plan, |b, p| {
-            b.iter(|| p.check_fits(&MemoryLimits::for_plan(p, None)).unwrap())
+            b.iter(|| p.check_fits_of(&graph, &MemoryLimits::for_plan(p, None)).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("memory graph", n), &plan, |b, p| {
+            b.iter(|| p.memory_graph())
         });
     }
     g.finish();

@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod fakes;
+pub mod fuzzing;
 pub mod models;
 pub mod simdevice;
 pub mod workloads;

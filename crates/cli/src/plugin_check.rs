@@ -65,16 +65,6 @@ enum Outcome {
     NotApplicable,
 }
 
-const DTYPES: [DType; 7] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I32,
-    DType::I64,
-    DType::Bool,
-];
-
 /// The standard cases.
 fn cases(kind: ExecutorKind) -> Vec<Case> {
     let mut out = Vec::new();
@@ -86,7 +76,7 @@ fn cases(kind: ExecutorKind) -> Vec<Case> {
         ("empty", "[0, 8]"),
         ("rank 0", "[]"),
     ];
-    for d in DTYPES {
+    for d in DType::ALL {
         for u in UnaryOp::ALL {
             for (layout, shape) in unary_layouts {
                 add(
@@ -155,9 +145,7 @@ fn cases(kind: ExecutorKind) -> Vec<Case> {
             );
             add(
                 format!("chain {d} broadcast, two outputs"),
-                format!(
-                    "input x: {d}[4, 8]\ninput w: {d}[8]\na = add(x, w)\nb = abs(a)\noutput a\noutput b\n"
-                ),
+                format!("input x: {d}[4, 8]\ninput w: {d}[8]\na = add(x, w)\nb = abs(a)\noutput a, b\n"),
             );
         }
     }

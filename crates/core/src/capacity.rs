@@ -14,7 +14,7 @@
 
 use crate::device::transfer_for;
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
+use crate::memory::{Buffer, MemoryGraph};
 use crate::meta::{Device, human_bytes};
 use crate::plan::Plan;
 
@@ -153,7 +153,11 @@ impl Plan {
     /// puts tensors on, in the order its regions run, with the trace's
     /// inputs counted for the whole run.
     pub fn memory_needs(&self) -> Vec<Need> {
-        let graph = self.memory_graph();
+        self.memory_needs_of(&self.memory_graph())
+    }
+
+    /// [`Plan::memory_needs`] with the plan's memory graph already built.
+    pub fn memory_needs_of(&self, graph: &MemoryGraph) -> Vec<Need> {
         let order: Vec<usize> = (0..self.regions.len()).collect();
         let place_of = |b: &Buffer| match b.producer {
             Some(r) => self.regions[r].device,
@@ -188,7 +192,15 @@ impl Plan {
         if limits.host.is_none() && limits.devices.is_empty() {
             return Ok(());
         }
-        for need in self.memory_needs() {
+        self.check_fits_of(&self.memory_graph(), limits)
+    }
+
+    /// [`Plan::check_fits`] with the plan's memory graph already built.
+    pub fn check_fits_of(&self, graph: &MemoryGraph, limits: &MemoryLimits) -> Result<()> {
+        if limits.host.is_none() && limits.devices.is_empty() {
+            return Ok(());
+        }
+        for need in self.memory_needs_of(graph) {
             let Some(limit) = limits.of(need.place) else {
                 continue;
             };

@@ -87,11 +87,16 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
         path: path.to_path_buf(),
         source,
     })?;
+    parse_safetensors(&bytes, path)
+}
+
+/// Reads every tensor of safetensors bytes; `path` names them in errors.
+pub fn parse_safetensors(bytes: &[u8], path: &Path) -> Result<HashMap<String, Tensor>> {
     let bad = |message: String| Error::SafeTensors {
         path: path.to_path_buf(),
         message,
     };
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let mut out = HashMap::new();
     for (name, view) in st.tensors() {
         let dtype = from_st(view.dtype()).ok_or_else(|| {
@@ -110,6 +115,15 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
 
 /// Writes named tensors to a safetensors file.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    let bytes = safetensors_bytes(tensors, path)?;
+    std::fs::write(path, bytes).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Named tensors as safetensors bytes; `path` names them in errors.
+pub fn safetensors_bytes(tensors: &[(String, Tensor)], path: &Path) -> Result<Vec<u8>> {
     let data: Vec<(String, Vec<u8>, DType, Vec<usize>)> = tensors
         .iter()
         .map(|(n, t)| Ok((n.clone(), le_bytes(t)?, t.dtype(), t.shape().to_vec())))
@@ -123,11 +137,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         .map(|(n, b, d, s)| TensorView::new(to_st(*d), s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(e.to_string()))?;
-    let bytes = safetensors::tensor::serialize(views, None).map_err(|e| bad(e.to_string()))?;
-    std::fs::write(path, bytes).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    safetensors::tensor::serialize(views, None).map_err(|e| bad(e.to_string()))
 }
 
 /// Takes the trace's inputs from a safetensors file, checking dtype and shape.

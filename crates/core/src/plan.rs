@@ -158,7 +158,11 @@ impl Plan {
     /// in: the offset of each intermediate a region on `device` makes, and
     /// the arena's size.
     pub fn arena_on(&self, device: Device) -> (Vec<Option<usize>>, usize) {
-        let graph = self.memory_graph();
+        self.arena_on_graph(&self.memory_graph(), device)
+    }
+
+    /// [`Plan::arena_on`] with the plan's memory graph already built.
+    pub fn arena_on_graph(&self, graph: &MemoryGraph, device: Device) -> (Vec<Option<usize>>, usize) {
         let order: Vec<usize> = (0..self.regions.len()).collect();
         let on_device = |b: &Buffer| b.producer.is_some_and(|r| self.regions[r].device == device);
         let layout = graph.arena_where(&order, on_device);

@@ -206,6 +206,32 @@ fn failure(status: i32, msg: &str) -> String {
     }
 }
 
+/// A plugin's info answer, read and checked: the info, and its kind.
+pub fn parse_info(json: &[u8]) -> std::result::Result<(abi::Info, ExecutorKind), String> {
+    let info: abi::Info =
+        serde_json::from_slice(json).map_err(|e| format!("returned malformed info: {e}"))?;
+    let kind = match info.kind.as_str() {
+        "fusion" => ExecutorKind::Fusion,
+        "operator" => ExecutorKind::Operator,
+        other => return Err(format!("declares an unknown kind `{other}` (fusion or operator)")),
+    };
+    if !switchyard_core::ir::is_valid_value_name(&info.name) {
+        return Err(format!("declares an invalid executor name `{}`", info.name));
+    }
+    Ok((info, kind))
+}
+
+/// A plugin's refinement answer, read: the ops of `region` it hands back,
+/// with the reasons. Indices outside the region are ignored.
+pub fn parse_refinement(json: &[u8], region: &[OpId]) -> std::result::Result<Vec<(OpId, String)>, String> {
+    let back: Vec<(u32, String)> =
+        serde_json::from_slice(json).map_err(|e| format!("returned a malformed refinement: {e}"))?;
+    Ok(back
+        .into_iter()
+        .filter_map(|(i, why)| region.get(i as usize).map(|&op| (op, why)))
+        .collect())
+}
+
 /// Loads the plugin at `path`.
 pub fn load(path: &Path) -> Result<LoadedPlugin> {
     let bad = |message: String| Error::Plugin {
@@ -244,20 +270,7 @@ pub fn load(path: &Path) -> Result<LoadedPlugin> {
             failure(status, &String::from_utf8_lossy(&json))
         )));
     }
-    let info: abi::Info =
-        serde_json::from_slice(&json).map_err(|e| bad(format!("returned malformed info: {e}")))?;
-    let kind = match info.kind.as_str() {
-        "fusion" => ExecutorKind::Fusion,
-        "operator" => ExecutorKind::Operator,
-        other => {
-            return Err(bad(format!(
-                "declares an unknown kind `{other}` (fusion or operator)"
-            )));
-        }
-    };
-    if !switchyard_core::ir::is_valid_value_name(&info.name) {
-        return Err(bad(format!("declares an invalid executor name `{}`", info.name)));
-    }
+    let (info, kind) = parse_info(&json).map_err(bad)?;
     library.name = info.name.clone();
     Ok(LoadedPlugin {
         path: path.to_path_buf(),
@@ -374,18 +387,13 @@ impl Executor for PluginExecutor {
         let bytes = Request::new(region, cx).to_bytes();
         // SAFETY: as in `ask_cost`.
         let (status, json) = with_answer(|out| unsafe { refine(t.plugin, abi::Bytes::of(&bytes), out) });
-        let parsed: std::result::Result<Vec<(u32, String)>, String> = if status == abi::status::OK {
-            serde_json::from_slice(&json).map_err(|e| format!("returned a malformed refinement: {e}"))
+        let parsed = if status == abi::status::OK {
+            parse_refinement(&json, region)
         } else {
             Err(failure(status, &String::from_utf8_lossy(&json)))
         };
         match parsed {
-            Ok(back) => Refinement {
-                handed_back: back
-                    .into_iter()
-                    .filter_map(|(i, why)| region.get(i as usize).map(|&op| (op, why)))
-                    .collect(),
-            },
+            Ok(handed_back) => Refinement { handed_back },
             // A refinement that fails hands the whole region back, so that
             // nothing the plugin could not vouch for stays with it.
             Err(why) => Refinement {

@@ -12,6 +12,7 @@ mod cuda;
 mod devices;
 mod examples;
 mod fuser;
+mod fuzzing;
 mod hints;
 mod memory_limits;
 mod onnx;

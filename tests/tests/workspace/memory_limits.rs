@@ -104,16 +104,13 @@ fn the_machine_s_own_memory_is_what_a_plan_is_checked_against_by_default() {
         "{m}"
     );
     // A configured limit above what is available does not raise it.
-    let lots = MemoryLimits::detect(Some(usize::MAX), &[]);
+    let lots = MemoryLimits::detect(Some(usize::MAX), &[]).host.unwrap();
+    assert_eq!(lots.source, limits.host.unwrap().source);
+    let little = MemoryLimits::detect(Some(1000), &[]).host.unwrap();
     assert_eq!(
-        lots.host,
-        limits.host.map(|l| Limit {
-            bytes: lots.host.as_ref().unwrap().bytes,
-            ..l
-        })
+        (little.bytes, little.source.as_str()),
+        (1000, "the config's `memory_limit`")
     );
-    let little = MemoryLimits::detect(Some(1000), &[]);
-    assert_eq!(little.host.unwrap().bytes, 1000);
 }
 
 #[test]

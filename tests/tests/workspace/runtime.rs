@@ -263,8 +263,7 @@ fn run_into_writes_into_the_callers_buffers_and_checks_them() {
 fn a_value_output_twice_and_an_input_output_come_back_on_every_run() {
     use switchyard_core::ir::{Attrs, OpKind, Operand, UnaryOp};
     use switchyard_core::runtime::{CompiledPlan, RunOptions};
-    // The text format refuses a value listed twice; a builder (as an
-    // importer uses) does not.
+    // Built as an importer builds it; the text format reads it back.
     let mut b = switchyard_core::TraceBuilder::new();
     let x = b.input("x", switchyard_core::DType::F32, &[3]).unwrap();
     let y = b
@@ -276,6 +275,12 @@ fn a_value_output_twice_and_an_input_output_come_back_on_every_run() {
         .unwrap();
     b.output(&[y, x, y]);
     let t = b.finish().unwrap();
+    let printed = t.to_string();
+    assert!(
+        printed.contains("output t0, x, t0") || printed.contains(", x, "),
+        "{printed}"
+    );
+    assert_eq!(parse(&printed).unwrap().outputs, t.outputs);
     for executors in fallback_then_fuser() {
         let compiled = CompiledPlan::compile(plan_on(&t, executors).unwrap()).unwrap();
         let x = Tensor::from_vec(vec![0f32, 1.0, 2.0], &[3]).unwrap();

@@ -174,15 +174,8 @@ impl TraceBuilder {
 
     /// Declares an input with full metadata (strides, device).
     pub fn input_meta(&mut self, name: &str, meta: TensorMeta) -> Result<ValueId> {
-        crate::ir::infer::check_size(&meta.shape, meta.dtype)
+        crate::ir::infer::check_input_meta(&meta)
             .map_err(|m| Error::InvalidTrace(format!("input `{name}`: {m}")))?;
-        if meta.strides.len() != meta.shape.len() {
-            return Err(Error::InvalidTrace(format!(
-                "input `{name}` has {} strides for rank {}",
-                meta.strides.len(),
-                meta.shape.len()
-            )));
-        }
         let id = self.new_value(name.to_string(), meta)?;
         self.trace.inputs.push(id);
         Ok(id)

@@ -130,6 +130,44 @@ pub fn check_size(shape: &[usize], dtype: DType) -> Result<(), String> {
     }
 }
 
+/// Checks the metadata of a trace input, as a trace read from anywhere
+/// must have it: an addressable size, one stride per dim, none negative,
+/// and a strided extent that is addressable too.
+pub fn check_input_meta(meta: &TensorMeta) -> Result<(), String> {
+    check_size(&meta.shape, meta.dtype)?;
+    if meta.strides.len() != meta.shape.len() {
+        return Err(format!(
+            "{} strides given for rank {}",
+            meta.strides.len(),
+            meta.shape.len()
+        ));
+    }
+    if meta.strides.iter().any(|&s| s < 0) {
+        return Err("strides must be non-negative".into());
+    }
+    // The last element's offset, which a view of this layout reaches.
+    let reach = meta
+        .shape
+        .iter()
+        .zip(&meta.strides)
+        .try_fold(0usize, |acc, (&d, &s)| {
+            (d.saturating_sub(1))
+                .checked_mul(s as usize)
+                .and_then(|x| acc.checked_add(x))
+        })
+        .and_then(|r| r.checked_add(1))
+        .and_then(|r| r.checked_mul(meta.dtype.size()))
+        .filter(|&b| b <= isize::MAX as usize);
+    if reach.is_none() {
+        return Err(format!(
+            "a {} tensor with strides {} reaches too far to address",
+            meta.dtype,
+            ShapeDisplay(&meta.strides)
+        ));
+    }
+    Ok(())
+}
+
 /// Reduction dims of a `sum`-like op over a tensor of `rank`, normalised and sorted.
 pub fn reduce_dims(attrs: &Attrs, rank: usize) -> Result<Vec<usize>, String> {
     let Some(dims) = attrs.ints_opt("dims")? else {

@@ -22,7 +22,7 @@ pub use builder::TraceBuilder;
 pub use decompose::decompose_composites;
 pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;
-pub use infer::{OperandMeta, check_size, infer, reduce_dims, reduced_shape, slice_params};
+pub use infer::{OperandMeta, check_input_meta, check_size, infer, reduce_dims, reduced_shape, slice_params};
 pub use ops::{BinaryOp, CompositeOp, OpKind, ReduceOp, UnaryOp};
 pub use region::Cuts;
 
@@ -449,6 +449,8 @@ impl Trace {
         }
         for &i in &self.inputs {
             check_id(i, "an input")?;
+            infer::check_input_meta(self.meta(i))
+                .map_err(|m| Error::InvalidTrace(format!("input `{}`: {m}", self.value(i).name)))?;
             if std::mem::replace(&mut defined[i.index()], true) {
                 return Err(Error::InvalidTrace(format!(
                     "input `{}` is declared twice",

@@ -16,7 +16,9 @@ impl CompiledPlan {
     /// [`CompiledPlan::compile_with`], refusing a plan whose peaks do not
     /// fit in `limits` ([`MemoryLimits::none`] checks nothing).
     pub fn compile_within(plan: Plan, cache: &KernelCache, limits: &MemoryLimits) -> Result<CompiledPlan> {
-        plan.check_fits(limits)?;
+        // One memory graph for the check and every arena.
+        let memory = plan.memory_graph();
+        plan.check_fits_of(&memory, limits)?;
         let start = Instant::now();
         // A CPU model that measured where threads start to pay says so to
         // the kernels (see [`crate::threads`]).
@@ -109,10 +111,10 @@ impl CompiledPlan {
             .copied()
             .filter(|v| last_read[v.index()].is_none() && !is_output(*v))
             .collect();
-        let (mut arena_at, arena_bytes) = plan.arena();
+        let (mut arena_at, arena_bytes) = plan.arena_on_graph(&memory, Device::Cpu);
         let mut device_arenas = Vec::new();
         for &device in &devices {
-            let (at, bytes) = plan.arena_on(device);
+            let (at, bytes) = plan.arena_on_graph(&memory, device);
             for (slot, a) in arena_at.iter_mut().zip(at) {
                 *slot = slot.or(a);
             }

@@ -289,10 +289,10 @@ impl<'a> Parser<'a> {
                 loop {
                     let name_at = self.here();
                     let name = self.ident("an output value")?;
+                    // A value may be returned twice, as an importer's
+                    // graph may return it: every valid trace prints as
+                    // text that reads back.
                     let v = self.lookup(&name, name_at)?;
-                    if outs.contains(&v) {
-                        return Err(self.error_at(name_at, format!("`{name}` is listed twice")));
-                    }
                     outs.push(v);
                     if let Tok::Punct(',') = self.peek() {
                         self.next();
