@@ -192,9 +192,11 @@ pub(crate) fn load_plugins(config: &Config, extra: &[PathBuf]) -> Result<Vec<Loa
 
 /// The error of plugins that were asked for and not loaded.
 pub(crate) fn plugins_not_loaded(required: &[switchyard_plugin_host::Failed]) -> anyhow::Error {
-    let lines: Vec<String> = required.iter().map(|f| f.error.to_string()).collect();
-    anyhow::anyhow!(
-        "{}\n(a config's `[[plugin]]` with `optional = true` is skipped with a warning instead)",
-        lines.join("\n")
-    )
+    let mut lines: Vec<String> = required.iter().map(|f| f.error.to_string()).collect();
+    if required.iter().any(|f| f.from_config) {
+        lines.push(
+            "(a config's `[[plugin]]` with `optional = true` is skipped with a warning instead)".into(),
+        );
+    }
+    anyhow::anyhow!("{}", lines.join("\n"))
 }

@@ -615,6 +615,9 @@ pub struct Failed {
     /// Whether the config marked it `optional = true`: planning may go on
     /// without it. Plugins named on the command line never are.
     pub optional: bool,
+    /// Whether a config's `[[plugin]]` asked for it (else the caller's
+    /// list, as the command line's `--plugin`).
+    pub from_config: bool,
 }
 
 /// Loads `config`'s plugins, then those in `extra` (paths as given, each
@@ -625,8 +628,8 @@ pub struct Failed {
 /// refused.
 pub fn load_configured(config: &Config, extra: &[PathBuf]) -> (Vec<LoadedPlugin>, Vec<Failed>) {
     let (mut loaded, mut failed): (Vec<LoadedPlugin>, Vec<Failed>) = (Vec::new(), Vec::new());
-    let asked = config.plugins().into_iter().map(|p| (p.path, p.optional));
-    for (path, optional) in asked.chain(extra.iter().map(|p| (p.clone(), false))) {
+    let asked = config.plugins().into_iter().map(|p| (p.path, p.optional, true));
+    for (path, optional, from_config) in asked.chain(extra.iter().map(|p| (p.clone(), false, false))) {
         let error = match load(&path) {
             Ok(p) => {
                 let name = p.executor.info().name;
@@ -643,7 +646,11 @@ pub fn load_configured(config: &Config, extra: &[PathBuf]) -> (Vec<LoadedPlugin>
             }
             Err(e) => e,
         };
-        failed.push(Failed { error, optional });
+        failed.push(Failed {
+            error,
+            optional,
+            from_config,
+        });
     }
     (loaded, failed)
 }

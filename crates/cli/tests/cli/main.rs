@@ -359,6 +359,7 @@ fn plugins_asked_for_and_not_loaded_are_errors_unless_optional() {
             e.contains("plugin /no/such/plugin.so: no such file"),
             "{args:?}: {e}"
         );
+        assert!(!e.contains("optional = true"), "no config asked for it: {e}");
     }
     // `executors` lists what failed and why, then fails.
     let out = sw!(
