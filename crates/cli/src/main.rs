@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand};
 use switchyard_core::Device;
 use switchyard_core::cache::KernelCache;
 use switchyard_core::capacity::MemoryLimits;
-use switchyard_core::io::{preview, random_inputs, write_safetensors};
+use switchyard_core::io::{preview, try_random_inputs, write_safetensors};
 use switchyard_core::report::{
     RunReport, memory_timeline_svg, plan_dot, plan_report, render_plan, render_run,
 };
@@ -186,12 +186,12 @@ fn run(args: RunArgs) -> Result<()> {
     let trace = &compiled.plan().trace;
     let inputs = match (&program.onnx, &feeds) {
         (Some(m), Some(feeds)) => m.bind_inputs(feeds)?,
-        (Some(m), None) => m.random_inputs(args.seed),
+        (Some(m), None) => m.random_inputs(args.seed)?,
         (None, Some(feeds)) => {
             let files: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();
             switchyard_core::io::take_inputs(trace, feeds, &files.join(", "))?
         }
-        (None, None) => random_inputs(trace, args.seed),
+        (None, None) => try_random_inputs(trace, args.seed)?,
     };
     let opts = RunOptions {
         // `--json` reports each region's time, which needs every kernel

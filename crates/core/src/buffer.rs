@@ -121,6 +121,21 @@ impl ArenaBuf {
     }
 }
 
+/// An empty vector with room for `len` elements, or
+/// [`Error::OutOfMemory`] when the system cannot give it: how kernels and
+/// copies allocate a result, never aborting.
+pub fn try_with_capacity<T>(len: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        what: format!(
+            "allocating {}",
+            crate::meta::human_bytes(len.saturating_mul(std::mem::size_of::<T>()))
+        ),
+        message: "the system refused it".into(),
+    })?;
+    Ok(v)
+}
+
 /// Memory on a device, holding `len` elements of one dtype, densely.
 pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
     /// The device it is on.

@@ -175,10 +175,20 @@ pub fn take_inputs(trace: &Trace, tensors: &HashMap<String, Tensor>, source: &st
 
 /// A deterministic random tensor for an input: floats uniform in [-1, 1),
 /// integers uniform in [0, 8) (small enough to index most tables), bools fair.
+/// Panics when the system cannot give the memory; [`try_random_tensor`]
+/// says so instead.
 pub fn random_tensor(meta: &TensorMeta, seed: u64, stream: u64) -> Tensor {
+    try_random_tensor(meta, seed, stream).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`random_tensor`], or [`Error::OutOfMemory`] when the system cannot
+/// give the memory.
+pub fn try_random_tensor(meta: &TensorMeta, seed: u64, stream: u64) -> Result<Tensor> {
     let n = meta.numel() as u64;
-    fn fill<T: Stored>(n: u64, f: impl Fn(u64) -> T) -> Storage {
-        T::into_storage((0..n).map(f).collect())
+    fn fill<T: Stored>(n: u64, f: impl Fn(u64) -> T) -> Result<Storage> {
+        let mut v = crate::buffer::try_with_capacity(n as usize)?;
+        v.extend((0..n).map(f));
+        Ok(T::into_storage(v))
     }
     let float = |i| rng::uniform(seed, stream, i) * 2.0 - 1.0;
     let storage = match meta.dtype {
@@ -189,8 +199,8 @@ pub fn random_tensor(meta: &TensorMeta, seed: u64, stream: u64) -> Tensor {
         DType::I32 => fill(n, |i| (rng::bits(seed, stream, i) % 8) as i32),
         DType::I64 => fill(n, |i| (rng::bits(seed, stream, i) % 8) as i64),
         DType::Bool => fill(n, |i| rng::bits(seed, stream, i) & 1 == 1),
-    };
-    Tensor::from_storage(storage, &meta.shape).expect("numel matches the shape")
+    }?;
+    Tensor::from_storage(storage, &meta.shape)
 }
 
 /// A deterministic random tensor for an input of this metadata, with its
@@ -215,7 +225,20 @@ pub fn random_laid_out(meta: &TensorMeta, seed: u64, stream: u64) -> std::result
         .map_err(|e| format!("its input layout cannot be made: {e}"))
 }
 
-/// Deterministic random inputs for a trace: input `k` uses stream `k` of `seed`.
+/// [`random_inputs`], or [`Error::OutOfMemory`] when the system cannot
+/// give the memory.
+pub fn try_random_inputs(trace: &Trace, seed: u64) -> Result<Vec<Tensor>> {
+    trace
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &id)| try_random_tensor(trace.meta(id), seed, k as u64))
+        .collect()
+}
+
+/// Deterministic random inputs for a trace: input `k` uses stream `k` of
+/// `seed`. Panics when the system cannot give the memory;
+/// [`try_random_inputs`] says so instead.
 pub fn random_inputs(trace: &Trace, seed: u64) -> Vec<Tensor> {
     trace
         .inputs

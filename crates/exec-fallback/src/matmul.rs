@@ -67,10 +67,17 @@ impl GemmElem for f16 {}
 /// on one core.
 const GEMM_PAR_MIN: usize = 1 << 20;
 
-fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
-    let mut out = vec![T::zero(); l.a_offsets.len() * l.m * l.n];
+fn gemm_batched<T: GemmElem>(a: &[T], b: &[T], l: &Batches) -> Result<Vec<T>, String> {
+    let mut out = zeros(l.a_offsets.len() * l.m * l.n)?;
     gemm_batched_into(a, b, l, &mut out);
-    out
+    Ok(out)
+}
+
+/// `n` zeros, or an error when the system cannot give them.
+fn zeros<T: Clone + num_traits::Zero>(n: usize) -> Result<Vec<T>, String> {
+    let mut v = switchyard_core::buffer::try_with_capacity(n).map_err(|e| e.to_string())?;
+    v.resize(n, T::zero());
+    Ok(v)
 }
 
 /// The batched product written into `out` (of `batches × m × n` elements,
@@ -139,11 +146,11 @@ fn gemm_batched_into<T: GemmElem>(a: &[T], b: &[T], l: &Batches, out: &mut [T]) 
     }
 }
 
-fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
+fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Result<Vec<T>, String> {
     let (m, n, k) = (l.m, l.n, l.k);
-    let mut out = vec![T::zero(); l.a_offsets.len() * m * n];
+    let mut out = zeros(l.a_offsets.len() * m * n)?;
     if n == 0 {
-        return out;
+        return Ok(out);
     }
     let row = |(row, dst): (usize, &mut [T])| {
         let (i, r) = (row / m.max(1), row % m.max(1));
@@ -162,7 +169,7 @@ fn int_batched<T: IntLike>(a: &[T], b: &[T], l: &Batches) -> Vec<T> {
     } else {
         out.par_chunks_mut(n).enumerate().for_each(row);
     }
-    out
+    Ok(out)
 }
 
 /// Whether [`matmul_into`] writes the product of operands of `dtype`.
@@ -221,14 +228,14 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Stor
             a.buffer::<T>().ok_or("bad dtype")?,
             b.buffer::<T>().ok_or("bad dtype")?,
         );
-        Ok(T::into_storage(gemm_batched(ad, bd, l)))
+        Ok(T::into_storage(gemm_batched(ad, bd, l)?))
     }
     fn go_int<T: IntLike>(a: &Tensor, b: &Tensor, l: &Batches) -> Result<Storage, String> {
         let (ad, bd) = (
             a.buffer::<T>().ok_or("bad dtype")?,
             b.buffer::<T>().ok_or("bad dtype")?,
         );
-        Ok(T::into_storage(int_batched(ad, bd, l)))
+        Ok(T::into_storage(int_batched(ad, bd, l)?))
     }
     match a.dtype() {
         DType::F32 => go::<f32>(a, b, &batches(a, b, out_shape)),
@@ -239,7 +246,9 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Stor
             let Storage::F32(v) = go::<f32>(&a32, &b32, &batches(&a32, &b32, out_shape))? else {
                 unreachable!("f32 matmul yields f32")
             };
-            Ok(Storage::BF16(v.into_iter().map(bf16::from_f32).collect()))
+            let mut out = switchyard_core::buffer::try_with_capacity(v.len()).map_err(|e| e.to_string())?;
+            out.extend(v.into_iter().map(bf16::from_f32));
+            Ok(Storage::BF16(out))
         }
         DType::I32 => go_int::<i32>(a, b, &batches(a, b, out_shape)),
         DType::I64 => go_int::<i64>(a, b, &batches(a, b, out_shape)),
@@ -250,6 +259,24 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Stor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_the_system_cannot_hold_is_an_error_not_an_abort() {
+        // 2^50 f16 products of broadcast one-element operands: 2 PiB.
+        let n = 1usize << 25;
+        let one = Tensor::from_vec(vec![f16::ONE], &[1]).unwrap();
+        let a = one.view(vec![n, 1], vec![0, 0], 0).unwrap();
+        let b = one.view(vec![1, n], vec![0, 0], 0).unwrap();
+        let e = matmul(&a, &b, &[n, n]).unwrap_err();
+        assert!(e.starts_with("out of memory: allocating"), "{e}");
+        let ints = Tensor::from_vec(vec![1i32], &[1]).unwrap();
+        let (a, b) = (
+            ints.view(vec![n, 1], vec![0, 0], 0).unwrap(),
+            ints.view(vec![1, n], vec![0, 0], 0).unwrap(),
+        );
+        let e = matmul(&a, &b, &[n, n]).unwrap_err();
+        assert!(e.starts_with("out of memory: allocating"), "{e}");
+    }
 
     /// Products written into a buffer full of NaN (as a recycled one holds
     /// old values) give the bits of products into a new vector: plain,

@@ -114,7 +114,7 @@ where
         // SAFETY: the strategies below write only values (every element).
         Some(d) => unsafe { as_uninit(d) },
         None => {
-            own.reserve_exact(n_out);
+            own = switchyard_core::buffer::try_with_capacity(n_out).map_err(|e| e.to_string())?;
             &mut own.spare_capacity_mut()[..n_out]
         }
     };

@@ -76,7 +76,7 @@ pub(crate) fn write<O: Stored>(
         body(unsafe { as_uninit(out) })?;
         return Ok(buf.into_tensor());
     }
-    let mut out: Vec<O> = Vec::with_capacity(total);
+    let mut out: Vec<O> = switchyard_core::buffer::try_with_capacity(total).map_err(|e| e.to_string())?;
     body(&mut out.spare_capacity_mut()[..total])?;
     // SAFETY: `body` wrote every element of `spare[..total]`.
     unsafe { out.set_len(total) };

@@ -146,9 +146,15 @@ impl Executor for FuserExecutor {
         if let Some(why) = outer_reduction_on_cpu(cx.trace, op) {
             return Claim::Reject(why);
         }
+        // A result made from nothing (a reduction over an empty extent is
+        // its identity everywhere) has no elements to walk its loads over.
+        let o = cx.trace.op(op);
+        let empty = |v: &switchyard_core::ir::ValueId| cx.trace.meta(*v).numel() == 0;
+        if o.input_values().any(|v| empty(&v)) && !o.outputs.iter().all(empty) {
+            return Claim::Reject("an empty operand with a non-empty result is the fallback's".into());
+        }
         // Inside a fusion an op costs only its arithmetic: its operands and
         // result stay in the tile, and views are index maps.
-        let o = cx.trace.op(op);
         if o.kind.is_view() {
             return Claim::Accept(0.0);
         }

@@ -313,14 +313,21 @@ unsafe fn read(t: &abi::DLTensor) -> Result<Tensor, String> {
             .collect()
     };
     let n = numel(&shape);
-    fn gather<T: Stored>(base: *const u8, shape: &[usize], strides: &[isize], n: usize) -> Storage {
-        let mut out = Vec::with_capacity(n);
+    fn gather<T: Stored>(
+        base: *const u8,
+        shape: &[usize],
+        strides: &[isize],
+        n: usize,
+    ) -> Result<Storage, String> {
+        // A copy the process cannot hold is an error, not an abort of the
+        // host.
+        let mut out = switchyard_core::buffer::try_with_capacity(n).map_err(|e| e.to_string())?;
         for off in switchyard_core::tensor::StridedOffsets::new(shape, strides, 0) {
             // SAFETY: the host's view stays inside its buffer (the host checks
             // every tensor's views against its buffer).
             out.push(unsafe { base.cast::<T>().add(off).read() });
         }
-        T::into_storage(out)
+        Ok(T::into_storage(out))
     }
     // SAFETY: the offset is within the buffer (the ABI's promise).
     let base = unsafe { t.data.cast::<u8>().cast_const().add(t.byte_offset as usize) };
@@ -332,7 +339,7 @@ unsafe fn read(t: &abi::DLTensor) -> Result<Tensor, String> {
         DType::I32 => gather::<i32>(base, &shape, &strides, n),
         DType::I64 => gather::<i64>(base, &shape, &strides, n),
         DType::Bool => gather::<bool>(base, &shape, &strides, n),
-    };
+    }?;
     Tensor::from_storage(storage, &shape).map_err(|e| e.to_string())
 }
 

@@ -143,3 +143,24 @@ fn a_trace_returning_a_value_twice_reads_back_from_its_text() {
     Target::TraceJson.run(t.to_json().unwrap().as_bytes());
     Target::TraceText.run(t.to_string().as_bytes());
 }
+
+/// Found by cargo-fuzz `trace_text`: the fuser ran a reduction over an
+/// empty extent (`sum` over dims 1 and 3 of f32[2, 14, 8, 0]) whose result
+/// is not empty, and divided by the zero-sized dim while walking its loads.
+/// It now leaves such ops to the fallback, whose sum of nothing is zero.
+#[test]
+fn a_reduction_over_an_empty_extent_runs_and_sums_to_zero() {
+    let text = "input y: f32[2, 14, 8, 0]\ne = sum(y, dims=[1, 3])\nz = exp(e)\noutput z\n";
+    Target::TraceText.run(text.as_bytes());
+    let t = switchyard_core::text::parse(text).unwrap();
+    let (compiled, _) = switchyard_tests::fused_planner()
+        .compile(&t, &switchyard_core::cache::KernelCache::new(8), &[])
+        .unwrap();
+    let r = compiled
+        .run(
+            &switchyard_core::io::random_inputs(&t, 0),
+            switchyard_core::runtime::RunOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(r.outputs[0].to_vec::<f32>().unwrap(), vec![1.0; 16]);
+}

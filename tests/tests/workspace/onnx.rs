@@ -141,7 +141,7 @@ fn the_example_model_is_what_its_builder_writes_and_runs() {
     let imported = switchyard_onnx::import_file(&path, &Default::default()).unwrap();
     let kinds: Vec<&str> = imported.trace.ops.iter().map(|o| o.kind.name()).collect();
     assert_eq!(kinds, vec!["linear", "gelu", "matmul", "add", "layer_norm"]);
-    let inputs = imported.random_inputs(0);
+    let inputs = imported.random_inputs(0).unwrap();
     let (got, executors) = run_default(&imported.trace, &inputs).unwrap();
     assert!(executors.iter().any(|e| e == "fuser"), "{executors:?}");
     let want = run(&imported.trace, &inputs).unwrap().outputs;

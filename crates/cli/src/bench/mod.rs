@@ -101,7 +101,7 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
             .map(|(p, name)| {
                 let program = model::load(p, &args.model, None)?;
                 if let Some(m) = &program.onnx {
-                    weights.insert(name.clone(), m.random_inputs(0));
+                    weights.insert(name.clone(), m.random_inputs(0)?);
                 }
                 Ok((name, program.trace))
             })

@@ -372,7 +372,8 @@ impl Tensor {
     /// A dense copy in a new host buffer.
     fn dense_copy(&self) -> Result<Tensor> {
         let storage = with_storage!(self.host()?, data, T => {
-            let v: Vec<T> = self.offsets().map(|o| data[o]).collect();
+            let mut v: Vec<T> = crate::buffer::try_with_capacity(self.numel())?;
+            v.extend(self.offsets().map(|o| data[o]));
             T::into_storage(v)
         });
         Ok(Tensor {

@@ -104,14 +104,14 @@ impl Imported {
     }
 
     /// Every trace input in order: weights from the model, deterministic
-    /// random tensors for the graph's inputs.
-    pub fn random_inputs(&self, seed: u64) -> Vec<Tensor> {
+    /// random tensors for the graph's inputs; an error only when the system
+    /// cannot give their memory.
+    pub fn random_inputs(&self, seed: u64) -> Result<Vec<Tensor>> {
         let mut k = 0;
         self.bind_with(|_, meta| {
             k += 1;
-            Ok(switchyard_core::io::random_tensor(meta, seed, k - 1))
+            Ok(switchyard_core::io::try_random_tensor(meta, seed, k - 1)?)
         })
-        .expect("random inputs always bind")
     }
 
     fn bind_with(&self, mut feed: impl FnMut(&str, &TensorMeta) -> Result<Tensor>) -> Result<Vec<Tensor>> {
