@@ -76,16 +76,7 @@ impl MemoryLimits {
     /// [`MemoryLimits::detect`] for the host and the devices `plan` puts
     /// tensors on.
     pub fn for_plan(plan: &Plan, configured: Option<usize>) -> MemoryLimits {
-        let mut devices: Vec<Device> = plan
-            .regions
-            .iter()
-            .map(|r| r.device)
-            .chain(plan.trace.values.iter().map(|v| v.meta.device))
-            .filter(|d| *d != Device::Cpu)
-            .collect();
-        devices.sort();
-        devices.dedup();
-        MemoryLimits::detect(configured, &devices)
+        MemoryLimits::detect(configured, &plan.devices())
     }
 
     /// The limit of `place`, if one is known.

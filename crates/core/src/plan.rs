@@ -110,6 +110,21 @@ impl Plan {
             .sum()
     }
 
+    /// The devices other than the host that the plan puts a tensor on (a
+    /// region runs there, or the trace declares a value there), sorted.
+    pub fn devices(&self) -> Vec<Device> {
+        let mut devices: Vec<Device> = self
+            .regions
+            .iter()
+            .map(|r| r.device)
+            .chain(self.trace.values.iter().map(|v| v.meta.device))
+            .filter(|d| *d != Device::Cpu)
+            .collect();
+        devices.sort();
+        devices.dedup();
+        devices
+    }
+
     /// The memory facts of this plan's regions (see [`crate::memory`]).
     pub fn memory_graph(&self) -> MemoryGraph {
         self.memory_graph_of(&self.regions, &ValueFacts::of(&self.trace), Buffers::Every)

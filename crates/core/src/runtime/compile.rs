@@ -60,15 +60,7 @@ impl CompiledPlan {
         };
         let trace = &plan.trace;
         // Every device the plan puts a tensor on needs a layer to move it there.
-        let mut devices: Vec<Device> = plan
-            .regions
-            .iter()
-            .map(|r| r.device)
-            .chain(trace.values.iter().map(|v| v.meta.device))
-            .filter(|d| *d != Device::Cpu)
-            .collect();
-        devices.sort();
-        devices.dedup();
+        let devices = plan.devices();
         for &d in &devices {
             transfer_for(d)?;
         }
