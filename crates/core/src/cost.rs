@@ -407,7 +407,8 @@ fn compute_dtype(trace: &Trace, op: OpId) -> DType {
         .unwrap_or(DType::F32)
 }
 
-/// Arithmetic of an op: 2·M·N·K per matmul, a few FLOPs per element for
+/// Arithmetic of an op: 2·M·N·K per matmul, two per multiply-add of a
+/// convolution, one per window tap of a pool, a few FLOPs per element for
 /// transcendental functions, one per element otherwise.
 pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
     let o = trace.op(op);
@@ -425,6 +426,30 @@ pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
                 .map(|v| *trace.meta(v).shape.last().unwrap_or(&1))
                 .unwrap_or(1);
             2.0 * out * k as f64
+        }
+        OpKind::Conv | OpKind::ConvTranspose => {
+            let shape = |i: usize| {
+                o.operands
+                    .get(i)
+                    .and_then(|x| x.value())
+                    .map(|v| &trace.meta(v).shape[..])
+            };
+            match (shape(0), shape(1)) {
+                (Some(x), Some(w)) => {
+                    crate::ir::window::conv_geometry(&o.attrs, x, w, o.kind == OpKind::ConvTranspose)
+                        .map_or(out, |g| 2.0 * g.macs() as f64)
+                }
+                _ => out,
+            }
+        }
+        OpKind::Pool(_) => {
+            let taps: usize = o
+                .attrs
+                .ints_opt("kernel")
+                .ok()
+                .flatten()
+                .map_or(1, |k| k.iter().map(|&d| d.max(1) as usize).product());
+            out * taps as f64
         }
         OpKind::Unary(u) if u.is_transcendental() => 8.0 * out,
         OpKind::Reduce(ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::Amax | ReduceOp::Amin) => {

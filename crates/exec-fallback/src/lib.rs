@@ -21,6 +21,7 @@ mod reduce;
 mod scan;
 mod vector;
 mod walk;
+mod window;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -109,13 +110,31 @@ enum Prim {
     Cat(usize),
     Reduce(switchyard_core::ir::ReduceOp, Vec<usize>),
     Matmul,
+    Conv(switchyard_core::ir::window::ConvGeometry),
+    Pool(
+        switchyard_core::ir::PoolOp,
+        switchyard_core::ir::window::Window,
+        window::PoolOptions,
+    ),
     Gather(usize),
     IndexSelect(usize),
     Cumsum(scan::Scan),
     Full(Scalar),
-    Iota { dim: usize, start: i64, step: i64 },
-    Uniform { low: f64, high: f64, seed: u64 },
-    Normal { mean: f64, std: f64, seed: u64 },
+    Iota {
+        dim: usize,
+        start: i64,
+        step: i64,
+    },
+    Uniform {
+        low: f64,
+        high: f64,
+        seed: u64,
+    },
+    Normal {
+        mean: f64,
+        std: f64,
+        seed: u64,
+    },
 }
 
 /// Where an op reads an operand from.
@@ -237,6 +256,24 @@ fn compile_op(
         }
         OpKind::Reduce(r) => Prim::Reduce(r, reduce_dims(a, in_meta(0)?.rank()).map_err(fail)?),
         OpKind::Matmul => Prim::Matmul,
+        OpKind::Conv | OpKind::ConvTranspose => Prim::Conv(
+            switchyard_core::ir::window::conv_geometry(
+                a,
+                &in_meta(0)?.shape,
+                &in_meta(1)?.shape,
+                op.kind == OpKind::ConvTranspose,
+            )
+            .map_err(fail)?,
+        ),
+        OpKind::Pool(p) => Prim::Pool(
+            p,
+            switchyard_core::ir::window::pool_window(a, &in_meta(0)?.shape).map_err(fail)?,
+            window::PoolOptions {
+                count_include_pad: a.bool_or("count_include_pad", false).map_err(fail)?,
+                p: a.float_or("p", 2.0).map_err(fail)?,
+                column_major: a.bool_or("column_major", false).map_err(fail)?,
+            },
+        ),
         OpKind::Gather | OpKind::IndexSelect => {
             let rank = in_meta(0)?.rank();
             let dim = normalize_dim(a.int_or("dim", 0).map_err(fail)?, rank)
@@ -372,6 +409,8 @@ impl CompiledOp {
             Prim::Cat(d) => movement::cat(&args, *d, shape, dst).map_err(fail),
             Prim::Reduce(r, dims) => dense(reduce::reduce(*r, args[0], dims)),
             Prim::Matmul => dense(matmul::matmul(args[0], args[1], shape)),
+            Prim::Conv(g) => window::conv(args[0], args[1], args.get(2).copied(), g, dst).map_err(fail),
+            Prim::Pool(p, w, o) => window::pool(*p, args[0], w, *o, dst).map_err(fail),
             Prim::Gather(d) => movement::gather(args[0], args[1], *d, dst).map_err(fail),
             Prim::IndexSelect(d) => movement::index_select(args[0], args[1], *d, dst).map_err(fail),
             Prim::Cumsum(s) => scan::cumsum(args[0], *s, dst).map_err(fail),

@@ -121,15 +121,18 @@ fn m_input(m: &Imported) -> switchyard_core::ir::ValueId {
 fn every_unsupported_op_type_is_listed_at_once_with_counts_and_names() {
     let mut b = ModelBuilder::new("unsup", 18);
     b.input("x", DType::F32, &d(&[1, 1, 4, 4]))
-        .node("Conv", &["x", "x"], &["a"], vec![])
-        .node("Conv", &["a", "x"], &["b"], vec![])
+        .node("DeformConv", &["x", "x"], &["a"], vec![])
+        .node("DeformConv", &["a", "x"], &["b"], vec![])
         .node("Frobnicate", &["b"], &["c"], vec![])
         .node("Relu", &["c"], &["y"], vec![])
         .output("y", DType::F32, &d(&[1, 1, 4, 4]));
     let e = import(&model(b.build()), &ImportOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Unsupported(_)));
     let e = e.to_string();
-    assert!(e.contains("Conv: 2 node(s): Conv_1, Conv_2"), "{e}");
+    assert!(
+        e.contains("DeformConv: 2 node(s): DeformConv_1, DeformConv_2"),
+        "{e}"
+    );
     assert!(e.contains("Frobnicate: 1 node(s): Frobnicate_3"), "{e}");
     assert!(!e.contains("Relu"), "{e}");
 }
@@ -512,4 +515,127 @@ fn mutated_model_bytes_import_or_fail_cleanly() {
         imported > 0 && refused > 0,
         "{imported} imported, {refused} refused"
     );
+}
+
+/// A Conv (with bias) followed by a BatchNormalization and a Relu; with
+/// `expose`, the convolution's result is a graph output too.
+fn conv_bn(expose: bool) -> Model {
+    let ramp = |n: usize, scale: f32| {
+        Tensor::from_vec(
+            (0..n)
+                .map(|i| (i as f32 * 0.37).sin() * scale)
+                .collect::<Vec<_>>(),
+            &[n],
+        )
+        .unwrap()
+    };
+    let w = Tensor::from_vec(ramp(4 * 3 * 3 * 3, 0.5).to_vec::<f32>().unwrap(), &[4, 3, 3, 3]).unwrap();
+    let mut b = ModelBuilder::new("conv_bn", 18);
+    b.input("x", DType::F32, &d(&[1, 3, 6, 6]))
+        .initializer("w", &w)
+        .unwrap()
+        .initializer("cb", &ramp(4, 0.1))
+        .unwrap()
+        .initializer(
+            "scale",
+            &Tensor::from_vec(vec![1.5f32, 0.5, 2.0, 1.0], &[4]).unwrap(),
+        )
+        .unwrap()
+        .initializer(
+            "bias",
+            &Tensor::from_vec(vec![0.1f32, -0.2, 0.3, 0.0], &[4]).unwrap(),
+        )
+        .unwrap()
+        .initializer(
+            "mean",
+            &Tensor::from_vec(vec![0.05f32, 0.1, -0.1, 0.2], &[4]).unwrap(),
+        )
+        .unwrap()
+        .initializer(
+            "var",
+            &Tensor::from_vec(vec![0.9f32, 1.2, 0.5, 1.0], &[4]).unwrap(),
+        )
+        .unwrap()
+        .node(
+            "Conv",
+            &["x", "w", "cb"],
+            &["c"],
+            vec![attr_ints("pads", &[1, 1, 1, 1])],
+        )
+        .node(
+            "BatchNormalization",
+            &["c", "scale", "bias", "mean", "var"],
+            &["n"],
+            vec![],
+        )
+        .node("Relu", &["n"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[1, 4, 6, 6]));
+    if expose {
+        b.output("c", DType::F32, &d(&[1, 4, 6, 6]));
+    }
+    model(b.build())
+}
+
+#[test]
+fn a_batch_norm_after_a_conv_folds_into_its_weight_and_bias() {
+    let folded = import(&conv_bn(false), &ImportOptions::default()).unwrap();
+    let names: Vec<&str> = folded.trace.ops.iter().map(|o| o.kind.name()).collect();
+    assert_eq!(names, vec!["conv", "relu"]);
+    // The original weight and bias are gone, the folded pair bound instead.
+    assert_eq!(folded.weights.len(), 2);
+    // With the convolution's result read elsewhere nothing folds.
+    let kept = import(&conv_bn(true), &ImportOptions::default()).unwrap();
+    let names: Vec<&str> = kept.trace.ops.iter().map(|o| o.kind.name()).collect();
+    assert_eq!(names, vec!["conv", "mul", "add", "relu"]);
+    let x = Tensor::from_vec(
+        (0..108)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0)
+            .collect::<Vec<_>>(),
+        &[1, 3, 6, 6],
+    )
+    .unwrap();
+    let a = f32s(&run(&folded, &[("x", x.clone())])[0]);
+    let b = f32s(&run(&kept, &[("x", x)])[0]);
+    assert!(a.iter().any(|&v| v > 0.5));
+    for (p, q) in a.iter().zip(&b) {
+        assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{p} vs {q}");
+    }
+}
+
+#[test]
+fn convolutions_that_do_not_fit_are_import_errors_naming_node_and_attribute() {
+    let conv = |x: &[usize], w: &[usize], attrs: Vec<crate::proto::AttributeProto>| {
+        let mut b = ModelBuilder::new("c", 18);
+        b.input("x", DType::F32, &d(x))
+            .input("w", DType::F32, &d(w))
+            .node("Conv", &["x", "w"], &["y"], attrs)
+            .output("y", DType::F32, &[]);
+        import(&model(b.build()), &ImportOptions::default())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = conv(&[1, 3, 5, 5], &[4, 1, 3, 3], vec![attr_int("group", 2)]);
+    assert!(
+        e.contains("node `Conv_1` (Conv)") && e.contains("3 channels do not divide into 2 groups"),
+        "{e}"
+    );
+    let e = conv(&[1, 3, 2, 2], &[4, 3, 3, 3], vec![]);
+    assert!(
+        e.contains("the kernel spans 3") && e.contains("padded input has 2"),
+        "{e}"
+    );
+    let e = conv(
+        &[1, 3, 5, 5],
+        &[4, 3, 3, 3],
+        vec![attr_string("auto_pad", "SAME")],
+    );
+    assert!(e.contains("attribute `auto_pad`"), "{e}");
+    let e = conv(&[1, 3, 5, 5], &[4, 3, 3, 3], vec![attr_ints("strides", &[0, 1])]);
+    assert!(e.contains("attribute `strides`"), "{e}");
+    let e = conv(
+        &[1, 3, 5, 5],
+        &[4, 3, 3, 3],
+        vec![attr_ints("kernel_shape", &[2, 2])],
+    );
+    assert!(e.contains("attribute `kernel_shape`"), "{e}");
 }

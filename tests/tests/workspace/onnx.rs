@@ -22,10 +22,26 @@ fn relative_error(got: &switchyard_core::Tensor, want: &switchyard_core::Tensor)
     diff / scale
 }
 
+/// Op types of models in the shared corpus that the importer does not read
+/// yet (recurrent nets, control flow, selection): a model refused for these
+/// alone is skipped, saying so; refused for anything else, it fails.
+const NOT_YET_IMPORTED: &[&str] = &[
+    "LSTM",
+    "GRU",
+    "RNN",
+    "If",
+    "Loop",
+    "Scan",
+    "TopK",
+    "ScatterElements",
+    "NonZero",
+];
+
 /// Each model folder in `dir` (model.onnx, inputs.safetensors,
 /// expected.safetensors) imported and run on the default executors and on
 /// the fallback, each within 1e-4 (max |got - want| / max |want|) of the
-/// expected outputs, with the fuser in the default plan.
+/// expected outputs, with the fuser in the default plan; at least
+/// `at_least` of them run.
 fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
     let mut models: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -38,6 +54,7 @@ fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
         "expected {at_least} models in {}",
         dir.display()
     );
+    let mut ran = 0;
     for m in models {
         let name = m.file_name().unwrap().to_string_lossy().to_string();
         let model = Model::load(&m.join("model.onnx")).unwrap();
@@ -46,7 +63,23 @@ fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
             .into_iter()
             .collect();
         let want = read_safetensors(&m.join("expected.safetensors")).unwrap();
-        let (imported, fixed) = import_for(&model, &feeds).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (imported, fixed) = match import_for(&model, &feeds) {
+            Ok(x) => x,
+            Err(switchyard_onnx::Error::Unsupported(why)) => {
+                let ops: Vec<&str> = why
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().next())
+                    .map(|op| op.trim_end_matches(':'))
+                    .collect();
+                assert!(
+                    ops.iter().all(|op| NOT_YET_IMPORTED.contains(op)),
+                    "{name}: refused for {ops:?}: {why}"
+                );
+                eprintln!("skipping {name}: it needs {}, not imported yet", ops.join(", "));
+                continue;
+            }
+            Err(e) => panic!("{name}: {e}"),
+        };
         assert!(
             fixed.is_empty(),
             "{name}: no input should need fixing, got {fixed:?}"
@@ -66,7 +99,9 @@ fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
                 assert!(e <= 1e-4, "{name} `{out}` on the {label}: relative error {e:e}");
             }
         }
+        ran += 1;
     }
+    assert!(ran >= at_least, "only {ran} models of {} ran", dir.display());
 }
 
 #[test]
@@ -74,7 +109,8 @@ fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() 
     let Some(dir) = shared_data("onnx/models") else {
         return;
     };
-    models_match_their_expected_outputs(&dir, 4);
+    // The four transformers, and the nine convolutional nets.
+    models_match_their_expected_outputs(&dir, 13);
 }
 
 #[test]

@@ -86,6 +86,11 @@ impl From<Vec<i64>> for Attr {
         Attr::List(v.into_iter().map(Attr::Int).collect())
     }
 }
+impl From<&[i64]> for Attr {
+    fn from(v: &[i64]) -> Self {
+        Attr::List(v.iter().map(|&x| Attr::Int(x)).collect())
+    }
+}
 impl From<&[usize]> for Attr {
     fn from(v: &[usize]) -> Self {
         Attr::List(v.iter().map(|&x| Attr::Int(x as i64)).collect())

@@ -270,6 +270,59 @@ pub(crate) fn decompose_op(
                 .map_err(err)?;
             b.matmul(p, v).map_err(err)?
         }
+        CompositeOp::GroupNorm => {
+            attrs.check_keys(&["groups", "eps"])?;
+            arity(operands, 1, 3)?;
+            let x = tensor_operand(operands, 0, "x")?;
+            require_float(b, x, "x")?;
+            let shape = b.meta(x).shape.clone();
+            if shape.len() < 2 {
+                return Err(format!("x must be [N, C, ...], got {}", ShapeDisplay(&shape)));
+            }
+            let c = shape[1];
+            let groups = attrs.int("groups")?;
+            let g = usize::try_from(groups)
+                .ok()
+                .filter(|&g| g >= 1 && c.is_multiple_of(g))
+                .ok_or_else(|| format!("attribute `groups` {groups} must divide the {c} channels"))?;
+            let eps = attrs.float_or("eps", 1e-5)?;
+            let per_channel = |b: &TraceBuilder, i: usize, what: &str| -> Result<ValueId, String> {
+                let v = tensor_operand(operands, i, what)?;
+                if b.meta(v).shape != [c] {
+                    return Err(format!(
+                        "{what} must be [{c}], one per channel, got {}",
+                        ShapeDisplay(&b.meta(v).shape)
+                    ));
+                }
+                Ok(v)
+            };
+            let grouped = b.reshape(x, &[shape[0] as i64, g as i64, -1]).map_err(err)?;
+            let mu = b
+                .reduce(ReduceOp::Mean, grouped, Some(&[-1]), true)
+                .map_err(err)?;
+            let xc = b.sub(grouped, mu).map_err(err)?;
+            let sq = b.mul(xc, xc).map_err(err)?;
+            let var = b.reduce(ReduceOp::Mean, sq, Some(&[-1]), true).map_err(err)?;
+            let var_eps = b.add(var, eps).map_err(err)?;
+            let r = b.unary(U::Rsqrt, var_eps).map_err(err)?;
+            let normed = b.mul(xc, r).map_err(err)?;
+            let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            let mut y = b.reshape(normed, &dims).map_err(err)?;
+            // [C] seen as [C, 1, ...] broadcasts over the dims after the channels.
+            let mut column = vec![c as i64];
+            column.resize(shape.len() - 1, 1);
+            if operands.len() >= 2 {
+                let w = per_channel(b, 1, "weight")?;
+                let w = b.reshape(w, &column).map_err(err)?;
+                y = b.mul(y, w).map_err(err)?;
+            }
+            if operands.len() == 3 {
+                let bias = per_channel(b, 2, "bias")?;
+                let bias = b.reshape(bias, &column).map_err(err)?;
+                y = b.add(y, bias).map_err(err)?;
+            }
+            y
+        }
         CompositeOp::Einsum => {
             attrs.check_keys(&["equation"])?;
             let eq = attrs.str_or("equation", "")?;

@@ -7,7 +7,8 @@ use crate::ir::Operand;
 use crate::ir::attr::Attrs;
 use crate::ir::builder::TraceBuilder;
 use crate::ir::decompose::decompose_op;
-use crate::ir::ops::{OpKind, ReduceOp};
+use crate::ir::ops::{OpKind, PoolOp, ReduceOp};
+use crate::ir::window::{conv_geometry, pool_window};
 use crate::meta::{Device, ShapeDisplay, TensorMeta, broadcast_shapes, normalize_dim, numel};
 
 /// What inference knows of an operand.
@@ -480,6 +481,71 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                     )
                 })?;
             shape.extend([m, n]);
+            Ok(out(dt, shape, device))
+        }
+        OpKind::Conv | OpKind::ConvTranspose => {
+            if !(2..=3).contains(&ops.len()) {
+                return Err(format!(
+                    "takes 2 or 3 operands (x, weight, [bias]), got {}",
+                    ops.len()
+                ));
+            }
+            let x = tensor(ops, 0)?;
+            let w = tensor(ops, 1)?;
+            let dt = common_dtype(ops, &(0..ops.len()).collect::<Vec<_>>())?;
+            if !dt.is_float() {
+                return Err(format!(
+                    "needs floating-point operands, got {dt}; cast them first"
+                ));
+            }
+            let g = conv_geometry(attrs, &x.shape, &w.shape, kind == OpKind::ConvTranspose)?;
+            if ops.len() == 3 {
+                let bias = tensor(ops, 2)?;
+                if bias.shape != [g.out_channels] {
+                    return Err(format!(
+                        "the bias (operand 3) must be [{}], one per output channel, got {}",
+                        g.out_channels,
+                        ShapeDisplay(&bias.shape)
+                    ));
+                }
+            }
+            let shape = g.out_shape();
+            check_size(&shape, dt)?;
+            Ok(out(dt, shape, device))
+        }
+        OpKind::Pool(p) => {
+            let extra: &[&str] = match p {
+                PoolOp::MaxPool => &[],
+                PoolOp::AvgPool => &["count_include_pad"],
+                PoolOp::LpPool => &["p"],
+                PoolOp::ArgmaxPool => &["column_major"],
+            };
+            let mut keys = vec!["kernel", "stride", "dilation", "pad", "ceil_mode"];
+            keys.extend_from_slice(extra);
+            attrs.check_keys(&keys)?;
+            expect_count(ops, 1)?;
+            let x = tensor(ops, 0)?;
+            match p {
+                PoolOp::AvgPool | PoolOp::LpPool if !x.dtype.is_float() => {
+                    return Err(format!("needs a floating-point operand, got {}", x.dtype));
+                }
+                _ if !x.dtype.is_numeric() => return Err("needs a numeric operand, got bool".into()),
+                _ => {}
+            }
+            attrs.bool_or("count_include_pad", false)?;
+            attrs.bool_or("column_major", false)?;
+            let pw = attrs.float_or("p", 2.0)?;
+            if !(pw.is_finite() && pw > 0.0) {
+                return Err(format!("attribute `p` must be a positive number, got {pw}"));
+            }
+            let w = pool_window(attrs, &x.shape)?;
+            let mut shape = x.shape[..2].to_vec();
+            shape.extend_from_slice(&w.output);
+            let dt = if p == PoolOp::ArgmaxPool {
+                DType::I64
+            } else {
+                x.dtype
+            };
             Ok(out(dt, shape, device))
         }
         OpKind::Gather | OpKind::IndexSelect => {

@@ -12,6 +12,7 @@ pub mod hint;
 mod infer;
 mod ops;
 mod region;
+pub mod window;
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ pub use decompose::decompose_composites;
 pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;
 pub use infer::{OperandMeta, check_input_meta, check_size, infer, reduce_dims, reduced_shape, slice_params};
-pub use ops::{BinaryOp, CompositeOp, OpKind, ReduceOp, UnaryOp};
+pub use ops::{BinaryOp, CompositeOp, OpKind, PoolOp, ReduceOp, UnaryOp};
 pub use region::Cuts;
 
 pub(crate) use attr::is_reserved_word;

@@ -185,6 +185,25 @@ op_enum!(
 );
 
 op_enum!(
+    /// Pools: a reduction over each window of the spatial dims of an
+    /// `[N, C, S...]` tensor (see [`crate::ir::window`]).
+    PoolOp {
+        /// the window's maximum; padding is never the maximum
+        MaxPool => "max_pool",
+        /// the window's mean over its taps inside the input, or over every
+        /// tap inside the explicit padding with `count_include_pad=true`
+        AvgPool => "avg_pool",
+        /// `(sum |x|^p)^(1/p)` over the window (padding adds nothing)
+        LpPool => "lp_pool",
+        /// where the window's maximum is, as an i64 index into the
+        /// flattened input: `(n * C + c) * |S|` plus the position in the
+        /// spatial dims, row-major, or with `column_major=true` (ONNX's
+        /// `storage_order=1`) column-major; the first maximum in window order
+        ArgmaxPool => "argmax_pool",
+    }
+);
+
+op_enum!(
     /// Composite ops: each has a decomposition into primitives, and an executor may
     /// claim one whole instead.
     CompositeOp {
@@ -210,6 +229,12 @@ op_enum!(
         Sdpa => "sdpa",
         /// `einsum(a, b, ..., equation="...")`
         Einsum => "einsum",
+        /// `group_norm(x, [weight, [bias]], groups=G, eps=1e-5)` over
+        /// `[N, C, ...]`: each group of `C / G` channels normalised over its
+        /// channels and the rest of the dims, then scaled and shifted per
+        /// channel (`weight` and `bias` are `[C]`); instance norm is
+        /// `groups=C`
+        GroupNorm => "group_norm",
     }
 );
 
@@ -239,6 +264,16 @@ pub enum OpKind {
     Reduce(ReduceOp),
     /// `matmul(a, b)` with broadcast batch dims
     Matmul,
+    /// `conv(x, w, [bias], stride=[..], dilation=[..], pad=[..], groups=1)`:
+    /// cross-correlation of `x` `[N, C, S...]` with `w` `[M, C/groups, K...]`
+    Conv,
+    /// `conv_transpose(x, w, [bias], stride=[..], dilation=[..], pad=[..],
+    /// output_padding=[..], groups=1)`: the adjoint of `conv`, `w` being
+    /// `[C, M/groups, K...]`
+    ConvTranspose,
+    /// `max_pool(x, kernel=[..], stride=[..], dilation=[..], pad=[..],
+    /// ceil_mode=false)` and the other pools
+    Pool(PoolOp),
     /// `gather(x, index, dim=k)`: `out[..i..] = x[..index[..i..]..]`
     Gather,
     /// `index_select(x, index, dim=k)` with a 1-D index
@@ -265,6 +300,9 @@ impl OpKind {
             OpKind::Binary(b) => b.name(),
             OpKind::Reduce(r) => r.name(),
             OpKind::Composite(c) => c.name(),
+            OpKind::Pool(p) => p.name(),
+            OpKind::Conv => "conv",
+            OpKind::ConvTranspose => "conv_transpose",
             OpKind::Where => "where",
             OpKind::Cast => "cast",
             OpKind::Broadcast => "broadcast",
@@ -297,8 +335,9 @@ impl OpKind {
             OpKind::Cat,
         ]);
         v.extend(ReduceOp::ALL.iter().map(|&r| OpKind::Reduce(r)));
+        v.extend([OpKind::Matmul, OpKind::Conv, OpKind::ConvTranspose]);
+        v.extend(PoolOp::ALL.iter().map(|&p| OpKind::Pool(p)));
         v.extend([
-            OpKind::Matmul,
             OpKind::Gather,
             OpKind::IndexSelect,
             OpKind::Cumsum,

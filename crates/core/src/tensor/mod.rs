@@ -120,6 +120,23 @@ impl Tensor {
         Tensor::from_storage(T::into_storage(data), shape)
     }
 
+    /// A contiguous tensor of `dtype` from f64 values, each rounded once
+    /// (integers saturate, NaN becomes 0; bools are `v != 0`).
+    pub fn from_f64s(dtype: DType, values: &[f64], shape: &[usize]) -> Result<Tensor> {
+        fn typed<T: Stored + Element>(values: &[f64], shape: &[usize]) -> Result<Tensor> {
+            Tensor::from_vec(values.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>(), shape)
+        }
+        match dtype {
+            DType::F32 => typed::<f32>(values, shape),
+            DType::F64 => typed::<f64>(values, shape),
+            DType::F16 => typed::<half::f16>(values, shape),
+            DType::BF16 => typed::<half::bf16>(values, shape),
+            DType::I32 => typed::<i32>(values, shape),
+            DType::I64 => typed::<i64>(values, shape),
+            DType::Bool => typed::<bool>(values, shape),
+        }
+    }
+
     /// A scalar (rank-0) tensor.
     pub fn scalar<T: Stored>(v: T) -> Tensor {
         Tensor {

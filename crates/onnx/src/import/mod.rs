@@ -15,7 +15,10 @@
 //!    into the trace by its op's function ([`crate::ops`]), and a constant it
 //!    reads becomes a weight input of the trace;
 //! 5. **outputs**: the graph's outputs become the trace's, and the trace is
-//!    validated.
+//!    validated;
+//! 6. **folding**: per-channel scales and shifts after a convolution with
+//!    constant weights (a BatchNormalization, a Mul or Add by constants)
+//!    fold into its weight and bias ([`fold`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -30,6 +33,7 @@ use switchyard_core::{DType, Scalar, Tensor, TensorMeta, Trace, TraceBuilder};
 use switchyard_exec_fallback::FallbackExecutor;
 
 mod check;
+mod fold;
 
 pub(crate) use check::node_label;
 use check::{check_declared_output, check_graph, check_opsets, check_supported, input_meta};
@@ -309,7 +313,7 @@ pub fn import(model: &Model, options: &ImportOptions) -> Result<Imported> {
     let ids: Vec<ValueId> = outputs.iter().map(|(_, v)| *v).collect();
     imp.b.output(&ids);
     let trace = imp.b.finish()?;
-    Ok(Imported {
+    fold::fold_affine_into_conv(Imported {
         trace,
         weights: imp.weights,
         inputs,

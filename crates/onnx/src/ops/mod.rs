@@ -8,9 +8,12 @@
 //! function.
 
 mod constant;
+mod conv;
 mod elementwise;
 mod nn;
+mod norm;
 mod reduce;
+mod resize;
 mod select;
 mod shape;
 
@@ -49,9 +52,12 @@ pub(crate) type Sink<'s> =
     dyn FnMut(&mut TraceBuilder, Option<usize>, Tensor) -> Result<ValueId, String> + 's;
 
 /// The op tables, one per family.
-const FAMILIES: [&[(&str, LowerFn)]; 6] = [
+const FAMILIES: [&[(&str, LowerFn)]; 9] = [
     elementwise::OPS,
     nn::OPS,
+    conv::OPS,
+    norm::OPS,
+    resize::OPS,
     reduce::OPS,
     shape::OPS,
     select::OPS,

@@ -19,7 +19,65 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("Dropout", dropout),
     ("Shape", shape),
     ("Size", size),
+    ("DepthToSpace", depth_to_space),
+    ("SpaceToDepth", space_to_depth),
 ];
+
+/// The blocksize of DepthToSpace / SpaceToDepth over an `[N, C, H, W]` input.
+fn block(n: &Node) -> Result<(Vec<usize>, usize), String> {
+    n.arity(1, 1)?;
+    let s = n.shape(0)?;
+    if s.len() != 4 {
+        return Err(format!(
+            "the input must be [N, C, H, W], got {}",
+            ShapeDisplay(&s)
+        ));
+    }
+    let b = n.int("blocksize", 0);
+    let b = usize::try_from(b)
+        .ok()
+        .filter(|&b| b >= 1)
+        .ok_or_else(|| format!("attribute `blocksize` must be 1 or more, got {b}"))?;
+    Ok((s, b))
+}
+
+fn depth_to_space(n: &mut Node) -> Result<Vec<Out>, String> {
+    let (s, b) = block(n)?;
+    let (batch, c, h, w) = (s[0] as i64, s[1], s[2] as i64, s[3] as i64);
+    if !c.is_multiple_of(b * b) {
+        return Err(format!(
+            "the {c} channels do not divide by blocksize² = {}",
+            b * b
+        ));
+    }
+    let (bi, ci) = (b as i64, (c / (b * b)) as i64);
+    // DCR takes the block offsets from the outer channel bits, CRD from the inner.
+    let (split, perm) = match n.string("mode", "DCR")?.as_str() {
+        "DCR" => ([batch, bi, bi, ci, h, w], [0, 3, 4, 1, 5, 2]),
+        "CRD" => ([batch, ci, bi, bi, h, w], [0, 1, 4, 2, 5, 3]),
+        other => return Err(format!("attribute `mode` must be DCR or CRD, got `{other}`")),
+    };
+    let x = n.value(0)?;
+    let y = n.b.reshape(x, &split).map_err(err)?;
+    let y = n.b.transpose(y, &perm).map_err(err)?;
+    one(n.b.reshape(y, &[batch, ci, h * bi, w * bi]).map_err(err)?)
+}
+
+fn space_to_depth(n: &mut Node) -> Result<Vec<Out>, String> {
+    let (s, b) = block(n)?;
+    let (batch, c, h, w) = (s[0] as i64, s[1] as i64, s[2], s[3]);
+    if !h.is_multiple_of(b) || !w.is_multiple_of(b) {
+        return Err(format!(
+            "the spatial dims {h} x {w} do not divide by blocksize {b}"
+        ));
+    }
+    let bi = b as i64;
+    let (ho, wo) = ((h / b) as i64, (w / b) as i64);
+    let x = n.value(0)?;
+    let y = n.b.reshape(x, &[batch, c, ho, bi, wo, bi]).map_err(err)?;
+    let y = n.b.transpose(y, &[0, 3, 5, 1, 2, 4]).map_err(err)?;
+    one(n.b.reshape(y, &[batch, c * bi * bi, ho, wo]).map_err(err)?)
+}
 
 fn reshape_to(n: &mut Node, shape: &[usize]) -> Result<Vec<Out>, String> {
     if n.shape(0)? == shape {
