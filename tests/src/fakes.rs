@@ -171,6 +171,7 @@ impl Executor for Scripted {
                     )
                 })
                 .collect(),
+            ..Refinement::default()
         }
     }
 

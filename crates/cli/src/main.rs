@@ -38,6 +38,7 @@ use crate::planning::Planning;
 fn link_builtin_executors() {
     let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
     let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
+    let _ = std::hint::black_box(switchyard_exec_conv::ConvExecutor);
     let _ = std::hint::black_box(switchyard_exec_cublas::CublasExecutor);
     let _ = std::hint::black_box(switchyard_exec_cudnn::CudnnExecutor);
     let _ = std::hint::black_box(switchyard_cuda::layer::CudaTransfer);

@@ -101,6 +101,11 @@ impl Claim {
 pub struct Refinement {
     /// Ops it hands back, each with the reason.
     pub handed_back: Vec<(OpId, String)>,
+    /// Ops it keeps but that must each begin a region of their own on it,
+    /// with the reason: the region is cut before them (an executor whose
+    /// kernel holds one anchor op, a convolution, and what finishes it).
+    /// Unlike an op handed back, such an op stays on the executor.
+    pub leads: Vec<(OpId, String)>,
 }
 
 /// The numerics a plan allows its executors beyond what each dtype promises:

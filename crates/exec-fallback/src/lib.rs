@@ -86,6 +86,11 @@ impl From<Error> for switchyard_core::Error {
 /// The executor's registered name.
 pub const NAME: &str = "fallback";
 
+/// How much slower than the device model's peak the direct convolution
+/// loops run: they compute in f64 through a table of window positions,
+/// one multiply-add at a time.
+const DIRECT_LOOP_SLOWDOWN: f64 = 16.0;
+
 /// The CPU reference executor.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FallbackExecutor;
@@ -493,7 +498,13 @@ impl Executor for FallbackExecutor {
             return Claim::Reject(format!("runs `{}` through its decomposition", o.kind));
         }
         if !off_cpu(cx.trace, op) {
-            return Claim::Accept(cx.device.op_ns(cx.trace, op));
+            let ns = cx.device.op_ns(cx.trace, op);
+            // Convolutions run here as direct loops in f64, far from the
+            // device's peak, which the model's estimate assumes.
+            return Claim::Accept(match o.kind {
+                OpKind::Conv | OpKind::ConvTranspose => ns * DIRECT_LOOP_SLOWDOWN,
+                _ => ns,
+            });
         }
         // A view of a device tensor is a view there too: no data moves.
         if is_free_view(cx.trace, op) {

@@ -200,7 +200,10 @@ impl Executor for FuserExecutor {
                 handed_back.extend(peel_bookends(&mut ops, cx));
             }
         }
-        Refinement { handed_back }
+        Refinement {
+            handed_back,
+            ..Refinement::default()
+        }
     }
 
     /// The region's kernel as lowered: its bytes in and out, and the

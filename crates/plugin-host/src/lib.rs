@@ -393,7 +393,10 @@ impl Executor for PluginExecutor {
             Err(failure(status, &String::from_utf8_lossy(&json)))
         };
         match parsed {
-            Ok(handed_back) => Refinement { handed_back },
+            Ok(handed_back) => Refinement {
+                handed_back,
+                ..Refinement::default()
+            },
             // A refinement that fails hands the whole region back, so that
             // nothing the plugin could not vouch for stays with it.
             Err(why) => Refinement {
@@ -401,6 +404,7 @@ impl Executor for PluginExecutor {
                     .iter()
                     .map(|&op| (op, format!("plugin {} refine {why}", self.info.name)))
                     .collect(),
+                ..Refinement::default()
             },
         }
     }

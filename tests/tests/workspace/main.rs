@@ -8,6 +8,7 @@
 mod autotune;
 mod cache;
 mod composites;
+mod conv;
 mod cuda;
 mod devices;
 mod examples;

@@ -153,10 +153,15 @@ impl<'s, 'a> Walk<'s, 'a> {
     }
 
     /// Whether unit `u` may join a region on `k` whose ops have `hints`: one
-    /// op, on `k`, not alone, and whose hints agree.
+    /// op, on `k`, not alone, not leading a region of its own there, and
+    /// whose hints agree.
     fn joins(&self, u: usize, k: ExecId, hints: &Hints) -> bool {
         let h = self.hints_of(u);
-        self.exec_of(u) == k && !self.is_group(u) && !h.alone() && h.conflict(hints).is_none()
+        self.exec_of(u) == k
+            && !self.is_group(u)
+            && !h.alone()
+            && !self.state.op(self.units[u][0]).leads[k.0]
+            && h.conflict(hints).is_none()
     }
 
     /// Takes unit `u` into the region of `serial`, and reports the units it

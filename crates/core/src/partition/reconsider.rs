@@ -89,8 +89,18 @@ impl State<'_> {
                 continue;
             }
             let refinement = self.executor(*k).refine(ops, &self.cx(*k));
-            if refinement.handed_back.is_empty() {
+            if refinement.handed_back.is_empty() && refinement.leads.is_empty() {
                 self.settled.insert((*k, ops.clone()));
+            }
+            for (op, reason) in refinement.leads {
+                let first = ops.first() == Some(&op);
+                if ops.contains(&op) && !first && !self.op(op).leads[k.0] {
+                    let note = format!("begins a region of its own on {}: {reason}", self.exec(*k).name);
+                    let o = &mut self.ops[op.index()];
+                    o.leads[k.0] = true;
+                    o.notes.push(note);
+                    changed = true;
+                }
             }
             for (op, reason) in refinement.handed_back {
                 if ops.contains(&op) && !self.op(op).banned[k.0] {

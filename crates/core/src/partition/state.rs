@@ -63,6 +63,9 @@ pub(super) struct OpState {
     /// Executors it may no longer go to: handed back, dissolved, split out,
     /// or out of fuel. Each is set at most once, so partitioning ends.
     pub(super) banned: Vec<bool>,
+    /// Executors on which it begins a region of its own (an executor's
+    /// `refine` said it leads one). Each is set at most once.
+    pub(super) leads: Vec<bool>,
     /// What moved it, in order, for the explanation.
     pub(super) notes: Vec<String>,
     /// The hints in force on it.
@@ -216,6 +219,7 @@ impl<'a> State<'a> {
             .zip(hints)
             .map(|(claims, hints)| OpState {
                 banned: vec![false; claims.len()],
+                leads: vec![false; claims.len()],
                 claims,
                 notes: Vec::new(),
                 hints,

@@ -284,6 +284,14 @@ impl Tensor {
         })
     }
 
+    /// Whether the buffer is a plan's arena block, which the plan writes
+    /// again on its next run: what is read from it cannot be kept by
+    /// identity, unlike a host buffer, which nothing writes while it is
+    /// shared.
+    pub fn is_arena(&self) -> bool {
+        matches!(self.buffer, Buffer::Arena(_))
+    }
+
     /// Identity of the buffer: equal for views of one allocation.
     #[inline]
     pub fn storage_id(&self) -> usize {

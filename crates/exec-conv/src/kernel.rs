@@ -1,0 +1,216 @@
+//! The compiled region: a convolution and its epilogue.
+
+use std::sync::{Arc, RwLock};
+
+use rayon::prelude::*;
+use switchyard_core::executor::{Kernel, run_allocating};
+use switchyard_core::ir::window::ConvGeometry;
+use switchyard_core::{DType, OutputBuffer, Result, Tensor};
+
+use crate::depthwise;
+use crate::epilogue::{At, Epilogue};
+use crate::gemm::{Im2col, MR, NR, PackedWeights, conv_tile, fast_kernel};
+
+/// Output positions per task.
+const NC: usize = 8 * NR;
+
+/// Packed weights and the tensor they were packed from, held so that its
+/// buffer cannot change or be freed while it is the key.
+type Packed = Option<(Tensor, Arc<PackedWeights>)>;
+
+pub(crate) struct ConvKernel {
+    g: ConvGeometry,
+    /// Region inputs: the convolution's input and weight.
+    x: usize,
+    w: usize,
+    epilogue: Epilogue,
+    out_shape: Vec<usize>,
+    im: Im2col,
+    packed: RwLock<Packed>,
+}
+
+impl ConvKernel {
+    pub(crate) fn new(
+        g: ConvGeometry,
+        x: usize,
+        w: usize,
+        epilogue: Epilogue,
+        out_shape: Vec<usize>,
+    ) -> ConvKernel {
+        let im = Im2col::new(&g.window);
+        ConvKernel {
+            g,
+            x,
+            w,
+            epilogue,
+            out_shape,
+            im,
+            packed: RwLock::new(None),
+        }
+    }
+
+    fn depthwise(&self) -> bool {
+        self.g.in_channels == self.g.groups
+    }
+
+    /// The weights packed, from the last run's when the tensor is the same
+    /// immutable buffer.
+    fn packed(&self, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
+        let same = |held: &Tensor| {
+            held.storage_id() == w.storage_id()
+                && held.offset() == w.offset()
+                && held.strides() == w.strides()
+                && !w.is_arena()
+        };
+        if let Ok(guard) = self.packed.read()
+            && let Some((held, p)) = guard.as_ref()
+            && same(held)
+        {
+            return p.clone();
+        }
+        let m_per = self.g.out_channels / self.g.groups;
+        let k = self.g.in_channels / self.g.groups * self.g.window.taps();
+        let p = Arc::new(PackedWeights::pack(dense, self.g.groups, m_per, k));
+        if !w.is_arena()
+            && let Ok(mut guard) = self.packed.write()
+        {
+            *guard = Some((w.clone(), p.clone()));
+        }
+        p
+    }
+}
+
+fn dense(t: &Tensor) -> Result<std::borrow::Cow<'_, Tensor>> {
+    Ok(if t.is_contiguous() && t.offset() == 0 {
+        std::borrow::Cow::Borrowed(t)
+    } else {
+        std::borrow::Cow::Owned(t.contiguous()?)
+    })
+}
+
+fn f32s(t: &Tensor) -> Result<&[f32]> {
+    t.contiguous_data::<f32>()
+        .ok_or_else(|| switchyard_core::Error::Kernel {
+            executor: crate::NAME.into(),
+            op: "conv".into(),
+            message: format!("expected a dense f32 tensor, got {}", t.dtype()),
+        })
+}
+
+/// A pointer the tasks of one run write disjoint parts of the output through.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every task writes a set of elements no other task writes, and
+// the run waits for all of them.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The element at `i`. A method, so that closures capture the whole
+    /// (Send) wrapper rather than its raw pointer.
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+impl Kernel for ConvKernel {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        run_allocating(self, inputs)
+    }
+
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
+        let fits = |b: &OutputBuffer| b.dtype() == DType::F32 && b.shape() == self.out_shape.as_slice();
+        let mut buf = match given.first_mut().and_then(Option::take).filter(fits) {
+            Some(b) => b,
+            None => OutputBuffer::new(DType::F32, &self.out_shape)?,
+        };
+        let held: Vec<std::borrow::Cow<Tensor>> = inputs.iter().map(|t| dense(t)).collect::<Result<_>>()?;
+        let data: Vec<&[f32]> = held.iter().map(|t| f32s(t)).collect::<Result<_>>()?;
+        let out = buf.slice_mut::<f32>().expect("an f32 buffer");
+        if self.depthwise() {
+            depthwise::run(&self.g, data[self.x], data[self.w], out, &self.epilogue, &data);
+        } else {
+            let packed = self.packed(inputs[self.w], data[self.w]);
+            self.gemm(&packed, data[self.x], out, &data);
+        }
+        outputs.push(buf.into_tensor());
+        Ok(())
+    }
+}
+
+impl ConvKernel {
+    fn gemm(&self, packed: &PackedWeights, x: &[f32], out: &mut [f32], data: &[&[f32]]) {
+        let g = &self.g;
+        let (m, groups) = (g.out_channels, g.groups);
+        let m_per = m / groups;
+        let c_per = g.in_channels / groups;
+        let positions = self.im.positions;
+        let plane = self.im.plane;
+        // All of a group's channels in one task, so that each panel of the
+        // input is packed once, unless there are too few positions to keep
+        // every thread busy: then the channels are split too.
+        let chunks = g.batch * groups * positions.div_ceil(NC);
+        let wanted = 2 * rayon::current_num_threads();
+        let splits = if chunks >= wanted {
+            1
+        } else {
+            wanted.div_ceil(chunks)
+        };
+        let mc = m_per.div_ceil(splits).div_ceil(MR).max(1) * MR;
+        let mut tasks = Vec::new();
+        for n in 0..g.batch {
+            for grp in 0..groups {
+                for m0 in (0..m_per).step_by(mc) {
+                    for p0 in (0..positions).step_by(NC) {
+                        tasks.push((n, grp, m0, p0));
+                    }
+                }
+            }
+        }
+        let ptr = Out(out.as_mut_ptr());
+        let total = out.len();
+        let fast = fast_kernel(switchyard_simd::Simd::current());
+        tasks.into_par_iter().for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scratch, regs), (n, grp, m0, p0)| {
+                let rows = mc.min(m_per - m0);
+                let cols = NC.min(positions - p0);
+                let xs = &x[(n * g.in_channels + grp * c_per) * plane..][..c_per * plane];
+                let first = (n * m + grp * m_per + m0) * positions + p0;
+                assert!(first + (rows - 1) * positions + cols <= total);
+                // SAFETY: in bounds (asserted); tasks write disjoint
+                // (channel, position) ranges of the output.
+                unsafe {
+                    conv_tile(
+                        packed,
+                        &self.im,
+                        grp,
+                        (m0, rows),
+                        xs,
+                        (p0, cols),
+                        ptr.at(first),
+                        positions,
+                        scratch,
+                        fast,
+                    )
+                };
+                for r in 0..rows {
+                    let offset = first + r * positions;
+                    // SAFETY: this task's own row segment, written above.
+                    let row = unsafe { std::slice::from_raw_parts_mut(ptr.at(offset), cols) };
+                    let at = At {
+                        inputs: data,
+                        channel: grp * m_per + m0 + r,
+                        offset,
+                    };
+                    self.epilogue.apply(row, &at, regs);
+                }
+            },
+        );
+    }
+}

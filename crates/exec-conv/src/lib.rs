@@ -1,0 +1,344 @@
+//! # switchyard-exec-conv
+//!
+//! The CPU convolution executor: a `conv` and the elementwise ops after it
+//! (bias, folded scales, Relu, Clip, HardSwish, SiLU, a residual add) in one
+//! kernel, the epilogue applied to each row of the output while it is in
+//! cache.
+//!
+//! Why an executor of its own, and not the fuser: a convolution is a matrix
+//! product, not an elementwise loop; its kernel is a register-tiled GEMM
+//! over packed weights, and what fuses with it is what can run on its output
+//! tile. So this executor claims convolutions whole and, as a fusion
+//! executor, the elementwise ops that consume a convolution's result; its
+//! `refine` keeps one convolution per region (a second one *leads* a region
+//! of its own) with its epilogue, and hands back what an epilogue cannot
+//! hold, which the fuser then takes. The partitioner compares the region's
+//! cost with the alternatives as it does for every fusion.
+//!
+//! Kernels ([`gemm`], [`depthwise`]):
+//! - grouped and dense convolutions: per batch item and group a GEMM of the
+//!   packed weights and the input's windows, packed panel by panel from the
+//!   input (implicit im2col), a 6 x 16 AVX2 + FMA microkernel where the CPU
+//!   has it; 1x1 convolutions read the input as the matrix it is;
+//! - depthwise convolutions (one input channel per group): a direct loop
+//!   per channel plane, vectorised along rows.
+//!
+//! Weights are packed once and kept with the kernel, keyed by the weight
+//! tensor's buffer (immutable while the kernel holds it): a second run with
+//! the same weights packs nothing. f32 only; other dtypes go to the
+//! fallback.
+#![deny(missing_docs)]
+
+mod depthwise;
+mod epilogue;
+mod gemm;
+mod kernel;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use switchyard_core::executor::{
+    Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Refinement, Region,
+};
+use switchyard_core::ir::window::conv_geometry;
+use switchyard_core::ir::{OpId, OpKind, Operand, ValueId};
+use switchyard_core::{DType, Device, Result, Trace};
+
+use epilogue::{Epilogue, Src, Step, binary_supported, unary_supported};
+
+/// The executor's registered name.
+pub const NAME: &str = "conv";
+
+/// The CPU convolution executor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ConvExecutor;
+
+inventory::submit! {
+    // Before the fuser, so that a convolution's epilogue is offered here
+    // first; what this executor hands back goes to the fuser.
+    ExecutorFactory { name: NAME, default_rank: 5, create: || Arc::new(ConvExecutor) }
+}
+
+/// Epilogue ops past a convolution that an op may be, at most.
+const MAX_EPILOGUE: usize = 16;
+
+/// Whether `op` is a convolution this executor runs.
+fn runs_conv(trace: &Trace, op: OpId) -> bool {
+    let o = trace.op(op);
+    o.kind == OpKind::Conv
+        && o.outputs.len() == 1
+        && trace.meta(o.outputs[0]).dtype == DType::F32
+        && o.input_values()
+            .chain(o.outputs.iter().copied())
+            .all(|v| trace.meta(v).device == Device::Cpu)
+        && o.operands.iter().all(|x| x.value().is_some())
+}
+
+/// Whether `op` is an elementwise op an epilogue can compute, in f32 on
+/// the CPU.
+fn elementwise(trace: &Trace, op: OpId) -> bool {
+    let o = trace.op(op);
+    let supported = match o.kind {
+        OpKind::Unary(u) => unary_supported(u),
+        OpKind::Binary(b) => binary_supported(b),
+        _ => false,
+    };
+    supported
+        && o.outputs.len() == 1
+        && trace.meta(o.outputs[0]).dtype == DType::F32
+        && trace.meta(o.outputs[0]).device == Device::Cpu
+}
+
+/// A convolution whose result `op` finishes, when `op` is an elementwise op
+/// an epilogue can compute on it: one of its operands is that result, or an
+/// earlier epilogue op's (searched back a few ops), and the others are
+/// scalars, one value per channel, tensors of the result's shape, or also
+/// such results.
+fn epilogue_root(trace: &Trace, op: OpId) -> Option<OpId> {
+    if !elementwise(trace, op) {
+        return None;
+    }
+    let shape = &trace.meta(trace.op(op).outputs[0]).shape;
+    // Breadth-first back through epilogue-able ops of the same shape.
+    let mut frontier: Vec<OpId> = vec![op];
+    let mut seen = 0;
+    let mut root = None;
+    'search: while let Some(at) = frontier.pop() {
+        for v in trace.op(at).input_values() {
+            if trace.meta(v).shape != *shape {
+                continue;
+            }
+            let Some(p) = trace.producer(v) else { continue };
+            if runs_conv(trace, p) {
+                root = Some(p);
+                break 'search;
+            }
+            seen += 1;
+            if seen > MAX_EPILOGUE {
+                return None;
+            }
+            if elementwise(trace, p) {
+                frontier.insert(0, p);
+            }
+        }
+    }
+    let readable = |v: ValueId| trace.meta(v).shape == *shape || classify(trace, v, shape).is_some();
+    root.filter(|_| trace.op(op).input_values().all(readable))
+}
+
+/// How an epilogue reads value `v` beside a result of `shape`: one value in
+/// all or per channel (`Some(false)` / `Some(true)` as `per_channel`), or
+/// whole (`None` inside), if it can.
+fn classify(trace: &Trace, v: ValueId, shape: &[usize]) -> Option<Option<bool>> {
+    let m = trace.meta(v);
+    // A convolution's result is [N, C, spatial...].
+    if m.dtype != DType::F32 || m.device != Device::Cpu || !m.is_contiguous() || shape.len() < 3 {
+        return None;
+    }
+    if m.shape == shape {
+        return Some(None);
+    }
+    if m.shape.len() > shape.len() {
+        return None;
+    }
+    let lead = shape.len() - m.shape.len();
+    let size = |d: usize| if d < lead { 1 } else { m.shape[d - lead] };
+    let channels = shape[1];
+    let per_channel_only = (0..shape.len()).all(|d| size(d) == 1 || (d == 1 && size(d) == channels));
+    per_channel_only.then(|| Some(size(1) == channels && channels > 1))
+}
+
+impl Executor for ConvExecutor {
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo::fusion(NAME, env!("CARGO_PKG_VERSION"), &["cpu"])
+    }
+
+    fn claim(&self, op: OpId, cx: &Context) -> Claim {
+        let trace = cx.trace;
+        let o = trace.op(op);
+        if o.kind == OpKind::Conv {
+            if !runs_conv(trace, op) {
+                return Claim::Reject("runs f32 convolutions on the CPU only".into());
+            }
+            return Claim::Accept(cx.device.op_ns(trace, op));
+        }
+        match epilogue_root(trace, op) {
+            // In a kernel's output write it moves only its other operands.
+            Some(_) => Claim::Accept(cx.device.host_overhead_ns.min(1.0)),
+            None => Claim::Reject("runs convolutions and the elementwise ops that finish them".into()),
+        }
+    }
+
+    fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
+        let trace = cx.trace;
+        let mut out = Refinement::default();
+        let convs: Vec<OpId> = region
+            .iter()
+            .copied()
+            .filter(|&op| trace.op(op).kind == OpKind::Conv)
+            .collect();
+        let Some(&anchor) = convs.first() else {
+            for &op in region {
+                out.handed_back
+                    .push((op, "no convolution in its region to finish".into()));
+            }
+            return out;
+        };
+        for &c in &convs[1..] {
+            out.leads.push((c, "one convolution per kernel".into()));
+        }
+        // The anchor's epilogue: ops reading a value it computes; an op
+        // finishing another convolution of the region waits for its own
+        // region, and anything else goes back.
+        let mut computed: Vec<ValueId> = vec![trace.op(anchor).outputs[0]];
+        let mut chain: Vec<OpId> = vec![anchor];
+        let mut later: Vec<ValueId> = convs[1..].iter().map(|&c| trace.op(c).outputs[0]).collect();
+        for &op in region {
+            let o = trace.op(op);
+            if o.kind == OpKind::Conv {
+                continue;
+            }
+            let reads = |set: &[ValueId]| o.input_values().any(|v| set.contains(&v));
+            if reads(&later) {
+                later.push(o.outputs[0]);
+            } else if reads(&computed) {
+                computed.push(o.outputs[0]);
+                chain.push(op);
+            } else {
+                out.handed_back
+                    .push((op, "does not finish a convolution of its region".into()));
+            }
+        }
+        // Only the last value may be read past the kernel: an earlier one
+        // read elsewhere ends the epilogue there.
+        let last = *chain.last().expect("holds the anchor");
+        if let Some(cut) = chain
+            .iter()
+            .position(|&op| op != last && cx.uses.escapes(trace.op(op).outputs[0], |u| chain.contains(&u)))
+        {
+            for &op in &chain[cut + 1..] {
+                out.handed_back
+                    .push((op, "an earlier result of its region is read elsewhere".into()));
+            }
+        }
+        out
+    }
+
+    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
+        // One pass over the output, the convolution's arithmetic: as the
+        // device model prices the region fused, the conv's FLOPs included.
+        cx.device.fused_ns(cx.trace, region, cx.uses)
+    }
+
+    fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
+        let trace = cx.trace;
+        let fail = |message: String| switchyard_core::Error::Kernel {
+            executor: NAME.into(),
+            op: "region".into(),
+            message,
+        };
+        let (&first, rest) = region
+            .ops
+            .split_first()
+            .ok_or_else(|| fail("an empty region".into()))?;
+        let conv = trace.op(first);
+        if conv.kind != OpKind::Conv || region.outputs.len() != 1 {
+            return Err(fail("a region must be one convolution and its epilogue".into()));
+        }
+        let slot = |v: ValueId| {
+            region
+                .inputs
+                .iter()
+                .position(|&i| i == v)
+                .ok_or_else(|| fail(format!("`{}` is not an input of the region", trace.value(v).name)))
+        };
+        let x = slot(conv.operands[0].value().expect("checked by claim"))?;
+        let w = slot(conv.operands[1].value().expect("checked by claim"))?;
+        let out_shape = trace.meta(conv.outputs[0]).shape.clone();
+        let geometry = conv_geometry(
+            &conv.attrs,
+            &trace.meta(conv.operands[0].value().expect("a tensor")).shape,
+            &trace.meta(conv.operands[1].value().expect("a tensor")).shape,
+            false,
+        )
+        .map_err(fail)?;
+        let mut epilogue = Epilogue {
+            registers: 1,
+            ..Epilogue::default()
+        };
+        let mut register: HashMap<ValueId, usize> = HashMap::new();
+        register.insert(conv.outputs[0], 0);
+        if let Some(b) = conv.operands.get(2).and_then(|o| o.value()) {
+            epilogue.steps.push(Step::Binary {
+                op: switchyard_core::ir::BinaryOp::Add,
+                a: Src::Reg(0),
+                b: Src::Channel {
+                    slot: slot(b)?,
+                    per_channel: true,
+                },
+                dst: 0,
+            });
+        }
+        // Which values each later step reads: a register whose value no
+        // later step reads takes the step's result (in place, for a chain).
+        let reads: Vec<Vec<ValueId>> = rest
+            .iter()
+            .map(|&op| trace.op(op).input_values().collect())
+            .collect();
+        for (s, &op) in rest.iter().enumerate() {
+            let o = trace.op(op);
+            let src = |operand: &Operand| -> Result<Src> {
+                match operand {
+                    Operand::Scalar(s) => Ok(Src::Scalar(s.as_f64() as f32)),
+                    Operand::Value(v) => match register.get(v) {
+                        Some(&r) => Ok(Src::Reg(r)),
+                        None => match classify(trace, *v, &out_shape) {
+                            Some(Some(per_channel)) => Ok(Src::Channel {
+                                slot: slot(*v)?,
+                                per_channel,
+                            }),
+                            Some(None) => Ok(Src::Full(slot(*v)?)),
+                            None => Err(fail(format!(
+                                "`{}` cannot be read by an epilogue",
+                                trace.value(*v).name
+                            ))),
+                        },
+                    },
+                }
+            };
+            let dying = o
+                .input_values()
+                .filter(|v| !reads[s + 1..].iter().any(|r| r.contains(v)))
+                .find_map(|v| register.get(&v).copied());
+            let dst = match dying {
+                Some(r) => r,
+                None => {
+                    epilogue.registers += 1;
+                    epilogue.registers - 1
+                }
+            };
+            let step = match o.kind {
+                OpKind::Unary(u) => Step::Unary {
+                    op: u,
+                    a: src(&o.operands[0])?,
+                    dst,
+                },
+                OpKind::Binary(b) => Step::Binary {
+                    op: b,
+                    a: src(&o.operands[0])?,
+                    b: src(&o.operands[1])?,
+                    dst,
+                },
+                _ => return Err(fail(format!("`{}` is not an epilogue op", o.kind))),
+            };
+            epilogue.steps.push(step);
+            register.insert(o.outputs[0], dst);
+        }
+        epilogue.result = *register
+            .get(&region.outputs[0])
+            .ok_or_else(|| fail("the region's output is not its last value".into()))?;
+        Ok(Box::new(kernel::ConvKernel::new(
+            geometry, x, w, epilogue, out_shape,
+        )))
+    }
+}

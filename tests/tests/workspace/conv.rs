@@ -1,0 +1,182 @@
+//! The convolution executor against the fallback: dense, grouped, depthwise
+//! and 1x1 convolutions in one, two and three spatial dims, with strides,
+//! dilations and pads, each with epilogues (bias, scales, Relu, Clip, SiLU,
+//! a residual add), and the plans that put each convolution and its
+//! epilogue in one region.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use switchyard_core::Trace;
+use switchyard_core::io::random_inputs;
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_core::text::parse;
+use switchyard_exec_conv::ConvExecutor;
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_fuser::FuserExecutor;
+use switchyard_tests::{assert_close, plan_on, run};
+
+/// Plans on the convolution executor, the fuser and the fallback, and
+/// compares every output with the fallback alone; the regions on the
+/// convolution executor, each as its ops' names.
+fn check(trace: &Trace, seed: u64) -> Vec<Vec<String>> {
+    let plan = plan_on(
+        trace,
+        vec![
+            Arc::new(ConvExecutor),
+            Arc::new(FuserExecutor),
+            Arc::new(FallbackExecutor),
+        ],
+    )
+    .unwrap();
+    let regions: Vec<Vec<String>> = plan
+        .regions
+        .iter()
+        .filter(|r| plan.executor_name(r) == "conv")
+        .map(|r| {
+            r.ops
+                .iter()
+                .map(|&o| plan.trace.op(o).kind.name().to_string())
+                .collect()
+        })
+        .collect();
+    let inputs = random_inputs(trace, seed);
+    let want = run(trace, &inputs).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    for _ in 0..2 {
+        // Twice: the second run reuses the packed weights.
+        let got = compiled.run(&inputs, RunOptions::default()).unwrap();
+        for (g, w) in got.outputs.iter().zip(&want.outputs) {
+            assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
+        }
+    }
+    regions
+}
+
+#[test]
+fn a_resnet_block_runs_each_conv_with_its_bias_residual_and_relu_in_one_region() {
+    let src = "input x: f32[1, 16, 12, 12]
+input w1: f32[16, 16, 3, 3]
+input b1: f32[16]
+input w2: f32[16, 16, 3, 3]
+input b2: f32[16]
+c1 = conv(x, w1, b1, pad=[1, 1, 1, 1])
+r1 = relu(c1)
+c2 = conv(r1, w2, b2, pad=[1, 1, 1, 1])
+s = add(c2, x)
+y = relu(s)
+output y
+";
+    let regions = check(&parse(src).unwrap(), 1);
+    assert_eq!(regions, vec![vec!["conv", "relu"], vec!["conv", "add", "relu"]]);
+}
+
+#[test]
+fn depthwise_and_pointwise_convs_with_clip_and_silu_epilogues() {
+    let src = "input x: f32[2, 8, 15, 13]
+input dw: f32[8, 1, 3, 3]
+input pw: f32[24, 8, 1, 1]
+input s: f32[24, 1, 1]
+d = conv(x, dw, stride=[2, 2], pad=[1, 1, 1, 1], groups=8)
+lo = maximum(d, 0.0)
+hi = minimum(lo, 6.0)
+p = conv(hi, pw)
+q = mul(p, s)
+g = sigmoid(q)
+y = mul(q, g)
+output y
+";
+    let regions = check(&parse(src).unwrap(), 2);
+    assert_eq!(regions.len(), 2, "{regions:?}");
+    assert_eq!(regions[0], vec!["conv", "maximum", "minimum"]);
+    assert_eq!(regions[1], vec!["conv", "mul", "sigmoid", "mul"]);
+}
+
+#[test]
+fn a_result_read_elsewhere_ends_the_epilogue() {
+    let src = "input x: f32[1, 4, 9, 9]
+input w: f32[6, 4, 3, 3]
+c = conv(x, w)
+r = relu(c)
+t = tanh(c)
+y = add(r, t)
+output y
+";
+    check(&parse(src).unwrap(), 3);
+}
+
+fn conv_case() -> impl Strategy<Value = String> {
+    (
+        1usize..4,
+        1usize..4,
+        1usize..3,
+        1usize..4,
+        0usize..3,
+        any::<bool>(),
+        0usize..4,
+    )
+        .prop_flat_map(|(rank, k, dil, stride, pad, depthwise, epi)| {
+            let groups = if depthwise { 4 } else { 1 + (k % 2) };
+            let (c, m) = if depthwise {
+                (4, 8)
+            } else {
+                (2 * groups, 3 * groups)
+            };
+            let extent = dil * (k - 1) + 1;
+            proptest::collection::vec(extent.saturating_sub(2 * pad).max(1)..extent + 9, rank).prop_map(
+                move |spatial| {
+                    let x: Vec<String> = spatial.iter().map(|s| s.to_string()).collect();
+                    let kern: Vec<String> = vec![k.to_string(); rank];
+                    let list = |v: usize, n: usize| vec![v.to_string(); n].join(", ");
+                    let mut src = format!(
+                        "input x: f32[2, {c}, {}]\ninput w: f32[{m}, {}, {}]\ninput b: f32[{m}]\n",
+                        x.join(", "),
+                        c / groups,
+                        kern.join(", ")
+                    );
+                    src += &format!(
+                        "y0 = conv(x, w, b, stride=[{}], dilation=[{}], pad=[{}], groups={groups})\n",
+                        list(stride, rank),
+                        list(dil, rank),
+                        list(pad, 2 * rank)
+                    );
+                    src += match epi {
+                        0 => "y = relu(y0)\n",
+                        1 => "y1 = maximum(y0, -0.5)\ny = minimum(y1, 0.5)\n",
+                        2 => "s = sigmoid(y0)\ny = mul(y0, s)\n",
+                        _ => "y = mul(y0, 2.0)\n",
+                    };
+                    src + "output y\n"
+                },
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_convolutions_with_epilogues_match_the_fallback(src in conv_case(), seed in any::<u64>()) {
+        let Ok(trace) = parse(&src) else { return Ok(()) };
+        let regions = check(&trace, seed);
+        prop_assert_eq!(regions.len(), 1, "{}", src);
+        prop_assert!(regions[0].len() >= 2, "{:?}", regions);
+    }
+}
+
+#[test]
+fn every_simd_level_gives_results_within_tolerance() {
+    let src = "input x: f32[1, 64, 20, 19]\ninput w: f32[40, 64, 3, 3]\ny = conv(x, w, pad=[1, 1, 1, 1])\noutput y\n";
+    let trace = parse(src).unwrap();
+    let inputs = random_inputs(&trace, 5);
+    let want = run(&trace, &inputs).unwrap();
+    let plan = plan_on(&trace, vec![Arc::new(ConvExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    for level in switchyard_simd::supported() {
+        let got = switchyard_simd::Simd::new(level)
+            .unwrap()
+            .forced(|| compiled.run(&inputs, RunOptions::default()))
+            .unwrap();
+        assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-4);
+    }
+}
