@@ -162,10 +162,22 @@ impl Im2col {
                 runs.push((j, len, row, col));
                 j += len;
             }
+            // Row k of `col` is channel k / taps, tap k % taps: counted
+            // along, not divided for each row.
+            let (mut c, t) = (k0 / taps, k0 % taps);
+            let (mut tl, mut tc) = (t / self.last_taps, t % self.last_taps);
             for kk in 0..kl {
-                let k = k0 + kk;
-                let (c, t) = (k / taps, k % taps);
-                let (tl, tc) = (t / self.last_taps, t % self.last_taps);
+                if kk > 0 {
+                    tc += 1;
+                    if tc == self.last_taps {
+                        tc = 0;
+                        tl += 1;
+                        if tl == self.lead_taps {
+                            tl = 0;
+                            c += 1;
+                        }
+                    }
+                }
                 let xs = &x[c * self.plane..][..self.plane];
                 let dst = &mut panel[kk * NR..][..NR];
                 dst[width..].fill(0.0);

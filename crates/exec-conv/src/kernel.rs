@@ -4,12 +4,12 @@ use std::sync::{Arc, RwLock};
 
 use rayon::prelude::*;
 use switchyard_core::executor::{Kernel, run_allocating};
-use switchyard_core::ir::window::ConvGeometry;
+use switchyard_core::ir::window::{ConvGeometry, Window};
 use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 
-use crate::depthwise;
 use crate::epilogue::{At, Epilogue};
 use crate::gemm::{Im2col, MR, NR, PackedWeights, conv_tile, fast_kernel};
+use crate::window::{self, Planes, Reduce};
 
 /// Output positions per task.
 const NC: usize = 8 * NR;
@@ -18,30 +18,41 @@ const NC: usize = 8 * NR;
 /// buffer cannot change or be freed while it is the key.
 type Packed = Option<(Tensor, Arc<PackedWeights>)>;
 
+/// The op a kernel is built around.
+pub(crate) enum Anchor {
+    /// A convolution; `w` is the weight's region input.
+    Conv { geometry: ConvGeometry, w: usize },
+    /// A max pool, or an average pool dividing each output position by its
+    /// divisor.
+    Pool {
+        window: Window,
+        divisors: Option<Vec<f32>>,
+        channels: usize,
+    },
+}
+
 pub(crate) struct ConvKernel {
-    g: ConvGeometry,
-    /// Region inputs: the convolution's input and weight.
+    anchor: Anchor,
+    /// The region input the anchor reads.
     x: usize,
-    w: usize,
     epilogue: Epilogue,
     out_shape: Vec<usize>,
-    im: Im2col,
+    /// For a convolution run as a GEMM.
+    im: Option<Im2col>,
     packed: RwLock<Packed>,
 }
 
 impl ConvKernel {
-    pub(crate) fn new(
-        g: ConvGeometry,
-        x: usize,
-        w: usize,
-        epilogue: Epilogue,
-        out_shape: Vec<usize>,
-    ) -> ConvKernel {
-        let im = Im2col::new(&g.window);
+    pub(crate) fn new(anchor: Anchor, x: usize, epilogue: Epilogue, out_shape: Vec<usize>) -> ConvKernel {
+        let im = match &anchor {
+            Anchor::Conv { geometry, .. } if geometry.in_channels != geometry.groups => {
+                Some(Im2col::new(&geometry.window))
+            }
+            _ => None,
+        };
         ConvKernel {
-            g,
+            anchor,
             x,
-            w,
             epilogue,
             out_shape,
             im,
@@ -49,13 +60,9 @@ impl ConvKernel {
         }
     }
 
-    fn depthwise(&self) -> bool {
-        self.g.in_channels == self.g.groups
-    }
-
     /// The weights packed, from the last run's when the tensor is the same
     /// immutable buffer.
-    fn packed(&self, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
+    fn packed(&self, g: &ConvGeometry, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
         let same = |held: &Tensor| {
             held.storage_id() == w.storage_id()
                 && held.offset() == w.offset()
@@ -68,9 +75,9 @@ impl ConvKernel {
         {
             return p.clone();
         }
-        let m_per = self.g.out_channels / self.g.groups;
-        let k = self.g.in_channels / self.g.groups * self.g.window.taps();
-        let p = Arc::new(PackedWeights::pack(dense, self.g.groups, m_per, k));
+        let m_per = g.out_channels / g.groups;
+        let k = g.in_channels / g.groups * g.window.taps();
+        let p = Arc::new(PackedWeights::pack(dense, g.groups, m_per, k));
         if !w.is_arena()
             && let Ok(mut guard) = self.packed.write()
         {
@@ -132,11 +139,45 @@ impl Kernel for ConvKernel {
         let held: Vec<std::borrow::Cow<Tensor>> = inputs.iter().map(|t| dense(t)).collect::<Result<_>>()?;
         let data: Vec<&[f32]> = held.iter().map(|t| f32s(t)).collect::<Result<_>>()?;
         let out = buf.slice_mut::<f32>().expect("an f32 buffer");
-        if self.depthwise() {
-            depthwise::run(&self.g, data[self.x], data[self.w], out, &self.epilogue, &data);
-        } else {
-            let packed = self.packed(inputs[self.w], data[self.w]);
-            self.gemm(&packed, data[self.x], out, &data);
+        match (&self.anchor, &self.im) {
+            (Anchor::Conv { geometry, w }, Some(im)) => {
+                let packed = self.packed(geometry, inputs[*w], data[*w]);
+                self.gemm(geometry, im, &packed, data[self.x], out, &data);
+            }
+            (Anchor::Conv { geometry: g, w }, None) => {
+                let planes = Planes {
+                    inputs: g.in_channels,
+                    outputs: g.out_channels,
+                };
+                let reduce = Reduce::Weighted(data[*w]);
+                window::run(
+                    &g.window,
+                    planes,
+                    reduce,
+                    data[self.x],
+                    out,
+                    &self.epilogue,
+                    &data,
+                );
+            }
+            (
+                Anchor::Pool {
+                    window: win,
+                    divisors,
+                    channels,
+                },
+                _,
+            ) => {
+                let planes = Planes {
+                    inputs: *channels,
+                    outputs: *channels,
+                };
+                let reduce = match divisors {
+                    Some(d) => Reduce::Mean(d),
+                    None => Reduce::Max,
+                };
+                window::run(win, planes, reduce, data[self.x], out, &self.epilogue, &data);
+            }
         }
         outputs.push(buf.into_tensor());
         Ok(())
@@ -144,13 +185,20 @@ impl Kernel for ConvKernel {
 }
 
 impl ConvKernel {
-    fn gemm(&self, packed: &PackedWeights, x: &[f32], out: &mut [f32], data: &[&[f32]]) {
-        let g = &self.g;
+    fn gemm(
+        &self,
+        g: &ConvGeometry,
+        im: &Im2col,
+        packed: &PackedWeights,
+        x: &[f32],
+        out: &mut [f32],
+        data: &[&[f32]],
+    ) {
         let (m, groups) = (g.out_channels, g.groups);
         let m_per = m / groups;
         let c_per = g.in_channels / groups;
-        let positions = self.im.positions;
-        let plane = self.im.plane;
+        let positions = im.positions;
+        let plane = im.plane;
         // All of a group's channels in one task, so that each panel of the
         // input is packed once, unless there are too few positions to keep
         // every thread busy: then the channels are split too.
@@ -188,7 +236,7 @@ impl ConvKernel {
                 unsafe {
                     conv_tile(
                         packed,
-                        &self.im,
+                        im,
                         grp,
                         (m0, rows),
                         xs,

@@ -1,9 +1,9 @@
 //! # switchyard-exec-conv
 //!
-//! The CPU convolution executor: a `conv` and the elementwise ops after it
-//! (bias, folded scales, Relu, Clip, HardSwish, SiLU, a residual add) in one
-//! kernel, the epilogue applied to each row of the output while it is in
-//! cache.
+//! The CPU convolution executor: a `conv` (or a max or average pool) and
+//! the elementwise ops after it (bias, folded scales, Relu, Clip,
+//! HardSwish, SiLU, a residual add) in one kernel, the epilogue applied to
+//! each row of the output while it is in cache.
 //!
 //! Why an executor of its own, and not the fuser: a convolution is a matrix
 //! product, not an elementwise loop; its kernel is a register-tiled GEMM
@@ -15,13 +15,13 @@
 //! hold, which the fuser then takes. The partitioner compares the region's
 //! cost with the alternatives as it does for every fusion.
 //!
-//! Kernels ([`gemm`], [`depthwise`]):
+//! Kernels ([`gemm`], [`window`]):
 //! - grouped and dense convolutions: per batch item and group a GEMM of the
 //!   packed weights and the input's windows, packed panel by panel from the
 //!   input (implicit im2col), a 6 x 16 AVX2 + FMA microkernel where the CPU
 //!   has it; 1x1 convolutions read the input as the matrix it is;
-//! - depthwise convolutions (one input channel per group): a direct loop
-//!   per channel plane, vectorised along rows.
+//! - depthwise convolutions (one input channel per group), max and average
+//!   pools: a direct loop per channel plane, vectorised along rows.
 //!
 //! Weights are packed once and kept with the kernel, keyed by the weight
 //! tensor's buffer (immutable while the kernel holds it): a second run with
@@ -29,10 +29,10 @@
 //! fallback.
 #![deny(missing_docs)]
 
-mod depthwise;
 mod epilogue;
 mod gemm;
 mod kernel;
+mod window;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,7 +41,8 @@ use switchyard_core::executor::{
     Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Refinement, Region,
 };
 use switchyard_core::ir::window::conv_geometry;
-use switchyard_core::ir::{OpId, OpKind, Operand, ValueId};
+use switchyard_core::ir::window::pool_window;
+use switchyard_core::ir::{OpId, OpKind, Operand, PoolOp, ValueId};
 use switchyard_core::{DType, Device, Result, Trace};
 
 use epilogue::{Epilogue, Src, Step, binary_supported, unary_supported};
@@ -62,12 +63,17 @@ inventory::submit! {
 /// Epilogue ops past a convolution that an op may be, at most.
 const MAX_EPILOGUE: usize = 16;
 
-/// Whether `op` is a convolution this executor runs.
-fn runs_conv(trace: &Trace, op: OpId) -> bool {
+/// Whether `op` is a convolution or pool this executor runs: the op a
+/// kernel is built around, which an epilogue may finish.
+fn runs_anchor(trace: &Trace, op: OpId) -> bool {
     let o = trace.op(op);
-    o.kind == OpKind::Conv
-        && o.outputs.len() == 1
+    matches!(
+        o.kind,
+        OpKind::Conv | OpKind::Pool(PoolOp::MaxPool | PoolOp::AvgPool)
+    ) && o.outputs.len() == 1
         && trace.meta(o.outputs[0]).dtype == DType::F32
+        // Up to eight spatial dims, which its kernels index without allocating.
+        && trace.meta(o.outputs[0]).rank() <= 10
         && o.input_values()
             .chain(o.outputs.iter().copied())
             .all(|v| trace.meta(v).device == Device::Cpu)
@@ -109,7 +115,7 @@ fn epilogue_root(trace: &Trace, op: OpId) -> Option<OpId> {
                 continue;
             }
             let Some(p) = trace.producer(v) else { continue };
-            if runs_conv(trace, p) {
+            if runs_anchor(trace, p) {
                 root = Some(p);
                 break 'search;
             }
@@ -156,9 +162,9 @@ impl Executor for ConvExecutor {
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
         let trace = cx.trace;
         let o = trace.op(op);
-        if o.kind == OpKind::Conv {
-            if !runs_conv(trace, op) {
-                return Claim::Reject("runs f32 convolutions on the CPU only".into());
+        if matches!(o.kind, OpKind::Conv | OpKind::Pool(_)) {
+            if !runs_anchor(trace, op) {
+                return Claim::Reject("runs f32 convolutions, max and average pools on the CPU only".into());
             }
             return Claim::Accept(cx.device.op_ns(trace, op));
         }
@@ -175,17 +181,17 @@ impl Executor for ConvExecutor {
         let convs: Vec<OpId> = region
             .iter()
             .copied()
-            .filter(|&op| trace.op(op).kind == OpKind::Conv)
+            .filter(|&op| runs_anchor(trace, op))
             .collect();
         let Some(&anchor) = convs.first() else {
             for &op in region {
                 out.handed_back
-                    .push((op, "no convolution in its region to finish".into()));
+                    .push((op, "no convolution or pool in its region to finish".into()));
             }
             return out;
         };
         for &c in &convs[1..] {
-            out.leads.push((c, "one convolution per kernel".into()));
+            out.leads.push((c, "one convolution or pool per kernel".into()));
         }
         // The anchor's epilogue: ops reading a value it computes; an op
         // finishing another convolution of the region waits for its own
@@ -195,7 +201,7 @@ impl Executor for ConvExecutor {
         let mut later: Vec<ValueId> = convs[1..].iter().map(|&c| trace.op(c).outputs[0]).collect();
         for &op in region {
             let o = trace.op(op);
-            if o.kind == OpKind::Conv {
+            if convs.contains(&op) {
                 continue;
             }
             let reads = |set: &[ValueId]| o.input_values().any(|v| set.contains(&v));
@@ -241,9 +247,11 @@ impl Executor for ConvExecutor {
             .ops
             .split_first()
             .ok_or_else(|| fail("an empty region".into()))?;
-        let conv = trace.op(first);
-        if conv.kind != OpKind::Conv || region.outputs.len() != 1 {
-            return Err(fail("a region must be one convolution and its epilogue".into()));
+        let anchor = trace.op(first);
+        if !runs_anchor(trace, first) || region.outputs.len() != 1 {
+            return Err(fail(
+                "a region must be one convolution or pool and its epilogue".into(),
+            ));
         }
         let slot = |v: ValueId| {
             region
@@ -252,33 +260,53 @@ impl Executor for ConvExecutor {
                 .position(|&i| i == v)
                 .ok_or_else(|| fail(format!("`{}` is not an input of the region", trace.value(v).name)))
         };
-        let x = slot(conv.operands[0].value().expect("checked by claim"))?;
-        let w = slot(conv.operands[1].value().expect("checked by claim"))?;
-        let out_shape = trace.meta(conv.outputs[0]).shape.clone();
-        let geometry = conv_geometry(
-            &conv.attrs,
-            &trace.meta(conv.operands[0].value().expect("a tensor")).shape,
-            &trace.meta(conv.operands[1].value().expect("a tensor")).shape,
-            false,
-        )
-        .map_err(fail)?;
+        let operand = |i: usize| anchor.operands[i].value().expect("checked by claim");
+        let x = slot(operand(0))?;
+        let x_shape = &trace.meta(operand(0)).shape;
+        let out_shape = trace.meta(anchor.outputs[0]).shape.clone();
         let mut epilogue = Epilogue {
             registers: 1,
             ..Epilogue::default()
         };
         let mut register: HashMap<ValueId, usize> = HashMap::new();
-        register.insert(conv.outputs[0], 0);
-        if let Some(b) = conv.operands.get(2).and_then(|o| o.value()) {
-            epilogue.steps.push(Step::Binary {
-                op: switchyard_core::ir::BinaryOp::Add,
-                a: Src::Reg(0),
-                b: Src::Channel {
-                    slot: slot(b)?,
-                    per_channel: true,
-                },
-                dst: 0,
-            });
-        }
+        register.insert(anchor.outputs[0], 0);
+        let what = match anchor.kind {
+            OpKind::Conv => {
+                let geometry = conv_geometry(&anchor.attrs, x_shape, &trace.meta(operand(1)).shape, false)
+                    .map_err(fail)?;
+                if let Some(b) = anchor.operands.get(2).and_then(|o| o.value()) {
+                    epilogue.steps.push(Step::Binary {
+                        op: switchyard_core::ir::BinaryOp::Add,
+                        a: Src::Reg(0),
+                        b: Src::Channel {
+                            slot: slot(b)?,
+                            per_channel: true,
+                        },
+                        dst: 0,
+                    });
+                }
+                kernel::Anchor::Conv {
+                    geometry,
+                    w: slot(operand(1))?,
+                }
+            }
+            OpKind::Pool(op) => {
+                let window = pool_window(&anchor.attrs, x_shape).map_err(fail)?;
+                let include_pad = anchor.attrs.bool_or("count_include_pad", false).map_err(fail)?;
+                kernel::Anchor::Pool {
+                    divisors: (op == PoolOp::AvgPool).then(|| {
+                        window
+                            .divisors(include_pad)
+                            .into_iter()
+                            .map(|d| d as f32)
+                            .collect()
+                    }),
+                    window,
+                    channels: x_shape[1],
+                }
+            }
+            _ => return Err(fail(format!("`{}` is not a convolution or pool", anchor.kind))),
+        };
         // Which values each later step reads: a register whose value no
         // later step reads takes the step's result (in place, for a chain).
         let reads: Vec<Vec<ValueId>> = rest
@@ -337,8 +365,6 @@ impl Executor for ConvExecutor {
         epilogue.result = *register
             .get(&region.outputs[0])
             .ok_or_else(|| fail("the region's output is not its last value".into()))?;
-        Ok(Box::new(kernel::ConvKernel::new(
-            geometry, x, w, epilogue, out_shape,
-        )))
+        Ok(Box::new(kernel::ConvKernel::new(what, x, epilogue, out_shape)))
     }
 }

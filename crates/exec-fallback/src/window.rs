@@ -211,7 +211,7 @@ pub(crate) fn pool(
     match op {
         PoolOp::AvgPool | PoolOp::LpPool => {
             let xv = values(x)?;
-            let divisors = (op == PoolOp::AvgPool).then(|| avg_divisors(w, opts.count_include_pad));
+            let divisors = (op == PoolOp::AvgPool).then(|| w.divisors(opts.count_include_pad));
             planes(x.dtype(), &shape, out_plane, dst, |i, acc| {
                 let xs = &xv[i * in_plane..][..in_plane];
                 match &divisors {
@@ -245,37 +245,6 @@ pub(crate) fn pool(
             }
         }
     }
-}
-
-/// avg_pool's divisor at each output position: its taps inside the input,
-/// or inside the input and its explicit padding. A window is a product of
-/// per-dim ranges, so the count is the product of per-dim counts.
-fn avg_divisors(w: &Window, include_pad: bool) -> Vec<f64> {
-    let rank = w.rank();
-    let per_dim: Vec<Vec<usize>> = (0..rank)
-        .map(|d| {
-            let (lo, hi) = if include_pad {
-                (-(w.pad_lo[d] as isize), (w.input[d] + w.pad_hi[d]) as isize)
-            } else {
-                (0, w.input[d] as isize)
-            };
-            (0..w.output[d])
-                .map(|o| {
-                    (0..w.kernel[d])
-                        .filter(|&k| (lo..hi).contains(&w.position(d, o, k)))
-                        .count()
-                })
-                .collect()
-        })
-        .collect();
-    let total: usize = w.output.iter().product();
-    let mut idx = vec![0usize; rank];
-    (0..total)
-        .map(|o| {
-            decode(o, &w.output, &mut idx);
-            (0..rank).map(|d| per_dim[d][idx[d]] as f64).product()
-        })
-        .collect()
 }
 
 /// Whether `x` is a NaN (never, for integers).

@@ -152,8 +152,48 @@ fn conv_case() -> impl Strategy<Value = String> {
         })
 }
 
+fn pool_case() -> impl Strategy<Value = String> {
+    (
+        1usize..4,
+        1usize..4,
+        1usize..3,
+        1usize..4,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_flat_map(|(rank, k, dil, stride, ceil, max, include_pad)| {
+            let span = dil * (k - 1) + 1;
+            (proptest::collection::vec(span..span + 9, rank), 0..span).prop_map(move |(spatial, pad)| {
+                let x: Vec<String> = spatial.iter().map(|s| s.to_string()).collect();
+                let list = |v: usize, n: usize| vec![v.to_string(); n].join(", ");
+                let (op, extra) = match max {
+                    true => ("max_pool", String::new()),
+                    false => ("avg_pool", format!(", count_include_pad={include_pad}")),
+                };
+                format!(
+                    "input x: f32[2, 3, {}]\np = {op}(x, kernel=[{}], stride=[{}], dilation=[{}], pad=[{}], \
+                     ceil_mode={ceil}{extra})\ny = relu(p)\noutput y\n",
+                    x.join(", "),
+                    list(k, rank),
+                    list(stride, rank),
+                    list(dil, rank),
+                    list(pad, 2 * rank),
+                )
+            })
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_pools_with_an_epilogue_match_the_fallback(src in pool_case(), seed in any::<u64>()) {
+        let Ok(trace) = parse(&src) else { return Ok(()) };
+        let regions = check(&trace, seed);
+        prop_assert_eq!(regions.len(), 1, "{}", src);
+        prop_assert_eq!(regions[0].len(), 2, "{:?}", regions);
+    }
 
     #[test]
     fn random_convolutions_with_epilogues_match_the_fallback(src in conv_case(), seed in any::<u64>()) {

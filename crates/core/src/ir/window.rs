@@ -54,6 +54,43 @@ impl Window {
     pub fn taps(&self) -> usize {
         self.kernel.iter().product()
     }
+
+    /// What an average pool divides each output position by, row-major:
+    /// its taps inside the input, or with `include_pad` inside the input
+    /// and its explicit padding (taps past the end padding, which a
+    /// `ceil_mode` window may have, never count). A window is a product of
+    /// per-dim ranges, so the count is the product of per-dim counts.
+    pub fn divisors(&self, include_pad: bool) -> Vec<f64> {
+        let per_dim: Vec<Vec<usize>> = (0..self.rank())
+            .map(|d| {
+                let (lo, hi) = if include_pad {
+                    (
+                        -(self.pad_lo[d] as isize),
+                        (self.input[d] + self.pad_hi[d]) as isize,
+                    )
+                } else {
+                    (0, self.input[d] as isize)
+                };
+                (0..self.output[d])
+                    .map(|o| {
+                        (0..self.kernel[d])
+                            .filter(|&k| (lo..hi).contains(&self.position(d, o, k)))
+                            .count()
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut out = vec![1.0; self.output.iter().product()];
+        // Each dim's counts repeat over the dims after it.
+        let mut inner = out.len();
+        for (d, counts) in per_dim.iter().enumerate() {
+            inner /= self.output[d].max(1);
+            for (i, v) in out.iter_mut().enumerate() {
+                *v *= counts[(i / inner) % self.output[d]] as f64;
+            }
+        }
+        out
+    }
 }
 
 /// The geometry of a `conv` or `conv_transpose`, from its operands' shapes
@@ -416,6 +453,20 @@ mod tests {
             .unwrap(),
             vec![3, 3]
         );
+    }
+
+    #[test]
+    fn average_divisors_count_the_taps_inside_the_input_or_its_padding() {
+        // 2x3 input, 2x2 windows at stride 1 with one pad before and after
+        // each dim: 3x4 outputs.
+        let w = pool_window(&a(&[("kernel", &[2, 2]), ("pad", &[1, 1, 1, 1])]), &[1, 1, 2, 3]).unwrap();
+        assert_eq!(w.output, vec![3, 4]);
+        // Inside the input: corners 1 tap, edges 2, the middle 4.
+        assert_eq!(
+            w.divisors(false),
+            vec![1.0, 2.0, 2.0, 1.0, 2.0, 4.0, 4.0, 2.0, 1.0, 2.0, 2.0, 1.0]
+        );
+        assert!(w.divisors(true).iter().all(|&d| d == 4.0));
     }
 
     #[test]
