@@ -16,7 +16,12 @@ const NC: usize = 8 * NR;
 
 /// Packed weights and the tensor they were packed from, held so that its
 /// buffer cannot change or be freed while it is the key.
-type Packed = Option<(Tensor, Arc<PackedWeights>)>;
+type Packed = Vec<(Tensor, Arc<PackedWeights>)>;
+
+/// Weight tensors a kernel keeps packed at once: the kernel cache gives
+/// one kernel to every convolution of the same shape (a ResNet stage's
+/// convolutions), each with weights of its own.
+const PACKED_KEPT: usize = 64;
 
 /// The op a kernel is built around.
 pub(crate) enum Anchor {
@@ -56,12 +61,12 @@ impl ConvKernel {
             epilogue,
             out_shape,
             im,
-            packed: RwLock::new(None),
+            packed: RwLock::new(Vec::new()),
         }
     }
 
-    /// The weights packed, from the last run's when the tensor is the same
-    /// immutable buffer.
+    /// The weights packed, as an earlier run packed them when the tensor is
+    /// the same immutable buffer.
     fn packed(&self, g: &ConvGeometry, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
         let same = |held: &Tensor| {
             held.storage_id() == w.storage_id()
@@ -70,8 +75,7 @@ impl ConvKernel {
                 && !w.is_arena()
         };
         if let Ok(guard) = self.packed.read()
-            && let Some((held, p)) = guard.as_ref()
-            && same(held)
+            && let Some((_, p)) = guard.iter().find(|(held, _)| same(held))
         {
             return p.clone();
         }
@@ -81,7 +85,12 @@ impl ConvKernel {
         if !w.is_arena()
             && let Ok(mut guard) = self.packed.write()
         {
-            *guard = Some((w.clone(), p.clone()));
+            if guard.len() == PACKED_KEPT {
+                // The oldest goes: a kernel shared by more weights than
+                // this packs some of them on every run.
+                guard.remove(0);
+            }
+            guard.push((w.clone(), p.clone()));
         }
         p
     }
