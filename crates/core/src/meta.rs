@@ -127,6 +127,30 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
 }
 
+/// The multi-index of flat index `i` over `dims`, row-major, into `idx`.
+#[inline]
+pub fn unravel(mut i: usize, dims: &[usize], idx: &mut [usize]) {
+    for d in (0..dims.len()).rev() {
+        idx[d] = i % dims[d];
+        i /= dims[d];
+    }
+}
+
+/// How a tensor of `shape` broadcasts against a `[N, C, ...]` tensor of
+/// `target`'s shape when it holds one value per channel (`Some(true)`) or
+/// one value in all (`Some(false)`): aligned from the right, every dim 1
+/// but the channels', which is 1 or C. `None` for anything else.
+pub fn channel_broadcast(shape: &[usize], target: &[usize]) -> Option<bool> {
+    if target.len() < 2 || shape.len() > target.len() {
+        return None;
+    }
+    let lead = target.len() - shape.len();
+    let size = |d: usize| if d < lead { 1 } else { shape[d - lead] };
+    let c = target[1];
+    let fits = (0..target.len()).all(|d| size(d) == 1 || (d == 1 && size(d) == c));
+    fits.then_some(size(1) == c && c > 1)
+}
+
 /// Whether two shapes (or stride lists) are equal. An inline loop: `==` on
 /// slices calls `memcmp`, which costs more than comparing the few dims of
 /// a shape, and these comparisons sit on every kernel call.
@@ -342,5 +366,13 @@ mod tests {
         assert!(!is_contiguous(&[2, 4], &[1, 2]));
         assert_eq!(normalize_dim(-1, 3), Some(2));
         assert_eq!(normalize_dim(3, 3), None);
+        let mut idx = [0; 3];
+        unravel(17, &[2, 3, 4], &mut idx);
+        assert_eq!(idx, [1, 1, 1]);
+        assert_eq!(channel_broadcast(&[4, 1, 1], &[2, 4, 5, 5]), Some(true));
+        assert_eq!(channel_broadcast(&[1, 4, 1, 1], &[2, 4, 5, 5]), Some(true));
+        assert_eq!(channel_broadcast(&[1], &[2, 4, 5, 5]), Some(false));
+        assert_eq!(channel_broadcast(&[4], &[2, 4, 5, 5]), None);
+        assert_eq!(channel_broadcast(&[2, 4, 1, 1], &[2, 4, 5, 5]), None);
     }
 }

@@ -11,6 +11,7 @@
 //! twelve 8-wide accumulators; elsewhere a portable loop of the same shape.
 
 use switchyard_core::ir::window::Window;
+use switchyard_core::meta::unravel;
 
 /// Rows (output channels) of a microkernel tile.
 pub(crate) const MR: usize = 6;
@@ -112,12 +113,9 @@ impl Im2col {
             }
         }
         let (out_cols, last_taps) = (w.output[last], w.kernel[last]);
-        let inside = |o: usize, k: usize| (0..in_width as isize).contains(&w.position(last, o, k));
         let col_ranges = (0..last_taps)
-            .map(|k| match (0..out_cols).find(|&o| inside(o, k)) {
-                None => (0, 0),
-                Some(lo) => (lo, (lo..out_cols).take_while(|&o| inside(o, k)).count() + lo),
-            })
+            .map(|k| w.inside(last, k))
+            .map(|r| (r.start, r.end))
             .collect();
         let col_shift = (0..last_taps).map(|k| w.position(last, 0, k)).collect();
         Im2col {
@@ -216,14 +214,6 @@ impl Im2col {
                 }
             }
         }
-    }
-}
-
-/// The multi-index of flat index `i` over `dims`, row-major.
-pub(crate) fn unravel(mut i: usize, dims: &[usize], idx: &mut [usize]) {
-    for d in (0..dims.len()).rev() {
-        idx[d] = i % dims[d];
-        i /= dims[d];
     }
 }
 

@@ -42,18 +42,24 @@ pub(crate) struct ConvKernel {
     x: usize,
     epilogue: Epilogue,
     out_shape: Vec<usize>,
-    /// For a convolution run as a GEMM.
+    /// For a convolution run as a GEMM: its windows, and its tiles, one
+    /// task each (batch item, group, first channel, first position), of at
+    /// most `mc` channels.
     im: Option<Im2col>,
+    tasks: Vec<(usize, usize, usize, usize)>,
+    mc: usize,
     packed: RwLock<Packed>,
 }
 
 impl ConvKernel {
     pub(crate) fn new(anchor: Anchor, x: usize, epilogue: Epilogue, out_shape: Vec<usize>) -> ConvKernel {
-        let im = match &anchor {
+        let (im, tasks, mc) = match &anchor {
             Anchor::Conv { geometry, .. } if geometry.in_channels != geometry.groups => {
-                Some(Im2col::new(&geometry.window))
+                let im = Im2col::new(&geometry.window);
+                let (tasks, mc) = tiles(geometry, im.positions);
+                (Some(im), tasks, mc)
             }
-            _ => None,
+            _ => (None, Vec::new(), 0),
         };
         ConvKernel {
             anchor,
@@ -61,6 +67,8 @@ impl ConvKernel {
             epilogue,
             out_shape,
             im,
+            tasks,
+            mc,
             packed: RwLock::new(Vec::new()),
         }
     }
@@ -94,6 +102,33 @@ impl ConvKernel {
         }
         p
     }
+}
+
+/// The GEMM's tasks and their channel count: all of a group's channels in
+/// one task, so that each panel of the input is packed once, unless there
+/// are too few positions to keep every thread busy: then the channels are
+/// split too.
+fn tiles(g: &ConvGeometry, positions: usize) -> (Vec<(usize, usize, usize, usize)>, usize) {
+    let m_per = g.out_channels / g.groups;
+    let chunks = g.batch * g.groups * positions.div_ceil(NC);
+    let wanted = 2 * rayon::current_num_threads();
+    let splits = if chunks >= wanted {
+        1
+    } else {
+        wanted.div_ceil(chunks)
+    };
+    let mc = m_per.div_ceil(splits).div_ceil(MR).max(1) * MR;
+    let mut tasks = Vec::new();
+    for n in 0..g.batch {
+        for grp in 0..g.groups {
+            for m0 in (0..m_per).step_by(mc) {
+                for p0 in (0..positions).step_by(NC) {
+                    tasks.push((n, grp, m0, p0));
+                }
+            }
+        }
+    }
+    (tasks, mc)
 }
 
 fn dense(t: &Tensor) -> Result<std::borrow::Cow<'_, Tensor>> {
@@ -208,33 +243,13 @@ impl ConvKernel {
         let c_per = g.in_channels / groups;
         let positions = im.positions;
         let plane = im.plane;
-        // All of a group's channels in one task, so that each panel of the
-        // input is packed once, unless there are too few positions to keep
-        // every thread busy: then the channels are split too.
-        let chunks = g.batch * groups * positions.div_ceil(NC);
-        let wanted = 2 * rayon::current_num_threads();
-        let splits = if chunks >= wanted {
-            1
-        } else {
-            wanted.div_ceil(chunks)
-        };
-        let mc = m_per.div_ceil(splits).div_ceil(MR).max(1) * MR;
-        let mut tasks = Vec::new();
-        for n in 0..g.batch {
-            for grp in 0..groups {
-                for m0 in (0..m_per).step_by(mc) {
-                    for p0 in (0..positions).step_by(NC) {
-                        tasks.push((n, grp, m0, p0));
-                    }
-                }
-            }
-        }
+        let (mc, tasks) = (self.mc, &self.tasks);
         let ptr = Out(out.as_mut_ptr());
         let total = out.len();
         let fast = fast_kernel(switchyard_simd::Simd::current());
-        tasks.into_par_iter().for_each_init(
+        tasks.par_iter().for_each_init(
             || (Vec::new(), Vec::new()),
-            |(scratch, regs), (n, grp, m0, p0)| {
+            |(scratch, regs), &(n, grp, m0, p0)| {
                 let rows = mc.min(m_per - m0);
                 let cols = NC.min(positions - p0);
                 let xs = &x[(n * g.in_channels + grp * c_per) * plane..][..c_per * plane];

@@ -144,14 +144,7 @@ fn classify(trace: &Trace, v: ValueId, shape: &[usize]) -> Option<Option<bool>> 
     if m.shape == shape {
         return Some(None);
     }
-    if m.shape.len() > shape.len() {
-        return None;
-    }
-    let lead = shape.len() - m.shape.len();
-    let size = |d: usize| if d < lead { 1 } else { m.shape[d - lead] };
-    let channels = shape[1];
-    let per_channel_only = (0..shape.len()).all(|d| size(d) == 1 || (d == 1 && size(d) == channels));
-    per_channel_only.then(|| Some(size(1) == channels && channels > 1))
+    switchyard_core::meta::channel_broadcast(&m.shape, shape).map(Some)
 }
 
 impl Executor for ConvExecutor {

@@ -13,7 +13,7 @@ use switchyard_core::ir::window::Window;
 use switchyard_simd::Simd;
 
 use crate::epilogue::{At, Epilogue};
-use crate::gemm::unravel;
+use switchyard_core::meta::unravel;
 
 /// Elements an epilogue finishes at a time: a few registers of them fit
 /// in L1.
@@ -61,17 +61,13 @@ pub(crate) fn run(
     data: &[&[f32]],
 ) {
     let last = win.rank() - 1;
-    let (width_in, width_out) = (win.input[last], win.output[last]);
-    let inside = |o: usize, k: usize| (0..width_in as isize).contains(&win.position(last, o, k));
     let rows = Rows {
         win,
         planes,
         reduce,
         ranges: (0..win.kernel[last])
-            .map(|k| match (0..width_out).find(|&o| inside(o, k)) {
-                None => (0, 0),
-                Some(lo) => (lo, lo + (lo..width_out).take_while(|&o| inside(o, k)).count()),
-            })
+            .map(|k| win.inside(last, k))
+            .map(|r| (r.start, r.end))
             .collect(),
         shifts: (0..win.kernel[last]).map(|k| win.position(last, 0, k)).collect(),
     };

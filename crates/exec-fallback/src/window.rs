@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use switchyard_core::dtype::Element;
 use switchyard_core::ir::PoolOp;
 use switchyard_core::ir::window::{ConvGeometry, Window};
+use switchyard_core::meta::unravel;
 use switchyard_core::{DType, HostData, OutputBuffer, Stored, Tensor};
 
 use crate::walk;
@@ -67,9 +68,9 @@ impl Positions {
         let mut o_idx = vec![0usize; last];
         let mut k_idx = vec![0usize; last];
         for op in 0..outer_out {
-            decode(op, &self.out[..last], &mut o_idx);
+            unravel(op, &self.out[..last], &mut o_idx);
             'taps: for kp in 0..outer_taps {
-                decode(kp, &self.kernel[..last], &mut k_idx);
+                unravel(kp, &self.kernel[..last], &mut k_idx);
                 let mut base = 0usize;
                 for d in 0..last {
                     let p = self.per_dim[d][k_idx[d] * self.out[d] + o_idx[d]];
@@ -90,14 +91,6 @@ impl Positions {
                 }
             }
         }
-    }
-}
-
-/// The multi-index of flat index `i` over `dims`, row-major.
-fn decode(mut i: usize, dims: &[usize], idx: &mut [usize]) {
-    for d in (0..dims.len()).rev() {
-        idx[d] = i % dims[d];
-        i /= dims[d];
     }
 }
 
@@ -285,7 +278,7 @@ fn max_pool<T: Stored + Element + PartialOrd>(
     let index = |i: usize, p: usize| -> i64 {
         let spatial = if column_major {
             let mut idx = vec![0usize; w.rank()];
-            decode(p, &w.input, &mut idx);
+            unravel(p, &w.input, &mut idx);
             let mut at = 0;
             for d in (0..w.rank()).rev() {
                 at = at * w.input[d] + idx[d];

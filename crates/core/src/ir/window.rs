@@ -45,6 +45,17 @@ impl Window {
         (o * self.stride[d] + k * self.dilation[d]) as isize - self.pad_lo[d] as isize
     }
 
+    /// The output positions of spatial dim `d` whose tap `k` falls inside
+    /// the input (not in the padding): one run, since the position grows
+    /// with the output's.
+    pub fn inside(&self, d: usize, k: usize) -> std::ops::Range<usize> {
+        let within = |o: usize| (0..self.input[d] as isize).contains(&self.position(d, o, k));
+        match (0..self.output[d]).find(|&o| within(o)) {
+            None => 0..0,
+            Some(lo) => lo..lo + (lo..self.output[d]).take_while(|&o| within(o)).count(),
+        }
+    }
+
     /// The spread of the dilated kernel in spatial dim `d`.
     pub fn span(&self, d: usize) -> usize {
         self.dilation[d] * (self.kernel[d] - 1) + 1

@@ -43,21 +43,9 @@ fn per_channel(o: &Operand, shape: &[usize], weights: &HashMap<ValueId, &Tensor>
         Operand::Scalar(Scalar::Bool(_)) => None,
         Operand::Value(v) => {
             let t = weights.get(v)?;
-            let s = t.shape();
-            if s.len() > shape.len() {
-                return None;
-            }
-            let lead = shape.len() - s.len();
-            // Aligned from the right: every dim 1 but the channels', which is 1 or M.
-            let fits = (0..shape.len()).all(|d| {
-                let size = if d < lead { 1 } else { s[d - lead] };
-                size == 1 || (d == 1 && size == m)
-            });
-            if !fits {
-                return None;
-            }
+            let per_channel = switchyard_core::meta::channel_broadcast(t.shape(), shape)?;
             let v = t.to_f64_vec().ok()?;
-            Some(if v.len() == m { v } else { vec![v[0]; m] })
+            Some(if per_channel { v } else { vec![v[0]; m] })
         }
     }
 }
