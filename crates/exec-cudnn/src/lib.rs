@@ -2,7 +2,9 @@
 //!
 //! switchyard's cuDNN executor: it claims scaled dot-product attention
 //! (`sdpa`, causal or not) whole, on `cuda:N` in f32, f16 and bf16, so the
-//! composite is never decomposed into a dozen ops.
+//! composite is never decomposed into a dozen ops; and convolutions,
+//! transposed convolutions, max and average pools ([`conv`]), each one
+//! cuDNN call with its algorithm chosen once when compiled.
 //!
 //! A region runs one of two ways on the device's stream:
 //! - **unfused**: the scores `scale·Q·Kᵀ` as one batched cuBLASLt GEMM (K
@@ -24,6 +26,7 @@
 //! unavailable, with the reason.
 #![deny(missing_docs)]
 
+pub mod conv;
 pub mod flash;
 
 use std::sync::{Arc, Mutex};
@@ -193,8 +196,10 @@ impl Executor for CudnnExecutor {
         executor::availability(&[Needs::Cublas, Needs::Cudnn])
     }
 
-    /// Takes `tf32 = true | false` for its GEMMs (over the config-wide
-    /// `allow_tf32`) and `attention = "auto" | "fused" | "unfused"`.
+    /// Takes `tf32 = true | false` for its GEMMs and convolutions (over the
+    /// config-wide `allow_tf32`), `attention = "auto" | "fused" |
+    /// "unfused"` and `workspace_limit` (bytes a convolution algorithm may
+    /// use).
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
         Options::parse(options).map(|_| ())
     }
@@ -206,8 +211,17 @@ impl Executor for CudnnExecutor {
     /// How the attention runs: fused, or its GEMMs' math mode.
     fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
         let &[op] = region else { return None };
-        let a = attention_in_trace(cx, op).ok()?;
         let options = Options::of(cx);
+        if let Ok(call) = conv::window_in_trace(cx, op) {
+            return call.is_conv().then(|| {
+                format!(
+                    "{}; algorithm chosen by cuDNN when compiled, workspace up to {} bytes",
+                    options.math(cx).describe(call.dtype, options.tf32.is_some()),
+                    options.workspace_limit
+                )
+            });
+        }
+        let a = attention_in_trace(cx, op).ok()?;
         Some(match choose(&a, cx).ok()? {
             Algorithm::Fused => "fused attention (flash: no scores in memory), f32 arithmetic".to_string(),
             Algorithm::Unfused => format!(
@@ -221,6 +235,12 @@ impl Executor for CudnnExecutor {
     /// Accepts at the cost of the algorithm it would run: fused or not,
     /// as configured, else the cheaper.
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
+        if conv::is_window_op(cx.trace.op(op).kind) {
+            return match conv::window_in_trace(cx, op) {
+                Ok(call) => Claim::Accept(call.cost_ns(cx, Options::of(cx).math(cx))),
+                Err(why) => Claim::Reject(why),
+            };
+        }
         match attention_in_trace(cx, op).and_then(|a| {
             let cost = match choose(&a, cx)? {
                 Algorithm::Fused => flash::cost_ns(&a, cx.device),
@@ -239,6 +259,12 @@ impl Executor for CudnnExecutor {
             op: format!("region {}", region.id),
             message,
         };
+        if let [op] = region.ops[..]
+            && conv::is_window_op(cx.trace.op(op).kind)
+        {
+            let options = Options::of(cx);
+            return conv::compile(region, cx, options.math(cx), options.workspace_limit);
+        }
         let (op, device) =
             executor::one_op_on_device(region, &[Needs::Cublas, Needs::Cudnn]).map_err(&fail)?;
         let attention = attention_in_trace(cx, op).map_err(&fail)?;
@@ -271,12 +297,24 @@ impl Executor for CudnnExecutor {
 pub const ATTENTION_OPTION: &str = "attention";
 
 /// The executor's options (`[options.cudnn]`), parsed once per plan.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Options {
-    /// The GEMMs' `tf32` option, `None` where unset.
+    /// The products' `tf32` option (GEMMs and convolutions), `None` where unset.
     tf32: Option<bool>,
     /// How attention may run.
     attention: Choice,
+    /// The most workspace a convolution algorithm may use.
+    workspace_limit: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tf32: None,
+            attention: Choice::default(),
+            workspace_limit: conv::DEFAULT_WORKSPACE_LIMIT,
+        }
+    }
 }
 
 impl Options {
@@ -296,10 +334,12 @@ impl Options {
                     o.tf32 = v.as_bool();
                 }
                 None if k == ATTENTION_OPTION => o.attention = Choice::parse(v)?,
+                None if k == conv::WORKSPACE_OPTION => o.workspace_limit = conv::workspace_option(v)?,
                 None => {
                     return Err(format!(
-                        "unknown option `{k}` (known: `{}`, `{ATTENTION_OPTION}`)",
-                        switchyard_cuda::gemm::TF32_OPTION
+                        "unknown option `{k}` (known: `{}`, `{ATTENTION_OPTION}`, `{}`)",
+                        switchyard_cuda::gemm::TF32_OPTION,
+                        conv::WORKSPACE_OPTION
                     ));
                 }
             }

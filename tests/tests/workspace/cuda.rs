@@ -486,7 +486,7 @@ fn attention_runs_fused_or_not_as_configured_else_the_cheaper() {
     unknown.insert("fast".into(), true.into());
     assert_eq!(
         CudnnExecutor.check_options(&unknown).unwrap_err(),
-        "unknown option `fast` (known: `tf32`, `attention`)"
+        "unknown option `fast` (known: `tf32`, `attention`, `workspace_limit`)"
     );
     let c = Config::parse(
         "executors = [\"cudnn\", \"fallback\"]\n[options.cudnn]\nattention = \"fused\"\n",
@@ -500,6 +500,113 @@ fn attention_runs_fused_or_not_as_configured_else_the_cheaper() {
         text.contains("  # fused attention (flash: no scores in memory), f32 arithmetic\n"),
         "{text}"
     );
+}
+
+/// A resnet-style stem and block, a transposed convolution and the pools,
+/// for `cuda:0`.
+const CNN: &str = "input x: f32[2, 3, 32, 32]
+input w0: f32[16, 3, 7, 7]
+input b0: f32[16]
+input w1: f32[16, 16, 3, 3]
+input w2: f32[16, 16, 3, 3]
+input b2: f32[16]
+input wt: f32[16, 8, 3, 3]
+c0 = conv(x, w0, b0, stride=[2, 2], pad=[3, 3, 3, 3])
+r0 = relu(c0)
+p0 = max_pool(r0, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1])
+c1 = conv(p0, w1, pad=[1, 1, 1, 1])
+r1 = relu(c1)
+c2 = conv(r1, w2, b2, pad=[1, 1, 1, 1])
+s = add(c2, p0)
+r2 = relu(s)
+up = conv_transpose(r2, wt, stride=[2, 2], pad=[1, 1, 1, 1], output_padding=[1, 1])
+a = avg_pool(up, kernel=[2, 2], stride=[2, 2])
+output a, r2
+";
+
+#[test]
+fn cudnn_claims_convolutions_and_pools_and_the_fuser_their_epilogues() {
+    let t = on_gpu(CNN);
+    let m = DeviceModel::h100();
+    let plan = plan_for(&t, &m, true);
+    let mut mix: Vec<(String, Vec<String>)> = plan
+        .regions
+        .iter()
+        .map(|r| {
+            let ops = r.ops.iter().map(|&o| t.op(o).kind.to_string()).collect();
+            (plan.executor_name(r), ops)
+        })
+        .collect();
+    mix.sort();
+    let of = |e: &str| -> Vec<Vec<String>> {
+        mix.iter()
+            .filter(|(x, _)| x == e)
+            .map(|(_, o)| o.clone())
+            .collect()
+    };
+    let mut dnn: Vec<String> = of("cudnn").into_iter().flatten().collect();
+    dnn.sort();
+    assert_eq!(
+        dnn,
+        ["avg_pool", "conv", "conv", "conv", "conv_transpose", "max_pool"],
+        "{mix:?}"
+    );
+    // Relu, and the residual add with its relu, run fused on the device.
+    let fused = of("fuser");
+    assert!(fused.iter().any(|ops| ops == &["add", "relu"]), "{mix:?}");
+    assert!(plan.regions.iter().all(|r| r.device == GPU), "{mix:?}");
+    // Each convolution says its math mode and how its algorithm is chosen.
+    let text = switchyard_core::report::render_plan(&plan, false);
+    assert_eq!(
+        text.matches("  # math: IEEE f32 (config allow_tf32 = false); algorithm chosen by cuDNN when compiled, workspace up to 67108864 bytes\n").count(),
+        4,
+        "{text}"
+    );
+    // A convolution costs its products at the device's f32 rate; f16 at
+    // the tensor cores' is cheaper.
+    let one = |dtype: &str| {
+        on_gpu(&format!(
+            "input x: {dtype}[8, 64, 56, 56]\ninput w: {dtype}[64, 64, 3, 3]\ny = conv(x, w, pad=[1, 1, 1, 1])\noutput y\n"
+        ))
+    };
+    let f32_ns = claim(&CudnnExecutor, &one("f32"), 0, &m).cost().unwrap();
+    let f16_ns = claim(&CudnnExecutor, &one("f16"), 0, &m).cost().unwrap();
+    let flops = 2.0 * (8 * 64 * 56 * 56 * 64 * 9) as f64;
+    assert!(f32_ns >= flops / m.gflops["f32"], "{f32_ns}");
+    assert!(f16_ns < f32_ns / 2.0, "{f16_ns} vs {f32_ns}");
+}
+
+#[test]
+fn cudnn_rejects_the_windows_it_cannot_run_with_the_reason() {
+    let t = on_gpu(
+        "input x: f32[1, 4, 10, 10]\ninput w: f32[4, 4, 3, 3]\ninput d: f64[1, 4, 9, 9]\n\
+         a = conv(x, w, pad=[0, 0, 1, 1])\nb = max_pool(x, kernel=[3, 3], stride=[2, 2], ceil_mode=true)\n\
+         c = lp_pool(x, kernel=[2, 2], p=2)\ne = max_pool(d, kernel=[2, 2])\n\
+         f = max_pool(x, kernel=[2, 2], dilation=[2, 2])\noutput a, b, c, e, f\n",
+    );
+    let m = DeviceModel::h100();
+    let why = |op: usize| match claim(&CudnnExecutor, &t, op, &m) {
+        Claim::Reject(why) => why,
+        c => panic!("op {op} claimed: {c:?}"),
+    };
+    assert!(why(0).contains("pads both ends of a dim alike"), "{}", why(0));
+    assert!(why(1).contains("ceil_mode adds a window"), "{}", why(1));
+    assert!(why(2).contains("not lp_pool"), "{}", why(2));
+    assert!(why(3).contains("not f64"), "{}", why(3));
+    assert!(why(4).contains("without dilations"), "{}", why(4));
+    // On the host, not its to run.
+    let cpu = parse("input x: f32[1, 4, 9, 9]\ny = max_pool(x, kernel=[2, 2])\noutput y\n").unwrap();
+    assert!(
+        matches!(claim(&CudnnExecutor, &cpu, 0, &m), Claim::Reject(w) if w.contains("runs on CUDA devices"))
+    );
+    // The workspace bound is an option, checked.
+    let mut bad = toml::Table::new();
+    bad.insert("workspace_limit".into(), (-1).into());
+    let e = CudnnExecutor.check_options(&bad).unwrap_err();
+    assert!(e.contains("`workspace_limit` must be a byte count"), "{e}");
+    let mut fine = toml::Table::new();
+    fine.insert("workspace_limit".into(), 0.into());
+    assert!(CudnnExecutor.check_options(&fine).is_ok());
 }
 
 /// Tolerances of the GPU tests against the fallback, relative to
@@ -637,6 +744,71 @@ fn gpu_every_claimed_op_matches_the_fallback() {
     for (text, tol) in cases {
         gpu_matches_fallback(text, *tol);
     }
+}
+
+#[test]
+fn gpu_convolutions_and_pools_match_the_fallback() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let cases: &[(&str, f64)] = &[
+        (CNN, F32),
+        // Grouped, depthwise, dilated, strided, 1-D and 3-D.
+        (
+            "input x: f32[2, 8, 15, 13]\ninput dw: f32[8, 1, 3, 3]\ninput g: f32[12, 4, 3, 3]\ninput b: f32[12]\n\
+             d = conv(x, dw, stride=[2, 2], pad=[1, 1, 1, 1], groups=8)\n\
+             e = conv(x, g, b, dilation=[2, 2], pad=[2, 2, 2, 2], groups=2)\noutput d, e\n",
+            F32,
+        ),
+        (
+            "input x: f32[2, 4, 50]\ninput w: f32[6, 4, 5]\ny = conv(x, w, stride=[2], pad=[2, 2])\n\
+             p = avg_pool(y, kernel=[3], stride=[1], pad=[1, 1])\nq = max_pool(x, kernel=[3], stride=[2])\noutput p, q\n",
+            F32,
+        ),
+        (
+            "input x: f32[1, 3, 6, 10, 10]\ninput w: f32[4, 3, 3, 3, 3]\ninput wt: f32[4, 2, 2, 2, 2]\n\
+             y = conv(x, w, pad=[1, 1, 1, 1, 1, 1])\nm = max_pool(y, kernel=[2, 2, 2], stride=[2, 2, 2])\n\
+             t = conv_transpose(m, wt, stride=[2, 2, 2])\noutput t\n",
+            F32,
+        ),
+        // Average pools counting the padding or not; a transposed
+        // convolution with groups and dilations.
+        (
+            "input x: f32[1, 4, 9, 9]\ninput wt: f32[4, 3, 3, 3]\n\
+             a = avg_pool(x, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1], count_include_pad=true)\n\
+             b = avg_pool(x, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1])\n\
+             t = conv_transpose(x, wt, stride=[2, 2], dilation=[2, 2], pad=[1, 1, 1, 1], groups=2)\noutput a, b, t\n",
+            F32,
+        ),
+        // Half precisions on tensor cores.
+        (
+            "input x: f16[2, 16, 20, 20]\ninput w: f16[32, 16, 3, 3]\ninput b: f16[32]\n\
+             y = conv(x, w, b, pad=[1, 1, 1, 1])\np = max_pool(y, kernel=[2, 2], stride=[2, 2])\noutput p\n",
+            F16,
+        ),
+        (
+            "input x: bf16[2, 16, 20, 20]\ninput w: bf16[32, 16, 3, 3]\ny = conv(x, w, stride=[2, 2])\noutput y\n",
+            BF16,
+        ),
+    ];
+    for (text, tol) in cases {
+        gpu_matches_fallback(text, *tol);
+    }
+}
+
+#[test]
+fn gpu_f32_convolutions_are_ieee_unless_tf32_is_allowed() {
+    if let Some(why) = no_gpu() {
+        println!("skipped: no GPU here ({why})");
+        return;
+    }
+    let text = "input x: f32[4, 64, 28, 28]\ninput w: f32[64, 64, 3, 3]\ny = conv(x, w, pad=[1, 1, 1, 1])\noutput y\n";
+    let ieee = gpu_matches_fallback(text, F32);
+    let mut set = executors();
+    set.numerics.allow_tf32 = true;
+    let tf32 = gpu_matches_fallback_with(text, &set, F32_TF32);
+    println!("conv 64->64 3x3: IEEE worst {ieee:.2e}, TF32 allowed worst {tf32:.2e}");
 }
 
 #[test]
