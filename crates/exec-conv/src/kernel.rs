@@ -27,6 +27,8 @@ const PACKED_KEPT: usize = 64;
 pub(crate) enum Anchor {
     /// A convolution; `w` is the weight's region input.
     Conv { geometry: ConvGeometry, w: usize },
+    /// A transposed convolution; `w` is the weight's region input.
+    ConvTranspose { geometry: ConvGeometry, w: usize },
     /// A max pool, or an average pool dividing each output position by its
     /// divisor.
     Pool {
@@ -203,6 +205,9 @@ impl Kernel for ConvKernel {
                     &self.epilogue,
                     &data,
                 );
+            }
+            (Anchor::ConvTranspose { geometry, w }, _) => {
+                crate::transpose::run(geometry, data[*w], data[self.x], out, &self.epilogue, &data);
             }
             (
                 Anchor::Pool {

@@ -1,6 +1,7 @@
 //! # switchyard-exec-conv
 //!
-//! The CPU convolution executor: a `conv` (or a max or average pool) and
+//! The CPU convolution executor: a `conv` (or a `conv_transpose`, a max or
+//! average pool) and
 //! the elementwise ops after it (bias, folded scales, Relu, Clip,
 //! HardSwish, SiLU, a residual add) in one kernel, the epilogue applied to
 //! each row of the output while it is in cache.
@@ -22,6 +23,9 @@
 //!   has it; 1x1 convolutions read the input as the matrix it is;
 //! - depthwise convolutions (one input channel per group), max and average
 //!   pools: a direct loop per channel plane, vectorised along rows.
+//! - transposed convolutions ([`transpose`]): a GEMM of the transposed
+//!   weights and the input as it lies, whose rows are scattered into the
+//!   output planes (col2im), each plane then finished by the epilogue.
 //!
 //! Weights are packed once and kept with the kernel, keyed by the weight
 //! tensor's buffer (immutable while the kernel holds it): a second run with
@@ -32,6 +36,7 @@
 mod epilogue;
 mod gemm;
 mod kernel;
+mod transpose;
 mod window;
 
 use std::collections::HashMap;
@@ -69,7 +74,7 @@ fn runs_anchor(trace: &Trace, op: OpId) -> bool {
     let o = trace.op(op);
     matches!(
         o.kind,
-        OpKind::Conv | OpKind::Pool(PoolOp::MaxPool | PoolOp::AvgPool)
+        OpKind::Conv | OpKind::ConvTranspose | OpKind::Pool(PoolOp::MaxPool | PoolOp::AvgPool)
     ) && o.outputs.len() == 1
         && trace.meta(o.outputs[0]).dtype == DType::F32
         // Up to eight spatial dims, which its kernels index without allocating.
@@ -155,9 +160,12 @@ impl Executor for ConvExecutor {
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
         let trace = cx.trace;
         let o = trace.op(op);
-        if matches!(o.kind, OpKind::Conv | OpKind::Pool(_)) {
+        if matches!(o.kind, OpKind::Conv | OpKind::ConvTranspose | OpKind::Pool(_)) {
             if !runs_anchor(trace, op) {
-                return Claim::Reject("runs f32 convolutions, max and average pools on the CPU only".into());
+                return Claim::Reject(
+                    "runs f32 convolutions, transposed convolutions, max and average pools on the CPU only"
+                        .into(),
+                );
             }
             return Claim::Accept(cx.device.op_ns(trace, op));
         }
@@ -264,9 +272,11 @@ impl Executor for ConvExecutor {
         let mut register: HashMap<ValueId, usize> = HashMap::new();
         register.insert(anchor.outputs[0], 0);
         let what = match anchor.kind {
-            OpKind::Conv => {
-                let geometry = conv_geometry(&anchor.attrs, x_shape, &trace.meta(operand(1)).shape, false)
-                    .map_err(fail)?;
+            OpKind::Conv | OpKind::ConvTranspose => {
+                let transposed = anchor.kind == OpKind::ConvTranspose;
+                let geometry =
+                    conv_geometry(&anchor.attrs, x_shape, &trace.meta(operand(1)).shape, transposed)
+                        .map_err(fail)?;
                 if let Some(b) = anchor.operands.get(2).and_then(|o| o.value()) {
                     epilogue.steps.push(Step::Binary {
                         op: switchyard_core::ir::BinaryOp::Add,
@@ -278,9 +288,10 @@ impl Executor for ConvExecutor {
                         dst: 0,
                     });
                 }
-                kernel::Anchor::Conv {
-                    geometry,
-                    w: slot(operand(1))?,
+                let w = slot(operand(1))?;
+                match transposed {
+                    false => kernel::Anchor::Conv { geometry, w },
+                    true => kernel::Anchor::ConvTranspose { geometry, w },
                 }
             }
             OpKind::Pool(op) => {

@@ -152,6 +152,47 @@ fn conv_case() -> impl Strategy<Value = String> {
         })
 }
 
+fn transpose_case() -> impl Strategy<Value = String> {
+    (
+        1usize..4,
+        1usize..4,
+        1usize..3,
+        1usize..4,
+        0usize..3,
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_flat_map(|(rank, k, dil, stride, pad, grouped, relu)| {
+            let groups = if grouped { 2 } else { 1 };
+            let (c, m) = (2 * groups, 3 * groups);
+            // Pads that leave at least one output position.
+            let pad = pad.min(dil * (k - 1) / 2);
+            (proptest::collection::vec(1usize..7, rank), 0..stride.max(dil)).prop_map(
+                move |(spatial, output_padding)| {
+                    let x: Vec<String> = spatial.iter().map(|s| s.to_string()).collect();
+                    let list = |v: usize, n: usize| vec![v.to_string(); n].join(", ");
+                    let epilogue = if relu {
+                        "y = relu(y0)\n"
+                    } else {
+                        "y = mul(y0, 2.0)\n"
+                    };
+                    format!(
+                        "input x: f32[2, {c}, {}]\ninput w: f32[{c}, {}, {}]\ninput b: f32[{m}]\n\
+                         y0 = conv_transpose(x, w, b, stride=[{}], dilation=[{}], pad=[{}], \
+                         output_padding=[{}], groups={groups})\n{epilogue}output y\n",
+                        x.join(", "),
+                        m / groups,
+                        list(k, rank),
+                        list(stride, rank),
+                        list(dil, rank),
+                        list(pad, 2 * rank),
+                        list(output_padding, rank),
+                    )
+                },
+            )
+        })
+}
+
 fn pool_case() -> impl Strategy<Value = String> {
     (
         1usize..4,
@@ -193,6 +234,14 @@ proptest! {
         let regions = check(&trace, seed);
         prop_assert_eq!(regions.len(), 1, "{}", src);
         prop_assert_eq!(regions[0].len(), 2, "{:?}", regions);
+    }
+
+    #[test]
+    fn random_transposed_convolutions_with_an_epilogue_match_the_fallback(src in transpose_case(), seed in any::<u64>()) {
+        let trace = parse(&src).expect("the strategy makes valid traces");
+        let regions = check(&trace, seed);
+        prop_assert_eq!(regions.len(), 1, "{}", src);
+        prop_assert_eq!(&regions[0][..], &["conv_transpose", if src.contains("relu") { "relu" } else { "mul" }], "{}", src);
     }
 
     #[test]
