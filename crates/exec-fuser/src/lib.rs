@@ -9,10 +9,14 @@
 //! that a CUDA backend can generate code from it.
 //!
 //! It claims what the IR expresses and rejects the rest with the reason. Its
-//! `refine` hands back what the IR cannot hold together (an op whose result
-//! is not the region's iteration space, a reduction over other dims than the
-//! region's, a reshape of a computed value) and, by cost, the trailing views
-//! that are cheaper as zero-copy views outside ("bookend" peeling).
+//! `refine` cuts a region before a computing op whose result is not the
+//! region's iteration space (a scale, shift and activation after a reshape,
+//! as in an exported group norm): that op *leads* a fused region of its own
+//! with the ops after it in its shape. It hands back what the IR cannot hold
+//! together otherwise (a view in another shape, a reduction over other dims
+//! than the region's, a reshape of a computed value) and, by cost, the
+//! trailing views that are cheaper as zero-copy views outside ("bookend"
+//! peeling).
 //!
 //! Regions on a `cuda:N` device go to the CUDA backend ([`cuda`]): CUDA C
 //! generated from the same IR, compiled with NVRTC and kept on disk, so a
@@ -181,10 +185,23 @@ impl Executor for FuserExecutor {
         // What the kernel IR cannot hold together goes first; each round
         // leaves at least one op out, so this ends.
         while !ops.is_empty() {
-            let out: Vec<(OpId, String)> = match &lowered(&ops, cx).program {
+            let failures = match &lowered(&ops, cx).program {
                 Ok(_) => break,
-                Err(failures) => failures.iter().map(|f| (f.op, f.reason.clone())).collect(),
+                Err(failures) => failures.clone(),
             };
+            // A computing op whose result is in another shape than the
+            // region's (an affine or activation after a reshape) begins a
+            // region of its own, with the ops after it in its shape, rather
+            // than going to another executor one pass at a time.
+            let leads: Vec<(OpId, String)> = failures
+                .iter()
+                .filter(|f| f.space)
+                .filter_map(|f| space_lead(&ops, f.op, cx).map(|lead| (lead, f.reason.clone())))
+                .collect();
+            if !leads.is_empty() {
+                return Refinement { handed_back, leads };
+            }
+            let out: Vec<(OpId, String)> = failures.iter().map(|f| (f.op, f.reason.clone())).collect();
             let gone: HashSet<OpId> = out.iter().map(|(o, _)| *o).collect();
             ops.retain(|o| !gone.contains(o));
             handed_back.extend(out);
@@ -274,6 +291,37 @@ struct Lowered {
     inputs: Vec<ValueId>,
     outputs: Vec<ValueId>,
     program: std::result::Result<program::Program, Vec<lower::Failure>>,
+}
+
+/// The op that should begin a region of its own so that `failed` (an op of
+/// `ops` whose result is not the region's iteration space) is computed in
+/// its own space: the earliest op of `ops` it depends on through computing
+/// ops of its result's shape, itself included. `None` when that is the
+/// region's first op or a view (nothing to cut; it is handed back).
+fn space_lead(ops: &[OpId], failed: OpId, cx: &Context) -> Option<OpId> {
+    let trace = cx.trace;
+    let shape_of = |op: OpId| trace.op(op).outputs.first().map(|&v| &trace.meta(v).shape);
+    let shape = shape_of(failed)?;
+    let computes = |op: OpId| !trace.op(op).kind.is_view() && shape_of(op) == Some(shape);
+    if !computes(failed) {
+        return None;
+    }
+    let mut chain: HashSet<OpId> = HashSet::from([failed]);
+    let mut lead = failed;
+    // Back through the region in order: an op of the shape feeding the chain joins it.
+    let at = ops.iter().position(|&o| o == failed)?;
+    for &op in ops[..at].iter().rev() {
+        let feeds = trace
+            .op(op)
+            .outputs
+            .iter()
+            .any(|&v| chain.iter().any(|&c| trace.op(c).input_values().any(|i| i == v)));
+        if feeds && computes(op) {
+            chain.insert(op);
+            lead = op;
+        }
+    }
+    (ops.first() != Some(&lead)).then_some(lead)
 }
 
 /// The region of `ops` lowered, once per plan: `refine`, `cost` and

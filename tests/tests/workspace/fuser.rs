@@ -325,6 +325,46 @@ fn views_and_cat_are_index_maps() {
 }
 
 #[test]
+fn ops_in_another_shape_after_a_reshape_begin_a_fused_region_of_their_own() {
+    // A group norm's tail as exporters write it: normalised per group,
+    // reshaped back to channels, then scaled, shifted and activated.
+    let src = "input x: f32[2, 4, 32]\ninput g: f32[8, 1]\ninput b: f32[8, 1]\n\
+               m = mean(x, dims=[-1], keepdim=true)\nd = sub(x, m)\nr = reshape(d, shape=[2, 8, 16])\n\
+               y0 = mul(r, g)\ny1 = add(y0, b)\ny = relu(y1)\noutput y\n";
+    let t = parse(src).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let regions: Vec<(String, Vec<&str>)> = plan
+        .regions
+        .iter()
+        .map(|r| {
+            let ops = r.ops.iter().map(|&o| t.op(o).kind.name()).collect();
+            (plan.executor_name(r), ops)
+        })
+        .collect();
+    assert!(
+        regions.contains(&("fuser".to_string(), vec!["mul", "add", "relu"])),
+        "{regions:?}"
+    );
+    // Nothing that computes is left to the fallback, one pass per op.
+    assert!(
+        regions
+            .iter()
+            .filter(|(e, _)| e == "fallback")
+            .all(|(_, ops)| ops == &["reshape"]),
+        "{regions:?}"
+    );
+    assert!(
+        plan.explanation.ops.iter().any(|o| o
+            .notes
+            .iter()
+            .any(|n| n.contains("begins a region of its own on fuser"))),
+        "{:#?}",
+        plan.explanation.ops
+    );
+    check(&t, 9);
+}
+
+#[test]
 fn what_does_not_fit_is_handed_back() {
     // Two reductions over different dims: one is handed back, and the
     // result still matches.

@@ -31,6 +31,9 @@ pub(crate) struct Failure {
     pub op: OpId,
     /// Why.
     pub reason: String,
+    /// Whether the op's result is not the region's iteration space: the op
+    /// may begin a region of its own, in its result's space.
+    pub space: bool,
 }
 
 /// Why the fuser cannot take `op` at all, or `None` when its kernel IR can
@@ -253,7 +256,13 @@ pub(crate) fn lower(
     outputs: &[ValueId],
 ) -> Result<Program, Vec<Failure>> {
     switchyard_core::work::add(ops.len());
-    let fail = |op: OpId, reason: String| vec![Failure { op, reason }];
+    let fail = |op: OpId, reason: String| {
+        vec![Failure {
+            op,
+            reason,
+            space: false,
+        }]
+    };
     for &id in ops {
         if let Some(reason) = unsupported(trace, id) {
             return Err(fail(id, reason));
@@ -279,6 +288,7 @@ pub(crate) fn lower(
                     reason: format!(
                         "reduces dims {dims:?} of {shape:?}, and the region reduces dims {d:?} of {s:?}"
                     ),
+                    space: false,
                 }),
             }
         }
@@ -399,6 +409,7 @@ pub(crate) fn lower(
                     trace.meta(*v).shape,
                     shape
                 ),
+                space: true,
             });
         }
     }
@@ -452,7 +463,11 @@ pub(crate) fn lower(
                     let operands = match operand_maps(trace, id, map, &shape) {
                         Ok(m) => m,
                         Err(reason) => {
-                            failures.push(Failure { op: id, reason });
+                            failures.push(Failure {
+                                op: id,
+                                reason,
+                                space: false,
+                            });
                             break 'maps;
                         }
                     };
@@ -469,6 +484,7 @@ pub(crate) fn lower(
                                             "reads `{}`, a reduction's result, at other indices than its rows",
                                             trace.value(*v).name
                                         ),
+                                        space: false,
                                     });
                                     break 'maps;
                                 }
