@@ -137,6 +137,9 @@ pub struct Need {
     pub region: Option<usize>,
     /// The values live then, with their bytes, largest first.
     pub live: Vec<(crate::ir::ValueId, usize)>,
+    /// Of `bytes`, what the running region's kernel takes for itself
+    /// ([`crate::executor::Executor::scratch_bytes`]).
+    pub scratch: usize,
 }
 
 impl Plan {
@@ -150,6 +153,12 @@ impl Plan {
     /// [`Plan::memory_needs`] with the plan's memory graph already built.
     pub fn memory_needs_of(&self, graph: &MemoryGraph) -> Vec<Need> {
         let order: Vec<usize> = (0..self.regions.len()).collect();
+        let uses = self.trace.uses();
+        let scratch: Vec<usize> = self
+            .regions
+            .iter()
+            .map(|r| self.with_context(r, &uses, |cx| self.executor_of(r).scratch_bytes(&r.ops, cx)))
+            .collect();
         let place_of = |b: &Buffer| match b.producer {
             Some(r) => self.regions[r].device,
             None => self.trace.meta(b.value).device,
@@ -161,11 +170,18 @@ impl Plan {
         places
             .into_iter()
             .map(|place| {
-                let peak = graph.peak_where(&order, |b| place_of(b) == place);
+                let here: Vec<usize> = self
+                    .regions
+                    .iter()
+                    .zip(&scratch)
+                    .map(|(r, &b)| if r.device == place { b } else { 0 })
+                    .collect();
+                let peak = graph.peak_with_scratch(&order, |b| place_of(b) == place, &here);
                 Need {
                     place,
                     bytes: peak.bytes,
                     region: peak.step,
+                    scratch: peak.step.map_or(0, |s| here[order[s]]),
                     live: peak
                         .live
                         .iter()
@@ -237,6 +253,12 @@ impl Plan {
             if need.live.len() > SHOWN {
                 let rest: usize = need.live[SHOWN..].iter().map(|&(_, b)| b).sum();
                 live.push(format!("{} more, {}", need.live.len() - SHOWN, human_bytes(rest)));
+            }
+            if need.scratch > 0 {
+                live.push(format!(
+                    "the running kernel's workspace, {}",
+                    human_bytes(need.scratch)
+                ));
             }
             return Err(Error::OutOfMemory {
                 what: format!("the plan's peak on {place}"),

@@ -440,6 +440,16 @@ pub trait Executor: Send + Sync {
         None
     }
 
+    /// Memory the kernel of `region` takes for itself while it runs, beyond
+    /// its outputs, on the region's device: a library's workspace, the
+    /// columns of a transposed convolution. The memory check counts it at
+    /// the region's step, with the buffers live then. An upper bound where
+    /// the kernel only learns it when compiled. By default: nothing.
+    fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
+        let _ = (region, cx);
+        0
+    }
+
     /// Compiles a region into a kernel.
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>>;
 }

@@ -481,9 +481,22 @@ impl MemoryGraph {
     /// the peak, the step it is reached at, and the buffers live then,
     /// largest first.
     pub fn peak_where(&self, order: &[usize], keep: impl Fn(&Buffer) -> bool) -> Peak {
+        self.peak_with_scratch(order, keep, &[])
+    }
+
+    /// [`MemoryGraph::peak_where`] with `scratch[r]` bytes more live while
+    /// region `r` runs (a workspace it takes for itself); regions past
+    /// `scratch`'s end take none.
+    pub fn peak_with_scratch(
+        &self,
+        order: &[usize],
+        keep: impl Fn(&Buffer) -> bool,
+        scratch: &[usize],
+    ) -> Peak {
         let kept: Vec<bool> = self.buffers.iter().map(&keep).collect();
         let (mut peak, mut step) = (None::<usize>, None);
         let first = self.replay(order, &kept, None, |s, bytes, _| {
+            let bytes = bytes + scratch.get(order[s]).copied().unwrap_or(0);
             if peak.is_none_or(|p| bytes > p) {
                 (peak, step) = (Some(bytes), Some(s));
             }

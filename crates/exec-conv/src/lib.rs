@@ -237,6 +237,32 @@ impl Executor for ConvExecutor {
         cx.device.fused_ns(cx.trace, region, cx.uses)
     }
 
+    /// A transposed convolution's columns: one row per output channel of a
+    /// group and tap, one column per input position.
+    fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
+        let trace = cx.trace;
+        let Some(&first) = region.first() else { return 0 };
+        let o = trace.op(first);
+        if o.kind != OpKind::ConvTranspose {
+            return 0;
+        }
+        let shape = |i: usize| {
+            o.operands
+                .get(i)
+                .and_then(|x| x.value())
+                .map(|v| &trace.meta(v).shape)
+        };
+        match (shape(0), shape(1)) {
+            (Some(x), Some(w)) => conv_geometry(&o.attrs, x, w, true)
+                .map(|g| {
+                    let positions: usize = g.window.output.iter().product();
+                    g.out_channels / g.groups * g.window.taps() * positions * DType::F32.size()
+                })
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         let trace = cx.trace;
         let fail = |message: String| switchyard_core::Error::Kernel {

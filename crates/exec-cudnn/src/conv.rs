@@ -519,7 +519,7 @@ fn choose(
 ) -> std::result::Result<(Algorithm, usize), String> {
     const MAX: usize = 16;
     let mut count = 0i32;
-    let mut seen = Vec::new();
+    let ranked = |count: i32| (count.max(0) as usize).min(MAX);
     match call.op {
         WindowOp::Conv => {
             // SAFETY: zeroed perf structs are valid to be written over.
@@ -538,20 +538,15 @@ fn choose(
                 )
             }
             .map_err(status("ranking forward algorithms"))?;
-            for p in &perf[..(count.max(0) as usize).min(MAX)] {
-                if p.status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-                    continue;
-                }
+            let (algo, bytes) = first_fitting(
+                perf[..ranked(count)].iter().map(|p| (p.status, p.algo)),
                 // SAFETY: as above; the algorithm is one cuDNN ranked.
-                let bytes = unsafe {
-                    result::get_convolution_forward_workspace_size(h, d.x, d.w, d.conv, d.y, p.algo)
-                };
-                match bytes {
-                    Ok(b) if b <= limit => return Ok((Algorithm::Forward(p.algo), b)),
-                    Ok(b) => seen.push(format!("{:?} ({b} bytes)", p.algo)),
-                    Err(_) => continue,
-                }
-            }
+                |algo| unsafe {
+                    result::get_convolution_forward_workspace_size(h, d.x, d.w, d.conv, d.y, algo)
+                },
+                limit,
+            )?;
+            Ok((Algorithm::Forward(algo), bytes))
         }
         WindowOp::ConvTranspose => {
             // SAFETY: zeroed perf structs are valid to be written over.
@@ -572,22 +567,37 @@ fn choose(
                 )
             }
             .map_err(status("ranking backward-data algorithms"))?;
-            for p in &perf[..(count.max(0) as usize).min(MAX)] {
-                if p.status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-                    continue;
-                }
+            let (algo, bytes) = first_fitting(
+                perf[..ranked(count)].iter().map(|p| (p.status, p.algo)),
                 // SAFETY: as above.
-                let bytes = unsafe {
-                    result::get_convolution_backward_data_workspace_size(h, d.w, d.x, d.conv, d.y, p.algo)
-                };
-                match bytes {
-                    Ok(b) if b <= limit => return Ok((Algorithm::BackwardData(p.algo), b)),
-                    Ok(b) => seen.push(format!("{:?} ({b} bytes)", p.algo)),
-                    Err(_) => continue,
-                }
-            }
+                |algo| unsafe {
+                    result::get_convolution_backward_data_workspace_size(h, d.w, d.x, d.conv, d.y, algo)
+                },
+                limit,
+            )?;
+            Ok((Algorithm::BackwardData(algo), bytes))
         }
-        _ => return Ok((Algorithm::Pool, 0)),
+        _ => Ok((Algorithm::Pool, 0)),
+    }
+}
+
+/// The first of `ranked` (cuDNN's algorithms, best first, each with its
+/// status) that runs and whose workspace (`bytes`) fits `limit`.
+fn first_fitting<A: Copy + std::fmt::Debug>(
+    ranked: impl Iterator<Item = (sys::cudnnStatus_t, A)>,
+    bytes: impl Fn(A) -> std::result::Result<usize, result::CudnnError>,
+    limit: usize,
+) -> std::result::Result<(A, usize), String> {
+    let mut seen = Vec::new();
+    for (st, algo) in ranked {
+        if st != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+            continue;
+        }
+        match bytes(algo) {
+            Ok(b) if b <= limit => return Ok((algo, b)),
+            Ok(b) => seen.push(format!("{algo:?} ({b} bytes)")),
+            Err(_) => continue,
+        }
     }
     Err(if seen.is_empty() {
         "cuDNN has no algorithm for this convolution".to_string()
@@ -978,6 +988,30 @@ mod tests {
         assert_eq!(math_type(DType::F32, Math::Tf32), CUDNN_DEFAULT_MATH);
         assert_eq!(math_type(DType::BF16, Math::Ieee), CUDNN_TENSOR_OP_MATH);
         assert_eq!(math_type(DType::F16, Math::Tf32), CUDNN_TENSOR_OP_MATH);
+    }
+
+    #[test]
+    fn the_first_ranked_algorithm_within_the_workspace_limit_is_taken() {
+        use sys::cudnnStatus_t::*;
+        let ranked = [
+            (CUDNN_STATUS_NOT_SUPPORTED, 0),
+            (CUDNN_STATUS_SUCCESS, 1),
+            (CUDNN_STATUS_SUCCESS, 2),
+            (CUDNN_STATUS_SUCCESS, 3),
+        ];
+        let bytes = |a: i32| Ok([0, 500, 100, 0][a as usize]);
+        assert_eq!(first_fitting(ranked.into_iter(), bytes, 200), Ok((2, 100)));
+        assert_eq!(first_fitting(ranked.into_iter(), bytes, 1000), Ok((1, 500)));
+        let e = first_fitting(ranked[..3].iter().copied(), bytes, 50).unwrap_err();
+        assert!(
+            e.contains("`workspace_limit` = 50") && e.contains("1 (500 bytes), 2 (100 bytes)"),
+            "{e}"
+        );
+        assert!(
+            first_fitting(ranked[..1].iter().copied(), bytes, 50)
+                .unwrap_err()
+                .contains("no algorithm")
+        );
     }
 
     #[test]

@@ -232,6 +232,24 @@ impl Executor for CudnnExecutor {
         })
     }
 
+    /// A convolution's workspace, up to `workspace_limit` (its algorithm is
+    /// only chosen when compiled); an unfused attention's scores and
+    /// probabilities, from the device's pool while it runs.
+    fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
+        let &[op] = region else { return 0 };
+        if let Ok(call) = conv::window_in_trace(cx, op) {
+            return if call.is_conv() {
+                Options::of(cx).workspace_limit
+            } else {
+                0
+            };
+        }
+        match attention_in_trace(cx, op) {
+            Ok(a) if choose(&a, cx) == Ok(Algorithm::Unfused) => 2 * a.score_elems() * a.dtype.size(),
+            _ => 0,
+        }
+    }
+
     /// Accepts at the cost of the algorithm it would run: fused or not,
     /// as configured, else the cheaper.
     fn claim(&self, op: OpId, cx: &Context) -> Claim {

@@ -577,6 +577,36 @@ fn cudnn_claims_convolutions_and_pools_and_the_fuser_their_epilogues() {
 }
 
 #[test]
+fn cudnn_workspaces_are_counted_in_the_plan_s_memory() {
+    let t = on_gpu(CNN);
+    let m = DeviceModel::h100();
+    let on_gpu_need = |plan: &Plan| plan.memory_needs().into_iter().find(|n| n.place == GPU).unwrap();
+    let bounded = on_gpu_need(&plan_for(&t, &m, true));
+    assert_eq!(bounded.scratch, 64 << 20, "{bounded:?}");
+    let c = Config::parse(
+        "executors = [\"cudnn\", \"cublas\", \"fuser\", \"fallback\"]\n[options.cudnn]\nworkspace_limit = 0\n",
+        "t.toml",
+    )
+    .unwrap();
+    let none = on_gpu_need(&plan_with(&t, &c.executor_set(None).unwrap(), &m, true));
+    assert_eq!(none.scratch, 0, "{none:?}");
+    // The bound is counted on top of the buffers live at some convolution's step.
+    assert!(
+        bounded.bytes > 64 << 20 && bounded.bytes <= none.bytes + (64 << 20),
+        "{bounded:?} {none:?}"
+    );
+    // An unfused attention's scores and probabilities.
+    let a = on_gpu("input q: f32[2, 4, 512, 64]\na = sdpa(q, q, q)\noutput a\n");
+    let c = Config::parse(
+        "executors = [\"cudnn\", \"fallback\"]\n[options.cudnn]\nattention = \"unfused\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    let need = on_gpu_need(&plan_with(&a, &c.executor_set(None).unwrap(), &m, true));
+    assert_eq!(need.scratch, 2 * 8 * 512 * 512 * 4, "{need:?}");
+}
+
+#[test]
 fn cudnn_rejects_the_windows_it_cannot_run_with_the_reason() {
     let t = on_gpu(
         "input x: f32[1, 4, 10, 10]\ninput w: f32[4, 4, 3, 3]\ninput d: f64[1, 4, 9, 9]\n\

@@ -12,6 +12,7 @@ use switchyard_core::config::{Choices, Config};
 use switchyard_core::io::random_inputs;
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::text::parse;
+use switchyard_exec_conv::ConvExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_tests::fakes::Scripted;
 use switchyard_tests::simdevice::{SIM, SIM_MEMORY};
@@ -160,4 +161,31 @@ fn an_allocation_the_system_refuses_is_an_error_naming_the_op() {
         assert!(m.starts_with("out of memory: "), "{m}");
         assert!(m.contains("exp(b)"), "the op is named: {m}");
     }
+}
+
+#[test]
+fn a_kernel_s_own_workspace_is_counted_at_its_step() {
+    // A transposed convolution's columns: 8 channels x 9 taps x 64 input
+    // positions of f32, 18 KiB, while it runs.
+    let t = parse(
+        "input x: f32[1, 4, 8, 8]\ninput w: f32[4, 8, 3, 3]\n\
+         y = conv_transpose(x, w, stride=[2, 2])\nz = relu(y)\noutput z\n",
+    )
+    .unwrap();
+    let plan = plan_on(&t, vec![Arc::new(ConvExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let needs = plan.memory_needs();
+    let columns = 8 * 9 * 64 * 4;
+    assert_eq!(needs[0].scratch, columns, "{needs:?}");
+    // x, w, and the 8 x 17 x 17 result, with the columns.
+    let buffers = (4 * 64 + 4 * 8 * 9 + 8 * 17 * 17) * 4;
+    assert_eq!(needs[0].bytes, buffers + columns, "{needs:?}");
+    let e = CompiledPlan::compile_within(plan.clone(), &KernelCache::new(8), &host(buffers + columns - 1))
+        .err()
+        .expect("the workspace does not fit");
+    assert!(
+        e.to_string()
+            .contains("the running kernel's workspace, 18.00 KiB"),
+        "{e}"
+    );
+    assert!(CompiledPlan::compile_within(plan, &KernelCache::new(8), &host(buffers + columns)).is_ok());
 }
