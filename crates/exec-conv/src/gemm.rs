@@ -5,7 +5,9 @@
 //! channels times kernel taps, `col` the input's windows (im2col). The
 //! weights are packed once into panels of [`MR`] rows ([`PackedWeights`]);
 //! `col` is never materialised: each task packs the [`KC`] x [`NR`] panels
-//! of its own positions straight from the input (an implicit im2col), and
+//! of its own positions straight from the input (an implicit im2col; at a
+//! stride, from the input's rows split once into their stride phases, so
+//! that every window row is a contiguous copy), and
 //! a register-tiled microkernel multiplies one panel of each into an `MR` x
 //! `NR` tile of the output. On x86-64 with AVX2 and FMA the microkernel is
 //! twelve 8-wide accumulators; elsewhere a portable loop of the same shape.
@@ -74,17 +76,22 @@ pub(crate) struct Im2col {
     /// row's offset, or -1 in the padding.
     rows: Vec<isize>,
     /// Per tap of the last dim: the output columns reading inside the
-    /// input, and the input column of output column 0 (`col * stride +
-    /// shift` for the others).
+    /// input, and where output column 0 reads in a row of what `pack`
+    /// reads (output column `col` at `col + shift`: at a stride, in the
+    /// tap's phase).
     col_ranges: Vec<(usize, usize)>,
     col_shift: Vec<isize>,
-    col_stride: usize,
     lead_positions: usize,
     lead_taps: usize,
     out_cols: usize,
     last_taps: usize,
-    /// Input elements per channel plane.
+    /// Elements per channel plane of what [`Im2col::pack`] reads: the
+    /// input's plane, or at a stride its rows split into phases.
     pub(crate) plane: usize,
+    /// At a stride above 1 in the last dim: the stride and the length of a
+    /// phase. The input is then read through [`Im2col::split`], whose rows
+    /// hold each phase contiguous, so every window row is a contiguous copy.
+    phases: Option<(usize, usize)>,
     /// Output positions.
     pub(crate) positions: usize,
 }
@@ -95,7 +102,10 @@ impl Im2col {
         let last = r - 1;
         let lead_positions: usize = w.output[..last].iter().product();
         let lead_taps: usize = w.kernel[..last].iter().product();
-        let in_width = w.input[last];
+        let s = w.stride[last];
+        let phase_len = w.input[last].div_ceil(s);
+        // A row of what `pack` reads: the input's, or its `s` phases.
+        let in_width = if s > 1 { s * phase_len } else { w.input[last] };
         let mut rows = Vec::with_capacity(lead_taps * lead_positions);
         let (mut o_idx, mut k_idx) = (vec![0usize; last], vec![0usize; last]);
         for t in 0..lead_taps {
@@ -117,19 +127,45 @@ impl Im2col {
             .map(|k| w.inside(last, k))
             .map(|r| (r.start, r.end))
             .collect();
-        let col_shift = (0..last_taps).map(|k| w.position(last, 0, k)).collect();
+        // Output column o reads input column o * s + shift: in phase
+        // shift mod s, at o + shift div s.
+        let col_shift = (0..last_taps)
+            .map(|k| {
+                let shift = w.position(last, 0, k);
+                let (q, m0) = (shift.rem_euclid(s as isize), shift.div_euclid(s as isize));
+                if s > 1 { q * phase_len as isize + m0 } else { shift }
+            })
+            .collect();
+        let rows_in: usize = w.input[..last].iter().product();
         Im2col {
             rows,
             col_ranges,
             col_shift,
-            col_stride: w.stride[last],
             lead_positions,
             lead_taps,
             out_cols,
             last_taps,
-            plane: w.input.iter().product(),
+            plane: rows_in * in_width,
             positions: lead_positions * out_cols,
+            phases: (s > 1).then_some((s, phase_len)),
         }
+    }
+
+    /// What [`Im2col::pack`] reads of `x` (`planes` channel planes): `x`
+    /// itself, or at a stride its rows split into phases in `buf`.
+    pub(crate) fn source<'a>(&self, x: &'a [f32], planes: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let Some((s, phase_len)) = self.phases else {
+            return x;
+        };
+        let width = s * phase_len;
+        let rows = planes * self.plane / width;
+        let width_in = x.len() / rows.max(1);
+        buf.clear();
+        buf.resize(planes * self.plane, 0.0);
+        for (row, out) in x.chunks_exact(width_in).zip(buf.chunks_exact_mut(width)) {
+            crate::window::split_phases(row, s, phase_len, out);
+        }
+        buf
     }
 
     /// Kernel taps per input channel.
@@ -196,19 +232,15 @@ impl Im2col {
                     }
                     seg[..a - col].fill(0.0);
                     seg[b - col..].fill(0.0);
-                    let start = (r + (a * self.col_stride) as isize + shift) as usize;
+                    let start = (r + a as isize + shift) as usize;
                     let body = &mut seg[a - col..b - col];
-                    if self.col_stride == 1 && body.len() == NR {
+                    if body.len() == NR {
                         // A constant length: copied inline, not through memmove.
                         let body: &mut [f32; NR] = body.try_into().expect("NR long");
                         body.copy_from_slice(&xs[start..start + NR]);
-                    } else if self.col_stride == 1 {
+                    } else {
                         for (d, &v) in body.iter_mut().zip(&xs[start..start + (b - a)]) {
                             *d = v;
-                        }
-                    } else {
-                        for (i, d) in body.iter_mut().enumerate() {
-                            *d = xs[start + i * self.col_stride];
                         }
                     }
                 }

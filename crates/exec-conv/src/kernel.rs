@@ -11,7 +11,7 @@ use crate::epilogue::{At, Epilogue};
 use crate::gemm::{Im2col, MR, NR, PackedWeights, conv_tile, fast_kernel};
 use crate::window::{self, Planes, Reduce};
 
-/// Output positions per task.
+/// Output positions per task, at most.
 const NC: usize = 8 * NR;
 
 /// Packed weights and the tensor they were packed from, held so that its
@@ -22,6 +22,9 @@ type Packed = Vec<(Tensor, Arc<PackedWeights>)>;
 /// one kernel to every convolution of the same shape (a ResNet stage's
 /// convolutions), each with weights of its own.
 const PACKED_KEPT: usize = 64;
+
+/// One GEMM task: batch item, group, first channel, first position.
+type Task = (usize, usize, usize, usize);
 
 /// The op a kernel is built around.
 pub(crate) enum Anchor {
@@ -48,20 +51,22 @@ pub(crate) struct ConvKernel {
     /// task each (batch item, group, first channel, first position), of at
     /// most `mc` channels.
     im: Option<Im2col>,
-    tasks: Vec<(usize, usize, usize, usize)>,
+    tasks: Vec<Task>,
     mc: usize,
+    /// Output positions per task.
+    nc: usize,
     packed: RwLock<Packed>,
 }
 
 impl ConvKernel {
     pub(crate) fn new(anchor: Anchor, x: usize, epilogue: Epilogue, out_shape: Vec<usize>) -> ConvKernel {
-        let (im, tasks, mc) = match &anchor {
+        let (im, (tasks, mc, nc)) = match &anchor {
             Anchor::Conv { geometry, .. } if geometry.in_channels != geometry.groups => {
                 let im = Im2col::new(&geometry.window);
-                let (tasks, mc) = tiles(geometry, im.positions);
-                (Some(im), tasks, mc)
+                let tiles = tiles(geometry, im.positions, rayon::current_num_threads());
+                (Some(im), tiles)
             }
-            _ => (None, Vec::new(), 0),
+            _ => (None, (Vec::new(), 0, 0)),
         };
         ConvKernel {
             anchor,
@@ -71,6 +76,7 @@ impl ConvKernel {
             im,
             tasks,
             mc,
+            nc,
             packed: RwLock::new(Vec::new()),
         }
     }
@@ -106,31 +112,53 @@ impl ConvKernel {
     }
 }
 
-/// The GEMM's tasks and their channel count: all of a group's channels in
-/// one task, so that each panel of the input is packed once, unless there
-/// are too few positions to keep every thread busy: then the channels are
-/// split too.
-fn tiles(g: &ConvGeometry, positions: usize) -> (Vec<(usize, usize, usize, usize)>, usize) {
+/// The GEMM's tasks, their channel count and their position count, for
+/// `threads` threads. Each task packs the input's windows for its positions
+/// once and runs every channel of its group over them, so positions are
+/// what is split: into chunks of up to [`NC`], sized so that the chunks
+/// share out evenly over the threads (a 28 x 28 map is 49 tiles of 16:
+/// 10 chunks of 5, not 7 of 8 that leave a thread idle an eighth of the
+/// time). Only where there are fewer chunks than threads (a map of 16
+/// positions or fewer) are the channels split too, each such task packing
+/// the same windows again.
+fn tiles(g: &ConvGeometry, positions: usize, threads: usize) -> (Vec<Task>, usize, usize) {
     let m_per = g.out_channels / g.groups;
-    let chunks = g.batch * g.groups * positions.div_ceil(NC);
-    let wanted = 2 * rayon::current_num_threads();
-    let splits = if chunks >= wanted {
+    let items = g.batch * g.groups;
+    let blocks = positions.div_ceil(NR).max(1);
+    let threads = threads.max(1);
+    // Blocks per chunk: the best share-out, larger chunks among equals.
+    let share = |per: usize| {
+        let chunks = items * blocks.div_ceil(per);
+        let rounds = chunks.div_ceil(threads);
+        (items * blocks) as f64 / (threads * rounds * per) as f64
+    };
+    let most = NC / NR;
+    let mut per = most.min(blocks);
+    let least = if blocks <= most { 1 } else { most.div_ceil(2) };
+    for p in (least..=most.min(blocks)).rev() {
+        if share(p) > share(per) + 1e-9 {
+            per = p;
+        }
+    }
+    let nc = per * NR;
+    let chunks = items * positions.div_ceil(nc);
+    let splits = if chunks >= threads {
         1
     } else {
-        wanted.div_ceil(chunks)
+        threads.div_ceil(chunks)
     };
     let mc = m_per.div_ceil(splits).div_ceil(MR).max(1) * MR;
     let mut tasks = Vec::new();
     for n in 0..g.batch {
         for grp in 0..g.groups {
             for m0 in (0..m_per).step_by(mc) {
-                for p0 in (0..positions).step_by(NC) {
+                for p0 in (0..positions).step_by(nc) {
                     tasks.push((n, grp, m0, p0));
                 }
             }
         }
     }
-    (tasks, mc)
+    (tasks, mc, nc)
 }
 
 fn dense(t: &Tensor) -> Result<std::borrow::Cow<'_, Tensor>> {
@@ -188,7 +216,10 @@ impl Kernel for ConvKernel {
         match (&self.anchor, &self.im) {
             (Anchor::Conv { geometry, w }, Some(im)) => {
                 let packed = self.packed(geometry, inputs[*w], data[*w]);
-                self.gemm(geometry, im, &packed, data[self.x], out, &data);
+                let mut phased = Vec::new();
+                let planes = geometry.batch * geometry.in_channels;
+                let x = im.source(data[self.x], planes, &mut phased);
+                self.gemm(geometry, im, &packed, x, out, &data);
             }
             (Anchor::Conv { geometry: g, w }, None) => {
                 let planes = Planes {
@@ -248,7 +279,7 @@ impl ConvKernel {
         let c_per = g.in_channels / groups;
         let positions = im.positions;
         let plane = im.plane;
-        let (mc, tasks) = (self.mc, &self.tasks);
+        let (mc, nc, tasks) = (self.mc, self.nc, &self.tasks);
         let ptr = Out(out.as_mut_ptr());
         let total = out.len();
         let fast = fast_kernel(switchyard_simd::Simd::current());
@@ -256,7 +287,7 @@ impl ConvKernel {
             || (Vec::new(), Vec::new()),
             |(scratch, regs), &(n, grp, m0, p0)| {
                 let rows = mc.min(m_per - m0);
-                let cols = NC.min(positions - p0);
+                let cols = nc.min(positions - p0);
                 let xs = &x[(n * g.in_channels + grp * c_per) * plane..][..c_per * plane];
                 let first = (n * m + grp * m_per + m0) * positions + p0;
                 assert!(first + (rows - 1) * positions + cols <= total);

@@ -135,6 +135,19 @@ impl Rows<'_> {
         let (k_last, s) = (win.kernel[last], win.stride[last]);
         let lead_taps: usize = win.kernel[..last].iter().product();
         let phase_len = width_in.div_ceil(s);
+        // At a stride, each input row's phases side by side, split once per
+        // plane: column `j * s + q` of row `r` at `(r * s + q) * phase_len + j`.
+        if s > 1 {
+            let rows_in = plane_in / width_in.max(1);
+            phases.clear();
+            phases.resize(rows_in * s * phase_len, 0.0);
+            for (xrow, dst) in xs
+                .chunks_exact(width_in)
+                .zip(phases.chunks_exact_mut(s * phase_len))
+            {
+                split_phases(xrow, s, phase_len, dst);
+            }
+        }
         // Up to three leading spatial dims without allocating.
         let (mut o_buf, mut k_buf) = ([0usize; 8], [0usize; 8]);
         let (o_idx, k_idx) = (&mut o_buf[..last.min(8)], &mut k_buf[..last.min(8)]);
@@ -154,20 +167,10 @@ impl Rows<'_> {
                     }
                     at = at * win.input[d] + p as usize;
                 }
-                let xrow = &xs[at * width_in..][..width_in];
-                // At a stride, the row's phases side by side: column
-                // `j * s + q` at `q * phase_len + j`.
                 let src: &[f32] = if s == 1 {
-                    xrow
+                    &xs[at * width_in..][..width_in]
                 } else {
-                    phases.resize(s * phase_len, 0.0);
-                    for q in 0..s {
-                        let dst = &mut phases[q * phase_len..][..phase_len];
-                        for (d, &v) in dst.iter_mut().zip(xrow.iter().skip(q).step_by(s)) {
-                            *d = v;
-                        }
-                    }
-                    phases
+                    &phases[at * s * phase_len..][..s * phase_len]
                 };
                 for kl in 0..k_last {
                     let (lo, hi) = self.ranges[kl];
@@ -208,6 +211,31 @@ impl Rows<'_> {
                     *o /= d;
                 }
             }
+        }
+    }
+}
+
+/// `row`'s columns by phase: column `j * s + q` at `q * phase_len + j` of
+/// `out` (`s * phase_len` long; a short last phase keeps its tail). At
+/// stride 2, pairs are split, which vectorises.
+#[inline(always)]
+pub(crate) fn split_phases(row: &[f32], s: usize, phase_len: usize, out: &mut [f32]) {
+    if s == 2 {
+        let (even, odd) = out.split_at_mut(phase_len);
+        let pairs = row.chunks_exact(2);
+        if let [last] = pairs.remainder() {
+            even[phase_len - 1] = *last;
+        }
+        for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
+            *e = pair[0];
+            *o = pair[1];
+        }
+        return;
+    }
+    for q in 0..s {
+        let dst = &mut out[q * phase_len..][..phase_len];
+        for (d, &v) in dst.iter_mut().zip(row.iter().skip(q).step_by(s)) {
+            *d = v;
         }
     }
 }
