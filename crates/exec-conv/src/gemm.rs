@@ -275,13 +275,16 @@ pub(crate) unsafe fn conv_tile(
     while k0 < w.k {
         let kl = KC.min(w.k - k0);
         im.pack(x, k0, kl, p0, n, scratch);
-        for p in m0 / MR..(m0 + rows).div_ceil(MR) {
-            let a = w.panel(g, k0, kl, p);
-            let r0 = p * MR - m0;
-            let tile_rows = MR.min(rows - r0);
-            for b in 0..blocks {
-                let cols = NR.min(n - b * NR);
-                let bp = &scratch[b * kl * NR..][..kl * NR];
+        // Each panel of the windows (KC x NR, 16 KiB) stays in L1 while
+        // every panel of the weights (KC x MR, 6 KiB each) streams past it
+        // from L2: fewer bytes stream than the other way round.
+        for b in 0..blocks {
+            let cols = NR.min(n - b * NR);
+            let bp = &scratch[b * kl * NR..][..kl * NR];
+            for p in m0 / MR..(m0 + rows).div_ceil(MR) {
+                let a = w.panel(g, k0, kl, p);
+                let r0 = p * MR - m0;
+                let tile_rows = MR.min(rows - r0);
                 // SAFETY: the tile lies inside the caller's rows x n.
                 unsafe {
                     let c = out.add(r0 * ldc + b * NR);
