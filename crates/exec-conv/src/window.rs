@@ -4,7 +4,8 @@
 //! time: for each kernel tap, the range of output columns whose input
 //! column lies inside the input, then one operation per element along the
 //! row, contiguous in memory (at a stride above one, the input row is first
-//! split into its stride phases), which vectorises, compiled for AVX2 where
+//! split into its stride phases; at stride 1, each tap is one pass over a
+//! padded copy of the plane instead), which vectorises, compiled for AVX2 where
 //! the CPU and `SWITCHYARD_SIMD` allow. The epilogue finishes each plane
 //! in place.
 
@@ -47,6 +48,59 @@ struct Rows<'a> {
     ranges: Vec<(usize, usize)>,
     /// Per last-dim tap: the input column of output column 0.
     shifts: Vec<isize>,
+    /// At stride 1 in every dim: the plane run through a padded copy.
+    padded: Option<Padded>,
+}
+
+/// A window at stride 1 run over a padded copy of each input plane: with
+/// the padding in memory, every tap is one shifted pass over the whole
+/// plane (positions laid out at the padded plane's strides, a few columns
+/// between rows computed and dropped), instead of a pass per output row
+/// and tap, which costs most on small planes.
+struct Padded {
+    /// Row-major strides of the padded plane.
+    strides: Vec<usize>,
+    /// Elements of the padded plane.
+    len: usize,
+    /// Per tap, row-major over the kernel: its offset in the padded plane.
+    offsets: Vec<usize>,
+    /// Positions computed: up to the last output position at the padded
+    /// strides.
+    span: usize,
+}
+
+impl Padded {
+    fn new(win: &Window) -> Option<Padded> {
+        let r = win.rank();
+        if win.stride.iter().any(|&s| s != 1) || win.output.contains(&0) {
+            return None;
+        }
+        let dims: Vec<usize> = (0..r)
+            .map(|d| win.input[d] + win.pad_lo[d] + win.pad_hi[d])
+            .collect();
+        // Only the windows the padded plane holds (no ceil_mode window past it).
+        if (0..r).any(|d| dims[d] < win.span(d) || win.output[d] != dims[d] - win.span(d) + 1) {
+            return None;
+        }
+        let mut strides = vec![1usize; r];
+        for d in (0..r.saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * dims[d + 1];
+        }
+        let mut k = vec![0usize; r];
+        let offsets = (0..win.taps())
+            .map(|t| {
+                unravel(t, &win.kernel, &mut k);
+                (0..r).map(|d| k[d] * win.dilation[d] * strides[d]).sum()
+            })
+            .collect();
+        let span = (0..r).map(|d| (win.output[d] - 1) * strides[d]).sum::<usize>() + 1;
+        Some(Padded {
+            len: dims.iter().product(),
+            strides,
+            offsets,
+            span,
+        })
+    }
 }
 
 /// `out` (`[N, M, O...]`) = `x`'s windows reduced as `reduce` says, each
@@ -70,29 +124,44 @@ pub(crate) fn run(
             .map(|r| (r.start, r.end))
             .collect(),
         shifts: (0..win.kernel[last]).map(|k| win.position(last, 0, k)).collect(),
+        padded: Padded::new(win),
     };
     let plane_out: usize = win.output.iter().product();
     if plane_out == 0 {
         return;
     }
     let simd = Simd::current();
-    out.par_chunks_mut(plane_out).enumerate().for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(phases, regs), (i, plane)| {
-            rows.plane_at(simd, i, x, plane, phases);
-            // The epilogue over the plane (one channel, contiguous in the
-            // output) in stretches that stay in L1 between its steps.
-            for (k, part) in plane.chunks_mut(EPILOGUE_CHUNK).enumerate() {
-                let at = At {
-                    inputs: data,
-                    channel: i % planes.outputs,
-                    offset: i * plane_out + k * EPILOGUE_CHUNK,
-                };
-                epilogue.apply(part, &at, regs);
-            }
-        },
-    );
+    // Small planes a few to a task, so that handing out tasks costs little
+    // beside them, while every thread still gets several.
+    let count = out.len() / plane_out;
+    let per_task = (TASK_ELEMENTS / plane_out)
+        .min(count / (4 * rayon::current_num_threads()))
+        .max(1);
+    out.par_chunks_mut(plane_out * per_task)
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(phases, regs), (task, planes_out)| {
+                for (j, plane) in planes_out.chunks_mut(plane_out).enumerate() {
+                    let i = task * per_task + j;
+                    rows.plane_at(simd, i, x, plane, phases);
+                    // The epilogue over the plane (one channel, contiguous in the
+                    // output) in stretches that stay in L1 between its steps.
+                    for (k, part) in plane.chunks_mut(EPILOGUE_CHUNK).enumerate() {
+                        let at = At {
+                            inputs: data,
+                            channel: i % planes.outputs,
+                            offset: i * plane_out + k * EPILOGUE_CHUNK,
+                        };
+                        epilogue.apply(part, &at, regs);
+                    }
+                }
+            },
+        );
 }
+
+/// Output elements a task of small planes gathers, at least.
+const TASK_ELEMENTS: usize = 4096;
 
 impl Rows<'_> {
     /// [`Rows::plane`], compiled for `simd`'s level: the loops vectorise
@@ -116,6 +185,64 @@ impl Rows<'_> {
         self.plane(i, x, plane, phases);
     }
 
+    /// One output plane through a padded copy of its input plane `xs`
+    /// (see [`Padded`]); `ws` the taps' weights when weighted.
+    #[inline(always)]
+    fn padded_plane(&self, p: &Padded, xs: &[f32], ws: &[f32], plane: &mut [f32], buf: &mut Vec<f32>) {
+        let win = self.win;
+        let r = win.rank();
+        let last = r - 1;
+        // Padding is what never wins a max, and adds nothing to a sum.
+        let fill = match self.reduce {
+            Reduce::Max => f32::NEG_INFINITY,
+            _ => 0.0,
+        };
+        buf.clear();
+        buf.resize(p.len + p.span, fill);
+        let (xp, acc) = buf.split_at_mut(p.len);
+        let mut at = [0usize; 8];
+        let (width_in, width_out) = (win.input[last], win.output[last]);
+        for (row, src) in xs.chunks_exact(width_in).enumerate() {
+            unravel(row, &win.input[..last], &mut at[..last]);
+            let start: usize = (0..last)
+                .map(|d| (at[d] + win.pad_lo[d]) * p.strides[d])
+                .sum::<usize>()
+                + win.pad_lo[last];
+            xp[start..start + width_in].copy_from_slice(src);
+        }
+        for (t, &off) in p.offsets.iter().enumerate() {
+            let src = &xp[off..off + p.span];
+            match self.reduce {
+                Reduce::Weighted(_) => {
+                    let w = ws[t];
+                    for (a, &v) in acc.iter_mut().zip(src) {
+                        *a += w * v;
+                    }
+                }
+                Reduce::Max => {
+                    for (a, &v) in acc.iter_mut().zip(src) {
+                        *a = if v > *a || v.is_nan() { v } else { *a };
+                    }
+                }
+                Reduce::Mean(_) => {
+                    for (a, &v) in acc.iter_mut().zip(src) {
+                        *a += v;
+                    }
+                }
+            }
+        }
+        for (row, dst) in plane.chunks_exact_mut(width_out).enumerate() {
+            unravel(row, &win.output[..last], &mut at[..last]);
+            let start: usize = (0..last).map(|d| at[d] * p.strides[d]).sum();
+            dst.copy_from_slice(&acc[start..start + width_out]);
+        }
+        if let Reduce::Mean(divisors) = self.reduce {
+            for (o, &d) in plane.iter_mut().zip(divisors) {
+                *o /= d;
+            }
+        }
+    }
+
     /// Output plane `i` (batch item `i / M`, channel `i % M`).
     #[inline(always)]
     fn plane(&self, i: usize, x: &[f32], plane: &mut [f32], phases: &mut Vec<f32>) {
@@ -132,6 +259,10 @@ impl Rows<'_> {
             _ => &[],
         };
         let (width_in, width_out) = (win.input[last], win.output[last]);
+        if let Some(p) = &self.padded {
+            self.padded_plane(p, xs, ws, plane, phases);
+            return;
+        }
         let (k_last, s) = (win.kernel[last], win.stride[last]);
         let lead_taps: usize = win.kernel[..last].iter().product();
         let phase_len = width_in.div_ceil(s);
