@@ -79,30 +79,139 @@ enum Val<'a> {
     Splat(f32),
 }
 
-/// `out[i] = f(a[i])`, one loop per op so that each vectorises.
-fn unary_row(op: UnaryOp, a: &[f32], out: &mut [f32]) {
-    fn map(a: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
-        for (o, &x) in out.iter_mut().zip(a) {
-            *o = f(x);
+/// `$body` with `$f` the scalar function of unary `$op` (`$other` for an
+/// op the epilogue does not compute): one expansion per op, so that each
+/// loop vectorises.
+macro_rules! with_unary {
+    ($op:expr, $f:ident => $body:expr, $other:expr) => {{
+        use switchyard_simd::math;
+        match $op {
+            // NaN stays NaN, as in the fallback.
+            UnaryOp::Relu => {
+                let $f = |x: f32| if x < 0.0 { 0.0 } else { x };
+                $body
+            }
+            UnaryOp::Neg => {
+                let $f = |x: f32| -x;
+                $body
+            }
+            UnaryOp::Abs => {
+                let $f = f32::abs;
+                $body
+            }
+            UnaryOp::Sigmoid => {
+                let $f = math::sigmoidf;
+                $body
+            }
+            UnaryOp::Tanh => {
+                let $f = math::tanhf;
+                $body
+            }
+            UnaryOp::Exp => {
+                let $f = math::expf;
+                $body
+            }
+            UnaryOp::Erf => {
+                let $f = math::erff;
+                $body
+            }
+            UnaryOp::Sqrt => {
+                let $f = f32::sqrt;
+                $body
+            }
+            UnaryOp::Reciprocal => {
+                let $f = |x: f32| 1.0 / x;
+                $body
+            }
+            _ => $other,
         }
-    }
-    use switchyard_simd::math;
-    match op {
-        // NaN stays NaN, as in the fallback.
-        UnaryOp::Relu => map(a, out, |x| if x < 0.0 { 0.0 } else { x }),
-        UnaryOp::Neg => map(a, out, |x| -x),
-        UnaryOp::Abs => map(a, out, f32::abs),
-        UnaryOp::Sigmoid => map(a, out, math::sigmoidf),
-        UnaryOp::Tanh => map(a, out, math::tanhf),
-        UnaryOp::Exp => map(a, out, math::expf),
-        UnaryOp::Erf => map(a, out, math::erff),
-        UnaryOp::Sqrt => map(a, out, f32::sqrt),
-        UnaryOp::Reciprocal => map(a, out, |x| 1.0 / x),
-        _ => out.fill(f32::NAN),
+    }};
+}
+
+/// `$body` with `$f` the scalar function of binary `$op`, as
+/// [`with_unary`] does.
+macro_rules! with_binary {
+    ($op:expr, $f:ident => $body:expr, $other:expr) => {{
+        match $op {
+            BinaryOp::Add => {
+                let $f = |p: f32, q: f32| p + q;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = |p: f32, q: f32| p - q;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = |p: f32, q: f32| p * q;
+                $body
+            }
+            BinaryOp::Div => {
+                let $f = |p: f32, q: f32| p / q;
+                $body
+            }
+            BinaryOp::Maximum => {
+                let $f = nan_max;
+                $body
+            }
+            BinaryOp::Minimum => {
+                let $f = nan_min;
+                $body
+            }
+            _ => $other,
+        }
+    }};
+}
+
+/// The larger; NaN wins, as in the fallback.
+#[inline(always)]
+fn nan_max(p: f32, q: f32) -> f32 {
+    if p.is_nan() || q.is_nan() {
+        f32::NAN
+    } else {
+        p.max(q)
     }
 }
 
+/// The smaller; NaN wins, as in the fallback.
+#[inline(always)]
+fn nan_min(p: f32, q: f32) -> f32 {
+    if p.is_nan() || q.is_nan() {
+        f32::NAN
+    } else {
+        p.min(q)
+    }
+}
+
+/// `out[i] = f(a[i])`.
+#[inline(always)]
+fn unary_row(op: UnaryOp, a: &[f32], out: &mut [f32]) {
+    with_unary!(
+        op,
+        f => {
+            for (o, &x) in out.iter_mut().zip(a) {
+                *o = f(x);
+            }
+        },
+        out.fill(f32::NAN)
+    )
+}
+
+/// `row[i] = f(row[i])`.
+#[inline(always)]
+fn unary_in_place(op: UnaryOp, row: &mut [f32]) {
+    with_unary!(
+        op,
+        f => {
+            for x in row.iter_mut() {
+                *x = f(*x);
+            }
+        },
+        row.fill(f32::NAN)
+    )
+}
+
 /// `out[i] = f(a[i], b[i])`, one loop per op and operand kind.
+#[inline(always)]
 fn binary_row(op: BinaryOp, a: Val, b: Val, out: &mut [f32]) {
     #[inline(always)]
     fn zip(a: Val, b: Val, out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
@@ -125,29 +234,35 @@ fn binary_row(op: BinaryOp, a: Val, b: Val, out: &mut [f32]) {
             (Val::Splat(p), Val::Splat(q)) => out.fill(f(p, q)),
         }
     }
-    // NaN wins in maximum and minimum, as in the fallback.
-    let max = |p: f32, q: f32| {
-        if p.is_nan() || q.is_nan() {
-            f32::NAN
-        } else {
-            p.max(q)
+    with_binary!(op, f => zip(a, b, out, f), out.fill(f32::NAN))
+}
+
+/// `row[i] = f(row[i], other[i])`, or `f(other[i], row[i])` where the row
+/// is the second operand.
+#[inline(always)]
+fn binary_in_place(op: BinaryOp, row: &mut [f32], other: Val, row_first: bool) {
+    #[inline(always)]
+    fn zip(row: &mut [f32], other: Val, row_first: bool, f: impl Fn(f32, f32) -> f32) {
+        match (other, row_first) {
+            (Val::Row(y), true) => row.iter_mut().zip(y).for_each(|(o, &q)| *o = f(*o, q)),
+            (Val::Row(y), false) => row.iter_mut().zip(y).for_each(|(o, &p)| *o = f(p, *o)),
+            (Val::Splat(q), true) => row.iter_mut().for_each(|o| *o = f(*o, q)),
+            (Val::Splat(p), false) => row.iter_mut().for_each(|o| *o = f(p, *o)),
         }
-    };
-    let min = |p: f32, q: f32| {
-        if p.is_nan() || q.is_nan() {
-            f32::NAN
-        } else {
-            p.min(q)
-        }
-    };
-    match op {
-        BinaryOp::Add => zip(a, b, out, |p, q| p + q),
-        BinaryOp::Sub => zip(a, b, out, |p, q| p - q),
-        BinaryOp::Mul => zip(a, b, out, |p, q| p * q),
-        BinaryOp::Div => zip(a, b, out, |p, q| p / q),
-        BinaryOp::Maximum => zip(a, b, out, max),
-        BinaryOp::Minimum => zip(a, b, out, min),
-        _ => out.fill(f32::NAN),
+    }
+    with_binary!(op, f => zip(row, other, row_first, f), row.fill(f32::NAN))
+}
+
+/// Operand `s` when it is not a register: one value for the row, or a
+/// row of an input.
+fn outside<'a>(s: Src, n: usize, at: &At<'a>) -> Option<Val<'a>> {
+    match s {
+        Src::Reg(_) => None,
+        Src::Scalar(v) => Some(Val::Splat(v)),
+        Src::Channel { slot, per_channel } => Some(Val::Splat(
+            at.inputs[slot][if per_channel { at.channel } else { 0 }],
+        )),
+        Src::Full(slot) => Some(Val::Row(&at.inputs[slot][at.offset..][..n])),
     }
 }
 
@@ -157,11 +272,7 @@ fn resolve<'a>(s: Src, row: &'a [f32], regs: &'a [f32], n: usize, at: &At<'a>) -
     match s {
         Src::Reg(0) => Val::Row(row),
         Src::Reg(k) => Val::Row(&regs[(k - 1) * n..][..n]),
-        Src::Scalar(v) => Val::Splat(v),
-        Src::Channel { slot, per_channel } => {
-            Val::Splat(at.inputs[slot][if per_channel { at.channel } else { 0 }])
-        }
-        Src::Full(slot) => Val::Row(&at.inputs[slot][at.offset..][..n]),
+        other => outside(other, n, at).expect("not a register"),
     }
 }
 
@@ -178,18 +289,78 @@ pub(crate) struct At<'a> {
 impl Epilogue {
     /// Applies the steps to `row` (register 0), scratch registers and one
     /// more for each step's result in `scratch`; the result ends in `row`.
+    /// Compiled for AVX2 where the CPU and `SWITCHYARD_SIMD` allow.
     pub(crate) fn apply(&self, row: &mut [f32], at: &At, scratch: &mut Vec<f32>) {
         if self.steps.is_empty() {
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        {
+            /// # Safety
+            /// The CPU must have AVX2 and FMA.
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(e: &Epilogue, row: &mut [f32], at: &At, scratch: &mut Vec<f32>) {
+                e.steps_on(row, at, scratch);
+            }
+            if crate::gemm::fast_kernel(switchyard_simd::Simd::current()) {
+                // SAFETY: `fast_kernel` checked the CPU has both.
+                unsafe { avx2(self, row, at, scratch) };
+                return;
+            }
+        }
+        self.steps_on(row, at, scratch);
+    }
+
+    #[inline(always)]
+    fn steps_on(&self, row: &mut [f32], at: &At, scratch: &mut Vec<f32>) {
         let n = row.len();
         scratch.resize(self.registers * n, 0.0);
         let (regs, temp) = scratch.split_at_mut((self.registers - 1) * n);
         for step in &self.steps {
+            let dst = match step {
+                Step::Unary { dst, .. } | Step::Binary { dst, .. } => *dst,
+            };
+            // A step on register 0 into register 0 with nothing else from
+            // the registers (a bias, a scale, Relu, Clip, a residual add)
+            // runs in place: one pass, no copy.
+            if dst == 0 {
+                match *step {
+                    Step::Unary {
+                        op, a: Src::Reg(0), ..
+                    } => {
+                        unary_in_place(op, row);
+                        continue;
+                    }
+                    Step::Binary {
+                        op,
+                        a: Src::Reg(0),
+                        b,
+                        ..
+                    } if !matches!(b, Src::Reg(_)) => {
+                        let other = outside(b, n, at).expect("not a register");
+                        binary_in_place(op, row, other, true);
+                        continue;
+                    }
+                    Step::Binary {
+                        op,
+                        a,
+                        b: Src::Reg(0),
+                        ..
+                    } if !matches!(a, Src::Reg(_)) => {
+                        let other = outside(a, n, at).expect("not a register");
+                        binary_in_place(op, row, other, false);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
             match *step {
                 Step::Unary { op, a, .. } => match resolve(a, row, regs, n, at) {
                     Val::Row(x) => unary_row(op, x, temp),
-                    Val::Splat(v) => unary_row(op, &vec![v; n], temp),
+                    Val::Splat(v) => {
+                        temp.fill(v);
+                        unary_in_place(op, temp);
+                    }
                 },
                 Step::Binary { op, a, b, .. } => binary_row(
                     op,
@@ -198,9 +369,6 @@ impl Epilogue {
                     temp,
                 ),
             }
-            let dst = match step {
-                Step::Unary { dst, .. } | Step::Binary { dst, .. } => *dst,
-            };
             match dst {
                 0 => row.copy_from_slice(temp),
                 k => regs[(k - 1) * n..][..n].copy_from_slice(temp),

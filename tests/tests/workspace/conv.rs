@@ -93,6 +93,25 @@ output y
 }
 
 #[test]
+fn epilogue_steps_with_the_result_second_match_the_fallback() {
+    // Each step runs in place on the output row: a scalar, a per-channel
+    // value and a residual before the result, in non-commuting ops.
+    let src = "input x: f32[1, 4, 9, 9]
+input w: f32[6, 4, 3, 3]
+input s: f32[6, 1, 1]
+input r: f32[1, 6, 7, 7]
+c = conv(x, w)
+a = sub(1.5, c)
+b = div(s, a)
+d = sub(r, b)
+e = maximum(d, -0.25)
+output e
+";
+    let regions = check(&parse(src).unwrap(), 11);
+    assert_eq!(regions, vec![vec!["conv", "sub", "div", "sub", "maximum"]]);
+}
+
+#[test]
 fn a_result_read_elsewhere_ends_the_epilogue() {
     let src = "input x: f32[1, 4, 9, 9]
 input w: f32[6, 4, 3, 3]
