@@ -289,8 +289,9 @@ pub(crate) struct At<'a> {
 impl Epilogue {
     /// Applies the steps to `row` (register 0), scratch registers and one
     /// more for each step's result in `scratch`; the result ends in `row`.
-    /// Compiled for AVX2 where the CPU and `SWITCHYARD_SIMD` allow.
-    pub(crate) fn apply(&self, row: &mut [f32], at: &At, scratch: &mut Vec<f32>) {
+    /// Compiled for AVX2 with `fast` ([`crate::gemm::fast_kernel`] of the
+    /// calling thread's SIMD level, which tasks on other threads are given).
+    pub(crate) fn apply(&self, row: &mut [f32], at: &At, scratch: &mut Vec<f32>, fast: bool) {
         if self.steps.is_empty() {
             return;
         }
@@ -302,12 +303,13 @@ impl Epilogue {
             unsafe fn avx2(e: &Epilogue, row: &mut [f32], at: &At, scratch: &mut Vec<f32>) {
                 e.steps_on(row, at, scratch);
             }
-            if crate::gemm::fast_kernel(switchyard_simd::Simd::current()) {
+            if fast {
                 // SAFETY: `fast_kernel` checked the CPU has both.
                 unsafe { avx2(self, row, at, scratch) };
                 return;
             }
         }
+        let _ = fast;
         self.steps_on(row, at, scratch);
     }
 

@@ -316,7 +316,7 @@ impl ConvKernel {
                         channel: grp * m_per + m0 + r,
                         offset,
                     };
-                    self.epilogue.apply(row, &at, regs);
+                    self.epilogue.apply(row, &at, regs, fast);
                 }
             },
         );

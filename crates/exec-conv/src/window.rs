@@ -131,6 +131,7 @@ pub(crate) fn run(
         return;
     }
     let simd = Simd::current();
+    let fast = crate::gemm::fast_kernel(simd);
     // Small planes a few to a task, so that handing out tasks costs little
     // beside them, while every thread still gets several.
     let count = out.len() / plane_out;
@@ -153,7 +154,7 @@ pub(crate) fn run(
                             channel: i % planes.outputs,
                             offset: i * plane_out + k * EPILOGUE_CHUNK,
                         };
-                        epilogue.apply(part, &at, regs);
+                        epilogue.apply(part, &at, regs, fast);
                     }
                 }
             },
