@@ -24,7 +24,7 @@ use switchyard_exec_cublas::CublasExecutor;
 use switchyard_exec_cudnn::CudnnExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
-use switchyard_tests::{assert_close, run};
+use switchyard_tests::run;
 
 const GPU: Device = Device::Cuda(0);
 
@@ -675,10 +675,24 @@ fn gpu_matches_fallback_with(text: &str, set: &ExecutorSet, tol: f64) -> f64 {
         assert_eq!(g.device(), GPU);
         let host = switchyard_core::device::move_to(g, Device::Cpu).unwrap();
         let want = w.to_f64_vec().unwrap();
-        assert_close(&host, &want, tol);
-        for (a, b) in host.to_f64_vec().unwrap().iter().zip(&want) {
+        // Relative to the output's largest magnitude: a sum's rounding
+        // error follows the size of its terms, so an element that cancels
+        // to near zero carries the error of the large ones (found on an
+        // H200: 1e-5 of an element of 0.7 in an IEEE f32 product of 512
+        // terms).
+        let scale = want
+            .iter()
+            .filter(|b| b.is_finite())
+            .fold(1f64, |m, b| m.max(b.abs()));
+        for (i, (a, b)) in host.to_f64_vec().unwrap().iter().zip(&want).enumerate() {
+            let ok = if b.is_finite() {
+                (a - b).abs() <= tol * scale
+            } else {
+                a == b || (a.is_nan() && b.is_nan())
+            };
+            assert!(ok, "{names:?}: element {i}: got {a}, want {b} (scale {scale})");
             if b.is_finite() {
-                worst = worst.max((a - b).abs() / b.abs().max(1.0));
+                worst = worst.max((a - b).abs() / scale);
             }
         }
     }
