@@ -1,6 +1,6 @@
 //! The compiled region: a convolution and its epilogue.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rayon::prelude::*;
 use switchyard_core::executor::{Kernel, run_allocating};
@@ -8,7 +8,7 @@ use switchyard_core::ir::window::{ConvGeometry, Window};
 use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 
 use crate::epilogue::{At, Epilogue};
-use crate::gemm::{Im2col, MR, NR, PackedWeights, conv_tile, fast_kernel};
+use crate::gemm::{Direct, MR, NR, PackedWeights, fast_kernel};
 use crate::window::{self, Planes, Reduce};
 
 /// Output positions per task, at most.
@@ -47,24 +47,27 @@ pub(crate) struct ConvKernel {
     x: usize,
     epilogue: Epilogue,
     out_shape: Vec<usize>,
-    /// For a convolution run as a GEMM: its windows, and its tiles, one
-    /// task each (batch item, group, first channel, first position), of at
-    /// most `mc` channels.
-    im: Option<Im2col>,
+    /// For a convolution run as a GEMM: how it reads its input, and its
+    /// tiles, one task each (batch item, group, first channel, first
+    /// position `q`), of at most `mc` channels.
+    direct: Option<Direct>,
     tasks: Vec<Task>,
     mc: usize,
-    /// Output positions per task.
+    /// Positions `q` per task.
     nc: usize,
     packed: RwLock<Packed>,
+    /// The source buffer of the last run, for the next one (a concurrent
+    /// run allocates its own).
+    source: Mutex<Vec<f32>>,
 }
 
 impl ConvKernel {
     pub(crate) fn new(anchor: Anchor, x: usize, epilogue: Epilogue, out_shape: Vec<usize>) -> ConvKernel {
-        let (im, (tasks, mc, nc)) = match &anchor {
+        let (direct, (tasks, mc, nc)) = match &anchor {
             Anchor::Conv { geometry, .. } if geometry.in_channels != geometry.groups => {
-                let im = Im2col::new(&geometry.window);
-                let tiles = tiles(geometry, im.positions, rayon::current_num_threads());
-                (Some(im), tiles)
+                let direct = Direct::new(&geometry.window);
+                let tiles = tiles(geometry, direct.span, rayon::current_num_threads());
+                (Some(direct), tiles)
             }
             _ => (None, (Vec::new(), 0, 0)),
         };
@@ -73,17 +76,18 @@ impl ConvKernel {
             x,
             epilogue,
             out_shape,
-            im,
+            direct,
             tasks,
             mc,
             nc,
             packed: RwLock::new(Vec::new()),
+            source: Mutex::new(Vec::new()),
         }
     }
 
     /// The weights packed, as an earlier run packed them when the tensor is
     /// the same immutable buffer.
-    fn packed(&self, g: &ConvGeometry, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
+    fn packed(&self, g: &ConvGeometry, direct: &Direct, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
         let same = |held: &Tensor| {
             held.storage_id() == w.storage_id()
                 && held.offset() == w.offset()
@@ -95,9 +99,8 @@ impl ConvKernel {
         {
             return p.clone();
         }
-        let m_per = g.out_channels / g.groups;
-        let k = g.in_channels / g.groups * g.window.taps();
-        let p = Arc::new(PackedWeights::pack(dense, g.groups, m_per, k));
+        let (m_per, c_per) = (g.out_channels / g.groups, g.in_channels / g.groups);
+        let p = Arc::new(direct.pack(dense, g.groups, m_per, c_per));
         if !w.is_arena()
             && let Ok(mut guard) = self.packed.write()
         {
@@ -213,13 +216,26 @@ impl Kernel for ConvKernel {
         let held: Vec<std::borrow::Cow<Tensor>> = inputs.iter().map(|t| dense(t)).collect::<Result<_>>()?;
         let data: Vec<&[f32]> = held.iter().map(|t| f32s(t)).collect::<Result<_>>()?;
         let out = buf.slice_mut::<f32>().expect("an f32 buffer");
-        match (&self.anchor, &self.im) {
-            (Anchor::Conv { geometry, w }, Some(im)) => {
-                let packed = self.packed(geometry, inputs[*w], data[*w]);
-                let mut phased = Vec::new();
-                let planes = geometry.batch * geometry.in_channels;
-                let x = im.source(data[self.x], planes, &mut phased);
-                self.gemm(geometry, im, &packed, x, out, &data);
+        match (&self.anchor, &self.direct) {
+            (Anchor::Conv { geometry, w }, Some(direct)) => {
+                let packed = self.packed(geometry, direct, inputs[*w], data[*w]);
+                if !direct.copies() {
+                    self.gemm(geometry, direct, &packed, data[self.x], out, &data);
+                } else {
+                    let mut held = self.source.try_lock();
+                    let mut own = Vec::new();
+                    let buf = match held.as_deref_mut() {
+                        Ok(b) => b,
+                        Err(_) => &mut own,
+                    };
+                    let (x, channel) = (data[self.x], direct.channel);
+                    let plane = x.len() / (geometry.batch * geometry.in_channels);
+                    buf.resize(geometry.batch * geometry.in_channels * channel, 0.0);
+                    buf.par_chunks_mut(channel)
+                        .zip(x.par_chunks(plane))
+                        .for_each(|(dst, src)| direct.fill(src, dst));
+                    self.gemm(geometry, direct, &packed, buf, out, &data);
+                }
             }
             (Anchor::Conv { geometry: g, w }, None) => {
                 let planes = Planes {
@@ -265,52 +281,57 @@ impl Kernel for ConvKernel {
 }
 
 impl ConvKernel {
+    /// The convolution over `src`, its source ([`Direct`]), into `out`,
+    /// each task's tile finished by the epilogue.
     fn gemm(
         &self,
         g: &ConvGeometry,
-        im: &Im2col,
+        direct: &Direct,
         packed: &PackedWeights,
-        x: &[f32],
+        src: &[f32],
         out: &mut [f32],
         data: &[&[f32]],
     ) {
         let (m, groups) = (g.out_channels, g.groups);
-        let m_per = m / groups;
-        let c_per = g.in_channels / groups;
-        let positions = im.positions;
-        let plane = im.plane;
+        let (m_per, c_per) = (m / groups, g.in_channels / groups);
+        let positions: usize = g.window.output.iter().product();
         let (mc, nc, tasks) = (self.mc, self.nc, &self.tasks);
         let ptr = Out(out.as_mut_ptr());
         let total = out.len();
         let fast = fast_kernel(switchyard_simd::Simd::current());
         tasks.par_iter().for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(scratch, regs), &(n, grp, m0, p0)| {
+            || (Vec::new(), Vec::new(), Vec::new()),
+            |(acc, regs, scratch), &(n, grp, m0, q0)| {
                 let rows = mc.min(m_per - m0);
-                let cols = nc.min(positions - p0);
-                let xs = &x[(n * g.in_channels + grp * c_per) * plane..][..c_per * plane];
-                let first = (n * m + grp * m_per + m0) * positions + p0;
-                assert!(first + (rows - 1) * positions + cols <= total);
-                // SAFETY: in bounds (asserted); tasks write disjoint
-                // (channel, position) ranges of the output.
-                unsafe {
-                    conv_tile(
-                        packed,
-                        im,
-                        grp,
-                        (m0, rows),
-                        xs,
-                        (p0, cols),
-                        ptr.at(first),
-                        positions,
-                        scratch,
-                        fast,
-                    )
+                let width = nc.min(direct.span - q0);
+                let ldc = width.div_ceil(NR) * NR;
+                acc.resize(rows.div_ceil(MR) * MR * ldc, 0.0);
+                let at = (n * g.in_channels + grp * c_per) * direct.channel;
+                direct.tile(
+                    packed,
+                    grp,
+                    (m0, rows),
+                    (src, at, c_per),
+                    (q0, width),
+                    (acc, ldc),
+                    scratch,
+                    fast,
+                );
+                let runs = direct.runs(q0, q0 + width);
+                let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+                    return;
                 };
+                let (p0, cols) = (first.2, last.2 + last.1 - first.2);
                 for r in 0..rows {
-                    let offset = first + r * positions;
-                    // SAFETY: this task's own row segment, written above.
+                    let offset = (n * m + grp * m_per + m0 + r) * positions + p0;
+                    assert!(offset + cols <= total);
+                    // SAFETY: in bounds (asserted); tasks write disjoint
+                    // (channel, position) ranges of the output.
                     let row = unsafe { std::slice::from_raw_parts_mut(ptr.at(offset), cols) };
+                    let tile = &acc[r * ldc..];
+                    for &(q, len, p) in &runs {
+                        row[p - p0..][..len].copy_from_slice(&tile[q - q0..][..len]);
+                    }
                     let at = At {
                         inputs: data,
                         channel: grp * m_per + m0 + r,

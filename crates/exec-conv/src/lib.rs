@@ -18,9 +18,10 @@
 //!
 //! Kernels ([`gemm`], [`window`]):
 //! - grouped and dense convolutions: per batch item and group a GEMM of the
-//!   packed weights and the input's windows, packed panel by panel from the
-//!   input (implicit im2col), a 6 x 16 AVX2 + FMA microkernel where the CPU
-//!   has it; 1x1 convolutions read the input as the matrix it is;
+//!   packed weights and the input's windows, which the microkernel reads
+//!   straight from the input padded and split into stride phases once per
+//!   run (a direct convolution), a 6 x 16 AVX2 + FMA microkernel where the
+//!   CPU has it; 1x1 convolutions at stride 1 read the input as it lies;
 //! - depthwise convolutions (one input channel per group), max and average
 //!   pools: a direct loop per channel plane, vectorised along rows.
 //! - transposed convolutions ([`transpose`]): a GEMM of the transposed
@@ -237,30 +238,45 @@ impl Executor for ConvExecutor {
         cx.device.fused_ns(cx.trace, region, cx.uses)
     }
 
-    /// A transposed convolution's columns: one row per output channel of a
-    /// group and tap, one column per input position.
+    /// A transposed convolution's columns (one row per output channel of a
+    /// group and tap, one column per input position), or a convolution's
+    /// source where it is a copy of the input ([`gemm::Direct`]: padded,
+    /// split into phases).
     fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
         let trace = cx.trace;
         let Some(&first) = region.first() else { return 0 };
         let o = trace.op(first);
-        if o.kind != OpKind::ConvTranspose {
-            return 0;
-        }
+        let transposed = match o.kind {
+            OpKind::ConvTranspose => true,
+            OpKind::Conv => false,
+            _ => return 0,
+        };
         let shape = |i: usize| {
             o.operands
                 .get(i)
                 .and_then(|x| x.value())
                 .map(|v| &trace.meta(v).shape)
         };
-        match (shape(0), shape(1)) {
-            (Some(x), Some(w)) => conv_geometry(&o.attrs, x, w, true)
-                .map(|g| {
-                    let positions: usize = g.window.output.iter().product();
-                    g.out_channels / g.groups * g.window.taps() * positions * DType::F32.size()
-                })
-                .unwrap_or(0),
-            _ => 0,
-        }
+        let (Some(x), Some(w)) = (shape(0), shape(1)) else {
+            return 0;
+        };
+        let Ok(g) = conv_geometry(&o.attrs, x, w, transposed) else {
+            return 0;
+        };
+        let elements = if transposed {
+            let positions: usize = g.window.output.iter().product();
+            g.out_channels / g.groups * g.window.taps() * positions
+        } else if g.in_channels != g.groups {
+            let direct = gemm::Direct::new(&g.window);
+            if direct.copies() {
+                g.batch * g.in_channels * direct.channel
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        elements * DType::F32.size()
     }
 
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {

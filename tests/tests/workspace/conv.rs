@@ -126,23 +126,22 @@ output y
 
 fn conv_case() -> impl Strategy<Value = String> {
     (
-        1usize..4,
-        1usize..4,
-        1usize..3,
-        1usize..4,
-        0usize..3,
-        any::<bool>(),
+        (1usize..4, 1usize..4, 1usize..3, 1usize..4),
+        (0usize..3, 0usize..3),
+        (any::<bool>(), any::<bool>()),
         0usize..4,
     )
-        .prop_flat_map(|(rank, k, dil, stride, pad, depthwise, epi)| {
+        .prop_flat_map(|((rank, k, dil, stride), (lo, hi), (depthwise, wide), epi)| {
             let groups = if depthwise { 4 } else { 1 + (k % 2) };
-            let (c, m) = if depthwise {
-                (4, 8)
-            } else {
-                (2 * groups, 3 * groups)
+            // Wide: more input channels per group than one block of the
+            // packed weights holds at most tap counts.
+            let (c, m) = match (depthwise, wide) {
+                (true, _) => (4, 8),
+                (false, false) => (2 * groups, 3 * groups),
+                (false, true) => (40 * groups, 7 * groups),
             };
             let extent = dil * (k - 1) + 1;
-            proptest::collection::vec(extent.saturating_sub(2 * pad).max(1)..extent + 9, rank).prop_map(
+            proptest::collection::vec(extent.saturating_sub(lo + hi).max(1)..extent + 9, rank).prop_map(
                 move |spatial| {
                     let x: Vec<String> = spatial.iter().map(|s| s.to_string()).collect();
                     let kern: Vec<String> = vec![k.to_string(); rank];
@@ -154,10 +153,11 @@ fn conv_case() -> impl Strategy<Value = String> {
                         kern.join(", ")
                     );
                     src += &format!(
-                        "y0 = conv(x, w, b, stride=[{}], dilation=[{}], pad=[{}], groups={groups})\n",
+                        "y0 = conv(x, w, b, stride=[{}], dilation=[{}], pad=[{}, {}], groups={groups})\n",
                         list(stride, rank),
                         list(dil, rank),
-                        list(pad, 2 * rank)
+                        list(lo, rank),
+                        list(hi, rank)
                     );
                     src += match epi {
                         0 => "y = relu(y0)\n",
