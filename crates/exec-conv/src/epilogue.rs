@@ -86,9 +86,11 @@ macro_rules! with_unary {
     ($op:expr, $f:ident => $body:expr, $other:expr) => {{
         use switchyard_simd::math;
         match $op {
-            // NaN stays NaN, as in the fallback.
+            // NaN stays NaN, as in the fallback. Never `x` itself on one
+            // branch: in place, LLVM then stores only on the other, a
+            // masked store, which is slow (microcoded on AMD).
             UnaryOp::Relu => {
-                let $f = |x: f32| if x < 0.0 { 0.0 } else { x };
+                let $f = |x: f32| if x.is_nan() { f32::NAN } else { x.max(0.0) };
                 $body
             }
             UnaryOp::Neg => {
@@ -162,9 +164,11 @@ macro_rules! with_binary {
     }};
 }
 
-/// The larger; NaN wins, as in the fallback.
+/// The larger; NaN wins, as in the fallback. Computed on both branches
+/// (neither is an operand as it is): `*a = nan_max(*a, v)` is then an
+/// unconditional store, which vectorises without masked stores.
 #[inline(always)]
-fn nan_max(p: f32, q: f32) -> f32 {
+pub(crate) fn nan_max(p: f32, q: f32) -> f32 {
     if p.is_nan() || q.is_nan() {
         f32::NAN
     } else {

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use switchyard_core::ir::window::Window;
 use switchyard_simd::Simd;
 
-use crate::epilogue::{At, Epilogue};
+use crate::epilogue::{At, Epilogue, nan_max};
 use switchyard_core::meta::unravel;
 
 /// Elements an epilogue finishes at a time: a few registers of them fit
@@ -222,7 +222,7 @@ impl Rows<'_> {
                 }
                 Reduce::Max => {
                     for (a, &v) in acc.iter_mut().zip(src) {
-                        *a = if v > *a || v.is_nan() { v } else { *a };
+                        *a = nan_max(*a, v);
                     }
                 }
                 Reduce::Mean(_) => {
@@ -327,7 +327,7 @@ impl Rows<'_> {
                         // NaN wins: once there, nothing is larger.
                         Reduce::Max => {
                             for (o, &v) in dst.iter_mut().zip(src) {
-                                *o = if v > *o || v.is_nan() { v } else { *o };
+                                *o = nan_max(*o, v);
                             }
                         }
                         Reduce::Mean(_) => {

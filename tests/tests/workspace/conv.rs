@@ -7,10 +7,10 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use switchyard_core::Trace;
 use switchyard_core::io::random_inputs;
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::text::parse;
+use switchyard_core::{Tensor, Trace};
 use switchyard_exec_conv::ConvExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
@@ -122,6 +122,50 @@ y = add(r, t)
 output y
 ";
     check(&parse(src).unwrap(), 3);
+}
+
+#[test]
+fn nans_in_the_input_stay_nans_through_relu_clip_and_max_pools() {
+    let src = "input x: f32[1, 4, 9, 9]\ninput w: f32[6, 4, 3, 3]\n\
+               c = conv(x, w, pad=[1, 1, 1, 1])\nr = relu(c)\n\
+               p = max_pool(x, kernel=[3, 3], stride=[2, 2])\nq1 = maximum(p, -0.5)\nq = minimum(q1, 0.5)\n\
+               m = max_pool(x, kernel=[3, 3], pad=[1, 1, 1, 1])\n\
+               output r, q, m\n";
+    let trace = parse(src).unwrap();
+    let mut inputs = random_inputs(&trace, 5);
+    let mut x: Vec<f32> = inputs[0]
+        .to_f64_vec()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    // One NaN inside a plane, one on its padded border, and one plane's
+    // corner: each reaches the windows that read it.
+    for i in [40, 81 + 8, 3 * 81] {
+        x[i] = f32::NAN;
+    }
+    inputs[0] = Tensor::from_vec(x, &[1, 4, 9, 9]).unwrap();
+    let want = run(&trace, &inputs).unwrap();
+    assert!(
+        want.outputs
+            .iter()
+            .all(|o| o.to_f64_vec().unwrap().iter().any(|v| v.is_nan()))
+    );
+    let plan = plan_on(&trace, vec![Arc::new(ConvExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    assert!(
+        plan.regions
+            .iter()
+            .filter(|r| plan.executor_name(r) == "conv")
+            .count()
+            >= 3
+    );
+    let got = CompiledPlan::compile(plan)
+        .unwrap()
+        .run(&inputs, RunOptions::default())
+        .unwrap();
+    for (g, w) in got.outputs.iter().zip(&want.outputs) {
+        assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
+    }
 }
 
 fn conv_case() -> impl Strategy<Value = String> {
