@@ -378,7 +378,8 @@ impl FuserExecutor {
     /// Hands back each `cat` whose fusion costs more than splitting around
     /// it: inside, every part is evaluated over the whole result and the
     /// right one selected, so expensive parts are paid for once per part;
-    /// outside, the cat is a copy and its parts are region outputs.
+    /// outside, the cat is a copy and its parts are region outputs. A cat
+    /// alone in its region on the CPU goes too: a copy is what it is.
     fn split_cats(&self, ops: &mut Vec<OpId>, cx: &Context) -> Vec<(OpId, String)> {
         let mut out = Vec::new();
         let cats: Vec<OpId> = ops
@@ -390,6 +391,16 @@ impl FuserExecutor {
             let fused = self.cost(ops, cx);
             let rest: Vec<OpId> = ops.iter().copied().filter(|&o| o != cat).collect();
             if rest.is_empty() {
+                // Alone on the CPU a cat is a copy, which the fallback makes
+                // part by part in whole blocks, several times faster than
+                // a kernel selecting each element from every part.
+                if cx.op_device(cat) == Device::Cpu {
+                    out.push((
+                        cat,
+                        "alone, a cat is a block copy, which the fallback makes".into(),
+                    ));
+                    ops.clear();
+                }
                 continue;
             }
             let split = self.cost(&rest, cx) + cx.device.op_ns(cx.trace, cat);

@@ -301,6 +301,22 @@ output s
 }
 
 #[test]
+fn a_cat_alone_on_the_cpu_is_left_to_the_fallback_as_a_block_copy() {
+    let src = "input a: f32[1, 64, 55, 55]\ninput b: f32[1, 32, 55, 55]\nc = cat(a, b, dim=1)\noutput c\n";
+    let t = parse(src).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    assert_eq!(plan.regions.len(), 1);
+    assert_eq!(plan.executor_name(&plan.regions[0]), "fallback");
+    assert!(
+        switchyard_core::report::render_plan(&plan, true).contains("a block copy"),
+        "the plan says why"
+    );
+    // With an op of its own to fuse with, it stays.
+    let src = "input a: f32[1, 64, 55, 55]\ninput b: f32[1, 32, 55, 55]\nc = cat(a, b, dim=1)\ny = relu(c)\noutput y\n";
+    assert_eq!(regions(&parse(src).unwrap()), (1, 0));
+}
+
+#[test]
 fn views_and_cat_are_index_maps() {
     // Rotate-half RoPE on a transposed view of a matmul result: slices, neg
     // and cat run inside the one kernel.
