@@ -48,6 +48,145 @@ pub(crate) struct Epilogue {
     pub(crate) result: usize,
 }
 
+/// The steps an epilogue starts with that a kernel applies as it copies
+/// its result to the output, in the same pass: an addend (the bias, per
+/// channel or one for all), then a clamp (Relu, or a Clip's `maximum` and
+/// `minimum` by constants). Most convolutions' epilogues are this and no
+/// more; what follows runs as [`Epilogue`] steps on the output row.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Head {
+    /// Input slot of the addend and whether it is per channel.
+    add: Option<(usize, bool)>,
+    lo: f32,
+    hi: f32,
+}
+
+impl Default for Head {
+    fn default() -> Head {
+        Head {
+            add: None,
+            lo: f32::NEG_INFINITY,
+            hi: f32::INFINITY,
+        }
+    }
+}
+
+impl Head {
+    /// For each run `(q, length, p)` of `runs`: `dst[p - dst0..][..length]
+    /// = clamp(src[q - src0..][..length] + addend)`, NaN staying NaN as in
+    /// the fallback; compiled for AVX2 with `fast` (see
+    /// [`Epilogue::apply`]). One call for all the runs of a plane or a
+    /// tile's row: they are often short (an output row of 7).
+    pub(crate) fn scatter(
+        &self,
+        (src, src0): (&[f32], usize),
+        (dst, dst0): (&mut [f32], usize),
+        runs: &[(usize, usize, usize)],
+        at: &At,
+        fast: bool,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            /// # Safety
+            /// The CPU must have AVX2 and FMA.
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(
+                h: &Head,
+                src: (&[f32], usize),
+                dst: (&mut [f32], usize),
+                runs: &[(usize, usize, usize)],
+                at: &At,
+            ) {
+                h.scatter_on(src, dst, runs, at);
+            }
+            if fast {
+                // SAFETY: `fast_kernel` checked the CPU has both.
+                unsafe { avx2(self, (src, src0), (dst, dst0), runs, at) };
+                return;
+            }
+        }
+        let _ = fast;
+        self.scatter_on((src, src0), (dst, dst0), runs, at);
+    }
+
+    #[inline(always)]
+    fn scatter_on(
+        &self,
+        (src, src0): (&[f32], usize),
+        (dst, dst0): (&mut [f32], usize),
+        runs: &[(usize, usize, usize)],
+        at: &At,
+    ) {
+        let (lo, hi) = (self.lo, self.hi);
+        let clamp = |v: f32| if v.is_nan() { f32::NAN } else { v.max(lo).min(hi) };
+        let b = self
+            .add
+            .map(|(slot, per_channel)| at.inputs[slot][if per_channel { at.channel } else { 0 }]);
+        let plain = lo == f32::NEG_INFINITY && hi == f32::INFINITY;
+        for &(q, len, p) in runs {
+            let (s, d) = (&src[q - src0..][..len], &mut dst[p - dst0..][..len]);
+            match b {
+                None if plain => d.copy_from_slice(s),
+                None => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v)),
+                Some(b) => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v + b)),
+            }
+        }
+    }
+}
+
+impl Epilogue {
+    /// The [`Head`] of the steps, and the steps after it.
+    pub(crate) fn split_head(mut self) -> (Head, Epilogue) {
+        let mut head = Head::default();
+        let mut taken = 0;
+        let on_result = |a: Src, b: Src| match (a, b) {
+            (Src::Reg(0), other) | (other, Src::Reg(0)) => Some(other),
+            _ => None,
+        };
+        for step in &self.steps {
+            let clamped = head.lo != f32::NEG_INFINITY || head.hi != f32::INFINITY;
+            match *step {
+                Step::Binary {
+                    op: BinaryOp::Add,
+                    a,
+                    b,
+                    dst: 0,
+                } if head.add.is_none() && !clamped => match on_result(a, b) {
+                    Some(Src::Channel { slot, per_channel }) => head.add = Some((slot, per_channel)),
+                    _ => break,
+                },
+                Step::Unary {
+                    op: UnaryOp::Relu,
+                    a: Src::Reg(0),
+                    dst: 0,
+                } if !clamped => head.lo = 0.0,
+                Step::Binary {
+                    op: BinaryOp::Maximum,
+                    a,
+                    b,
+                    dst: 0,
+                } if !clamped => match on_result(a, b) {
+                    Some(Src::Scalar(c)) if !c.is_nan() => head.lo = c,
+                    _ => break,
+                },
+                Step::Binary {
+                    op: BinaryOp::Minimum,
+                    a,
+                    b,
+                    dst: 0,
+                } if head.hi == f32::INFINITY => match on_result(a, b) {
+                    Some(Src::Scalar(c)) if !c.is_nan() => head.hi = c,
+                    _ => break,
+                },
+                _ => break,
+            }
+            taken += 1;
+        }
+        self.steps.drain(..taken);
+        (head, self)
+    }
+}
+
 /// Whether the epilogue can compute `op`.
 pub(crate) fn unary_supported(op: UnaryOp) -> bool {
     matches!(
@@ -382,6 +521,110 @@ impl Epilogue {
         }
         if self.result != 0 {
             row.copy_from_slice(&regs[(self.result - 1) * n..][..n]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binary(op: BinaryOp, a: Src, b: Src) -> Step {
+        Step::Binary { op, a, b, dst: 0 }
+    }
+
+    fn epilogue(steps: Vec<Step>) -> Epilogue {
+        Epilogue {
+            steps,
+            registers: 1,
+            result: 0,
+        }
+    }
+
+    const BIAS: Src = Src::Channel {
+        slot: 2,
+        per_channel: true,
+    };
+
+    #[test]
+    fn a_bias_and_a_clip_are_the_head_and_what_follows_stays() {
+        let tail = Step::Unary {
+            op: UnaryOp::Tanh,
+            a: Src::Reg(0),
+            dst: 0,
+        };
+        let (head, rest) = epilogue(vec![
+            binary(BinaryOp::Add, BIAS, Src::Reg(0)),
+            binary(BinaryOp::Maximum, Src::Reg(0), Src::Scalar(0.0)),
+            binary(BinaryOp::Minimum, Src::Scalar(6.0), Src::Reg(0)),
+            tail,
+        ])
+        .split_head();
+        assert_eq!(
+            head,
+            Head {
+                add: Some((2, true)),
+                lo: 0.0,
+                hi: 6.0
+            }
+        );
+        assert_eq!(rest.steps, vec![tail]);
+    }
+
+    #[test]
+    fn steps_the_head_cannot_reorder_end_it() {
+        let relu = Step::Unary {
+            op: UnaryOp::Relu,
+            a: Src::Reg(0),
+            dst: 0,
+        };
+        let cases = [
+            // A bias after the clamp, a max after the min, a NaN bound, a
+            // second addend: each stays a step.
+            vec![relu, binary(BinaryOp::Add, Src::Reg(0), BIAS)],
+            vec![
+                binary(BinaryOp::Minimum, Src::Reg(0), Src::Scalar(6.0)),
+                binary(BinaryOp::Maximum, Src::Reg(0), Src::Scalar(0.0)),
+            ],
+            vec![binary(BinaryOp::Maximum, Src::Reg(0), Src::Scalar(f32::NAN))],
+            vec![
+                binary(BinaryOp::Add, Src::Reg(0), BIAS),
+                binary(BinaryOp::Add, Src::Reg(0), BIAS),
+            ],
+        ];
+        for steps in cases {
+            // (Compared by length: a NaN bound is not equal to itself.)
+            let (_, rest) = epilogue(steps.clone()).split_head();
+            assert_eq!(rest.steps.len(), 1, "{steps:?}");
+        }
+    }
+
+    #[test]
+    fn the_head_adds_then_clamps_and_keeps_nans() {
+        let bias = [0.0, 0.0, 0.5];
+        let inputs: Vec<&[f32]> = vec![&[], &[], &bias];
+        let at = At {
+            inputs: &inputs,
+            channel: 2,
+            offset: 0,
+        };
+        let (head, _) = epilogue(vec![
+            binary(BinaryOp::Add, Src::Reg(0), BIAS),
+            binary(BinaryOp::Maximum, Src::Reg(0), Src::Scalar(0.0)),
+            binary(BinaryOp::Minimum, Src::Reg(0), Src::Scalar(6.0)),
+        ])
+        .split_head();
+        // Two runs, from q 10 and 14 of the source into positions 3 and
+        // 5 of the destination.
+        let src = [-1.0, 1.0, 0.0, 0.0, 7.0, f32::NAN];
+        for fast in [
+            false,
+            super::super::gemm::fast_kernel(switchyard_simd::Simd::best()),
+        ] {
+            let mut dst = [9f32; 4];
+            head.scatter((&src, 10), (&mut dst, 3), &[(10, 2, 3), (14, 2, 5)], &at, fast);
+            assert_eq!(dst[..3], [0.0, 1.5, 6.0]);
+            assert!(dst[3].is_nan());
         }
     }
 }

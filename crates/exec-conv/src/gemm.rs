@@ -4,29 +4,18 @@
 //! col[K, P]`: `M` output channels, `P` output positions, `K` input
 //! channels times kernel taps, `col` the input's windows. The weights are
 //! packed once into panels of [`MR`] rows ([`PackedWeights`]); `col` is
-//! never built: the microkernel reads each of its rows straight from a
-//! *source*, the input laid out so that every row of `col` is a contiguous
-//! stretch of it (a direct convolution, [`Direct`]):
-//!
-//! - the source holds each input channel padded, and at a stride split
-//!   into its phases (the elements a tap of each phase reads), so that
-//!   output positions one apart read source elements one apart;
-//! - positions are numbered in the source's own shape (`q`), so that a
-//!   run of [`NR`] consecutive `q` is one contiguous load per tap even
-//!   across an output row; the `q` that are no output position (past the
-//!   end of a row, into its padding) are computed and dropped;
-//! - the source is the input itself where there is nothing to pad or split
-//!   (a 1x1 convolution at stride 1), and otherwise one pass over it per
-//!   run, which replaces packing every window of every tap;
-//! - a 1x1 convolution's tile is packed from the source before the product
-//!   all the same (a copy of contiguous runs), as [`Direct::tile`] says why.
+//! never built: the microkernel reads each of its rows straight from the
+//! input laid out so that every row of `col` is a contiguous stretch of it
+//! (a direct convolution, [`Direct`]): [`NR`] consecutive positions `q`
+//! are one load per tap. A 1x1 convolution's tile is packed from the
+//! source before the product all the same (a copy of contiguous runs), as
+//! [`tile`] says why.
 //!
 //! On x86-64 with AVX2 and FMA the microkernel is twelve 8-wide
 //! accumulators (an `MR` x `NR` tile); elsewhere a portable loop of the
 //! same shape.
 
-use switchyard_core::ir::window::Window;
-use switchyard_core::meta::unravel;
+use crate::direct::Direct;
 
 /// Rows (output channels) of a microkernel tile.
 pub(crate) const MR: usize = 6;
@@ -78,287 +67,110 @@ impl PackedWeights {
     }
 }
 
-/// How a convolution reads its input directly: the source's layout, each
-/// tap's offset in it, and the `q` numbering of the output positions.
-#[derive(Debug)]
-pub(crate) struct Direct {
-    /// Per kernel tap (row-major over the kernel's dims): where output
-    /// position `q` reads that tap, relative to `q`, in a channel's source.
-    taps: Vec<isize>,
-    /// Elements per input channel of the source.
-    pub(crate) channel: usize,
-    /// `q` of the last output position, plus one: the positions computed.
-    pub(crate) span: usize,
-    /// Input channels per block of the weights, at most.
-    block: usize,
-    /// Whether each tile's rows of `col` are packed before the product
-    /// (see [`Direct::tile`]).
-    packs: bool,
-    /// The source's extent per dim of one phase (its `q` shape), and the
-    /// output's.
-    shape: Vec<usize>,
-    output: Vec<usize>,
-    /// How a channel's source is built from its input plane; `None` where
-    /// the source is the input itself.
-    layout: Option<Layout>,
+/// Input channels per block of the weights, of `c_per` per group: as
+/// even as the most a block holds allows, no short last block.
+pub(crate) fn block(d: &Direct, c_per: usize) -> usize {
+    let most = (KC / d.taps()).max(1);
+    c_per.div_ceil(c_per.div_ceil(most))
 }
 
-/// A channel's source: for each combination of the phases the taps read
-/// (row-major over the dims), a plane of the source's shape whose element
-/// `i` (per dim) is the input's at `i * stride + phase - pad`, zero
-/// outside it.
-#[derive(Debug)]
-struct Layout {
-    /// The phases read, per dim.
-    phases: Vec<Vec<usize>>,
-    stride: Vec<usize>,
-    pad: Vec<usize>,
-    input: Vec<usize>,
+/// Packs the weights, `[groups * m_per, c_per * taps]`, in blocks of
+/// whole input channels.
+pub(crate) fn pack(d: &Direct, w: &[f32], groups: usize, m_per: usize, c_per: usize) -> PackedWeights {
+    let taps = d.taps();
+    PackedWeights::pack(w, groups, m_per, c_per * taps, block(d, c_per) * taps)
 }
 
-impl Direct {
-    /// The layout for window `w`.
-    pub(crate) fn new(w: &Window) -> Direct {
-        let r = w.rank();
-        // Tap k of dim d reads phase (k * dilation) mod stride, at an
-        // offset of (k * dilation) div stride from the output position.
-        let reach = |d: usize, k: usize| k * w.dilation[d];
-        let mut phases: Vec<Vec<usize>> = (0..r)
-            .map(|d| (0..w.kernel[d]).map(|k| reach(d, k) % w.stride[d]).collect())
-            .collect();
-        for p in &mut phases {
-            p.sort_unstable();
-            p.dedup();
-        }
-        let shape: Vec<usize> = (0..r)
-            .map(|d| w.output[d] + reach(d, w.kernel[d] - 1) / w.stride[d])
-            .collect();
-        let plane: usize = shape.iter().product();
-        let copied = (0..r).any(|d| w.stride[d] != 1 || w.pad_lo[d] != 0 || shape[d] != w.input[d]);
-        let combos: usize = phases.iter().map(Vec::len).product();
-        let taps_n = w.taps();
-        let mut taps = Vec::with_capacity(taps_n);
-        let mut k = vec![0usize; r];
-        for t in 0..taps_n {
-            unravel(t, &w.kernel, &mut k);
-            let (mut combo, mut at) = (0usize, 0usize);
-            for d in 0..r {
-                let (s, reach) = (w.stride[d], reach(d, k[d]));
-                let phase = phases[d].iter().position(|&p| p == reach % s).expect("listed");
-                combo = combo * phases[d].len() + phase;
-                at = at * shape[d] + reach / s;
-            }
-            taps.push((combo * plane + at) as isize);
-        }
-        let q_of = |o: &[usize]| o.iter().zip(&shape).fold(0, |at, (&i, &n)| at * n + i);
-        let last: Vec<usize> = w.output.iter().map(|&o| o - 1).collect();
-        Direct {
-            taps,
-            channel: combos * plane,
-            span: q_of(&last) + 1,
-            block: (KC / taps_n).max(1),
-            packs: taps_n == 1,
-            output: w.output.clone(),
-            layout: copied.then(|| Layout {
-                phases,
-                stride: w.stride.clone(),
-                pad: w.pad_lo.clone(),
-                input: w.input.clone(),
-            }),
-            shape,
-        }
-    }
-
-    /// Input channels per block of the weights, of `c_per` per group: as
-    /// even as the most a block holds allows, no short last block.
-    fn block(&self, c_per: usize) -> usize {
-        c_per.div_ceil(c_per.div_ceil(self.block))
-    }
-
-    /// Kernel taps per input channel.
-    pub(crate) fn taps(&self) -> usize {
-        self.taps.len()
-    }
-
-    /// Whether the source is a copy of the input (built by
-    /// [`Direct::fill`]) rather than the input itself.
-    pub(crate) fn copies(&self) -> bool {
-        self.layout.is_some()
-    }
-
-    /// Packs the weights, `[groups * m_per, c_per * taps]`, in blocks of
-    /// whole input channels.
-    pub(crate) fn pack(&self, w: &[f32], groups: usize, m_per: usize, c_per: usize) -> PackedWeights {
-        let taps = self.taps();
-        PackedWeights::pack(w, groups, m_per, c_per * taps, self.block(c_per) * taps)
-    }
-
-    /// Builds one channel's source in `dst` (`channel` long) from its input
-    /// plane `x`.
-    pub(crate) fn fill(&self, x: &[f32], dst: &mut [f32]) {
-        let Some(l) = &self.layout else {
-            dst.copy_from_slice(x);
-            return;
-        };
-        let r = self.shape.len();
-        let last = r - 1;
-        let (width, in_width) = (self.shape[last], l.input[last]);
-        let plane: usize = self.shape.iter().product();
-        let combos: usize = l.phases.iter().map(Vec::len).product();
-        let lead: Vec<usize> = self.shape[..last].to_vec();
-        let rows: usize = lead.iter().product();
-        let counts: Vec<usize> = l.phases.iter().map(Vec::len).collect();
-        let (mut combo, mut row) = (vec![0usize; r], vec![0usize; last]);
-        for c in 0..combos {
-            unravel(c, &counts, &mut combo);
-            let phase = |d: usize| l.phases[d][combo[d]];
-            let (s, ph, pad) = (l.stride[last], phase(last), l.pad[last]);
-            // Columns [lo, hi) of a row read inside the input row.
-            let first_in = |i: usize| (i * s + ph) as isize - pad as isize;
-            let lo = (0..width).find(|&i| first_in(i) >= 0).unwrap_or(width);
-            let hi = (lo..width)
-                .find(|&i| first_in(i) >= in_width as isize)
-                .unwrap_or(width);
-            for j in 0..rows {
-                unravel(j, &lead, &mut row);
-                let dst = &mut dst[c * plane + j * width..][..width];
-                let mut at = Some(0usize);
-                for (d, &i) in row.iter().enumerate() {
-                    let p = (i * l.stride[d] + phase(d)) as isize - l.pad[d] as isize;
-                    at = at.filter(|_| (0..l.input[d] as isize).contains(&p));
-                    at = at.map(|a| a * l.input[d] + p as usize);
-                }
-                let Some(at) = at else {
-                    dst.fill(0.0);
-                    continue;
-                };
-                let src = &x[at * in_width..][..in_width];
-                dst[..lo].fill(0.0);
-                dst[hi..].fill(0.0);
-                if lo < hi {
-                    let start = first_in(lo) as usize;
-                    if s == 1 {
-                        dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
-                    } else {
-                        for (d, &v) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(s)) {
-                            *d = v;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The output positions among `q` in `[q0, q1)`: runs of `(q, length,
-    /// output position)`, in order (their output positions contiguous).
-    pub(crate) fn runs(&self, q0: usize, q1: usize) -> Vec<(usize, usize, usize)> {
-        let last = self.shape.len() - 1;
-        let (width, out_width) = (self.shape[last], self.output[last]);
-        let lead_out: usize = self.output[..last].iter().product();
-        let mut idx = vec![0usize; last];
-        let mut runs = Vec::new();
-        for j in 0..lead_out {
-            unravel(j, &self.output[..last], &mut idx);
-            let q = idx.iter().zip(&self.shape).fold(0, |at, (&i, &n)| at * n + i) * width;
-            let (a, b) = (q.max(q0), (q + out_width).min(q1));
-            if a < b {
-                runs.push((a, b - a, j * out_width + a - q));
-            }
-        }
-        runs
-    }
-
-    /// Rows `[m0, m0 + rows)` of group `g`'s output over `q` in `[q0, q0 +
-    /// n)` into `acc` (rows rounded up to [`MR`], `ldc` apart, `n` rounded
-    /// up to [`NR`] wide): `W x col`, `col` read from `src` from element
-    /// `at` on (the group's first input channel), `c_per` channels. `m0` is a
-    /// multiple of [`MR`], `q0` of [`NR`].
-    ///
-    /// Per block of input channels, each [`NR`]-wide tile of `q` meets every
-    /// panel of the weights. The microkernel reads the tile's rows of `col`
-    /// where they lie in the source, or, for a 1x1 convolution, from a copy
-    /// packed into `scratch` first: there each row of `col` is a different
-    /// input channel, so every step of the product would load from another
-    /// plane, which the hardware's prefetchers do not follow; a window of
-    /// several taps reads a few lines of each plane over and over instead.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn tile(
-        &self,
-        w: &PackedWeights,
-        g: usize,
-        (m0, rows): (usize, usize),
-        (src, at, c_per): (&[f32], usize, usize),
-        (q0, n): (usize, usize),
-        (acc, ldc): (&mut [f32], usize),
-        scratch: &mut Vec<f32>,
-        fast: bool,
-    ) {
-        let taps = self.taps();
-        let blocks = n.div_ceil(NR);
-        assert!(ldc >= blocks * NR && acc.len() >= rows.div_ceil(MR) * MR * ldc);
-        let furthest = self.taps.iter().copied().max().unwrap_or(0) as usize;
-        let (p_lo, p_hi) = (m0 / MR, (m0 + rows).div_ceil(MR));
-        let packing = self.packs;
-        let packed_taps: Vec<isize> = (0..taps).map(|t| (t * NR) as isize).collect();
-        let block = self.block(c_per);
-        for c0 in (0..c_per).step_by(block) {
-            let cl = block.min(c_per - c0);
-            let (k0, kl) = (c0 * taps, cl * taps);
-            for b in 0..blocks {
-                let q = q0 + b * NR;
-                // Past the last position the loads are masked: they
-                // could leave the source.
-                let lanes = NR.min(self.span - q);
-                let base = at + c0 * self.channel + q;
-                assert!(base + (cl - 1) * self.channel + furthest + lanes <= src.len());
-                if packing {
-                    scratch.resize(kl * NR, 0.0);
-                    for ch in 0..cl {
-                        for (t, &off) in self.taps.iter().enumerate() {
-                            let from = (base + ch * self.channel) as isize + off;
-                            let dst = &mut scratch[(ch * taps + t) * NR..][..NR];
-                            if lanes == NR {
-                                let dst: &mut [f32; NR] = dst.try_into().expect("NR long");
-                                dst.copy_from_slice(&src[from as usize..][..NR]);
-                            } else {
-                                dst[..lanes].copy_from_slice(&src[from as usize..][..lanes]);
-                                dst[lanes..].fill(0.0);
-                            }
-                        }
-                    }
-                }
-                for p in p_lo..p_hi {
-                    let a = w.panel(g, k0, kl, p);
-                    let c = &mut acc[(p * MR - m0) * ldc + b * NR..];
-                    // SAFETY: every read lies in `src` (asserted) or the
-                    // packed panel, every write in `acc`'s MR rows of NR
-                    // from there (asserted above).
-                    unsafe {
-                        if packing {
-                            microkernel(
-                                (cl, &packed_taps, taps * NR),
-                                a,
-                                scratch.as_ptr(),
-                                c.as_mut_ptr(),
-                                ldc,
-                                c0 > 0,
-                                NR,
-                                fast,
-                            )
+/// Rows `[m0, m0 + rows)` of group `g`'s output over `q` in `[q0, q0 +
+/// n)` into `acc` (rows rounded up to [`MR`], `ldc` apart, `n` rounded
+/// up to [`NR`] wide): `W x col`, `col` read from `src` from element
+/// `at` on (the group's first input channel), `c_per` channels. `m0` is a
+/// multiple of [`MR`], `q0` of [`NR`].
+///
+/// Per block of input channels, each [`NR`]-wide tile of `q` meets every
+/// panel of the weights. The microkernel reads the tile's rows of `col`
+/// where they lie in the source, or, for a 1x1 convolution, from a copy
+/// packed into `scratch` first: there each row of `col` is a different
+/// input channel, so every step of the product would load from another
+/// plane, which the hardware's prefetchers do not follow; a window of
+/// several taps reads a few lines of each plane over and over instead.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile(
+    d: &Direct,
+    w: &PackedWeights,
+    g: usize,
+    (m0, rows): (usize, usize),
+    (src, at, c_per): (&[f32], usize, usize),
+    (q0, n): (usize, usize),
+    (acc, ldc): (&mut [f32], usize),
+    scratch: &mut Vec<f32>,
+    fast: bool,
+) {
+    let taps = d.taps();
+    let blocks = n.div_ceil(NR);
+    assert!(ldc >= blocks * NR && acc.len() >= rows.div_ceil(MR) * MR * ldc);
+    let furthest = d.taps.iter().copied().max().unwrap_or(0) as usize;
+    let (p_lo, p_hi) = (m0 / MR, (m0 + rows).div_ceil(MR));
+    let packing = d.taps() == 1;
+    let packed_taps: Vec<isize> = (0..taps).map(|t| (t * NR) as isize).collect();
+    let block = block(d, c_per);
+    for c0 in (0..c_per).step_by(block) {
+        let cl = block.min(c_per - c0);
+        let (k0, kl) = (c0 * taps, cl * taps);
+        for b in 0..blocks {
+            let q = q0 + b * NR;
+            // Past the last position the loads are masked: they
+            // could leave the source.
+            let lanes = NR.min(d.span - q);
+            let base = at + c0 * d.channel + q;
+            assert!(base + (cl - 1) * d.channel + furthest + lanes <= src.len());
+            if packing {
+                scratch.resize(kl * NR, 0.0);
+                for ch in 0..cl {
+                    for (t, &off) in d.taps.iter().enumerate() {
+                        let from = (base + ch * d.channel) as isize + off;
+                        let dst = &mut scratch[(ch * taps + t) * NR..][..NR];
+                        if lanes == NR {
+                            let dst: &mut [f32; NR] = dst.try_into().expect("NR long");
+                            dst.copy_from_slice(&src[from as usize..][..NR]);
                         } else {
-                            microkernel(
-                                (cl, &self.taps, self.channel),
-                                a,
-                                src.as_ptr().add(base),
-                                c.as_mut_ptr(),
-                                ldc,
-                                c0 > 0,
-                                lanes,
-                                fast,
-                            )
+                            dst[..lanes].copy_from_slice(&src[from as usize..][..lanes]);
+                            dst[lanes..].fill(0.0);
                         }
-                    };
+                    }
                 }
+            }
+            for p in p_lo..p_hi {
+                let a = w.panel(g, k0, kl, p);
+                let c = &mut acc[(p * MR - m0) * ldc + b * NR..];
+                // SAFETY: every read lies in `src` (asserted) or the
+                // packed panel, every write in `acc`'s MR rows of NR
+                // from there (asserted above).
+                unsafe {
+                    if packing {
+                        microkernel(
+                            (cl, &packed_taps, taps * NR),
+                            a,
+                            scratch.as_ptr(),
+                            c.as_mut_ptr(),
+                            ldc,
+                            c0 > 0,
+                            NR,
+                            fast,
+                        )
+                    } else {
+                        microkernel(
+                            (cl, &d.taps, d.channel),
+                            a,
+                            src.as_ptr().add(base),
+                            c.as_mut_ptr(),
+                            ldc,
+                            c0 > 0,
+                            lanes,
+                            fast,
+                        )
+                    }
+                };
             }
         }
     }

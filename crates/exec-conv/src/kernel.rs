@@ -7,8 +7,9 @@ use switchyard_core::executor::{Kernel, run_allocating};
 use switchyard_core::ir::window::{ConvGeometry, Window};
 use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 
-use crate::epilogue::{At, Epilogue};
-use crate::gemm::{Direct, MR, NR, PackedWeights, fast_kernel};
+use crate::direct::Direct;
+use crate::epilogue::{At, Epilogue, Head};
+use crate::gemm::{self, MR, NR, PackedWeights, fast_kernel};
 use crate::window::{self, Planes, Reduce};
 
 /// Output positions per task, at most.
@@ -46,6 +47,10 @@ pub(crate) struct ConvKernel {
     /// The region input the anchor reads.
     x: usize,
     epilogue: Epilogue,
+    /// For a convolution: the epilogue's [`Head`], applied as each tile is
+    /// copied to the output, and the steps after it.
+    head: Head,
+    tail: Epilogue,
     out_shape: Vec<usize>,
     /// For a convolution run as a GEMM: how it reads its input, and its
     /// tiles, one task each (batch item, group, first channel, first
@@ -71,10 +76,16 @@ impl ConvKernel {
             }
             _ => (None, (Vec::new(), 0, 0)),
         };
+        let (head, tail) = match &anchor {
+            Anchor::Conv { .. } => epilogue.clone().split_head(),
+            _ => (Head::default(), epilogue.clone()),
+        };
         ConvKernel {
             anchor,
             x,
             epilogue,
+            head,
+            tail,
             out_shape,
             direct,
             tasks,
@@ -100,7 +111,7 @@ impl ConvKernel {
             return p.clone();
         }
         let (m_per, c_per) = (g.out_channels / g.groups, g.in_channels / g.groups);
-        let p = Arc::new(direct.pack(dense, g.groups, m_per, c_per));
+        let p = Arc::new(gemm::pack(direct, dense, g.groups, m_per, c_per));
         if !w.is_arena()
             && let Ok(mut guard) = self.packed.write()
         {
@@ -233,7 +244,7 @@ impl Kernel for ConvKernel {
                     buf.resize(geometry.batch * geometry.in_channels * channel, 0.0);
                     buf.par_chunks_mut(channel)
                         .zip(x.par_chunks(plane))
-                        .for_each(|(dst, src)| direct.fill(src, dst));
+                        .for_each(|(dst, src)| direct.fill(src, dst, 0.0));
                     self.gemm(geometry, direct, &packed, buf, out, &data);
                 }
             }
@@ -249,7 +260,7 @@ impl Kernel for ConvKernel {
                     reduce,
                     data[self.x],
                     out,
-                    &self.epilogue,
+                    (&self.head, &self.tail),
                     &data,
                 );
             }
@@ -272,7 +283,15 @@ impl Kernel for ConvKernel {
                     Some(d) => Reduce::Mean(d),
                     None => Reduce::Max,
                 };
-                window::run(win, planes, reduce, data[self.x], out, &self.epilogue, &data);
+                window::run(
+                    win,
+                    planes,
+                    reduce,
+                    data[self.x],
+                    out,
+                    (&self.head, &self.tail),
+                    &data,
+                );
             }
         }
         outputs.push(buf.into_tensor());
@@ -307,7 +326,8 @@ impl ConvKernel {
                 let ldc = width.div_ceil(NR) * NR;
                 acc.resize(rows.div_ceil(MR) * MR * ldc, 0.0);
                 let at = (n * g.in_channels + grp * c_per) * direct.channel;
-                direct.tile(
+                gemm::tile(
+                    direct,
                     packed,
                     grp,
                     (m0, rows),
@@ -328,16 +348,14 @@ impl ConvKernel {
                     // SAFETY: in bounds (asserted); tasks write disjoint
                     // (channel, position) ranges of the output.
                     let row = unsafe { std::slice::from_raw_parts_mut(ptr.at(offset), cols) };
-                    let tile = &acc[r * ldc..];
-                    for &(q, len, p) in &runs {
-                        row[p - p0..][..len].copy_from_slice(&tile[q - q0..][..len]);
-                    }
                     let at = At {
                         inputs: data,
                         channel: grp * m_per + m0 + r,
                         offset,
                     };
-                    self.epilogue.apply(row, &at, regs, fast);
+                    self.head
+                        .scatter((&acc[r * ldc..], q0), (row, p0), &runs, &at, fast);
+                    self.tail.apply(row, &at, regs, fast);
                 }
             },
         );

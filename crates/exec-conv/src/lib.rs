@@ -16,14 +16,15 @@
 //! hold, which the fuser then takes. The partitioner compares the region's
 //! cost with the alternatives as it does for every fusion.
 //!
-//! Kernels ([`gemm`], [`window`]):
+//! Kernels ([`gemm`], [`window`], both reading the input as [`direct`] lays
+//! it out):
 //! - grouped and dense convolutions: per batch item and group a GEMM of the
 //!   packed weights and the input's windows, which the microkernel reads
 //!   straight from the input padded and split into stride phases once per
 //!   run (a direct convolution), a 6 x 16 AVX2 + FMA microkernel where the
 //!   CPU has it; 1x1 convolutions at stride 1 read the input as it lies;
 //! - depthwise convolutions (one input channel per group), max and average
-//!   pools: a direct loop per channel plane, vectorised along rows.
+//!   pools: per channel plane, one vectorised pass per tap over the plane.
 //! - transposed convolutions ([`transpose`]): a GEMM of the transposed
 //!   weights and the input as it lies, whose rows are scattered into the
 //!   output planes (col2im), each plane then finished by the epilogue.
@@ -34,6 +35,7 @@
 //! fallback.
 #![deny(missing_docs)]
 
+mod direct;
 mod epilogue;
 mod gemm;
 mod kernel;
@@ -240,7 +242,7 @@ impl Executor for ConvExecutor {
 
     /// A transposed convolution's columns (one row per output channel of a
     /// group and tap, one column per input position), or a convolution's
-    /// source where it is a copy of the input ([`gemm::Direct`]: padded,
+    /// source where it is a copy of the input ([`direct::Direct`]: padded,
     /// split into phases).
     fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
         let trace = cx.trace;
@@ -267,7 +269,7 @@ impl Executor for ConvExecutor {
             let positions: usize = g.window.output.iter().product();
             g.out_channels / g.groups * g.window.taps() * positions
         } else if g.in_channels != g.groups {
-            let direct = gemm::Direct::new(&g.window);
+            let direct = direct::Direct::new(&g.window);
             if direct.copies() {
                 g.batch * g.in_channels * direct.channel
             } else {
