@@ -87,21 +87,9 @@ impl Head {
     ) {
         #[cfg(target_arch = "x86_64")]
         {
-            /// # Safety
-            /// The CPU must have AVX2 and FMA.
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(
-                h: &Head,
-                src: (&[f32], usize),
-                dst: (&mut [f32], usize),
-                runs: &[(usize, usize, usize)],
-                at: &At,
-            ) {
-                h.scatter_on(src, dst, runs, at);
-            }
             if fast {
-                // SAFETY: `fast_kernel` checked the CPU has both.
-                unsafe { avx2(self, (src, src0), (dst, dst0), runs, at) };
+                // SAFETY: `fast_kernel` checked the CPU has AVX2 and FMA.
+                unsafe { avx2::scatter(self, (src, src0), (dst, dst0), runs, at) };
                 return;
             }
         }
@@ -109,7 +97,12 @@ impl Head {
         self.scatter_on((src, src0), (dst, dst0), runs, at);
     }
 
-    #[inline(always)]
+    /// The addend for `at`'s channel, if any.
+    fn addend(&self, at: &At) -> Option<f32> {
+        self.add
+            .map(|(slot, per_channel)| at.inputs[slot][if per_channel { at.channel } else { 0 }])
+    }
+
     fn scatter_on(
         &self,
         (src, src0): (&[f32], usize),
@@ -117,18 +110,65 @@ impl Head {
         runs: &[(usize, usize, usize)],
         at: &At,
     ) {
-        let (lo, hi) = (self.lo, self.hi);
-        let clamp = |v: f32| if v.is_nan() { f32::NAN } else { v.max(lo).min(hi) };
-        let b = self
-            .add
-            .map(|(slot, per_channel)| at.inputs[slot][if per_channel { at.channel } else { 0 }]);
-        let plain = lo == f32::NEG_INFINITY && hi == f32::INFINITY;
+        let (lo, hi, b) = (self.lo, self.hi, self.addend(at));
         for &(q, len, p) in runs {
             let (s, d) = (&src[q - src0..][..len], &mut dst[p - dst0..][..len]);
             match b {
-                None if plain => d.copy_from_slice(s),
-                None => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v)),
-                Some(b) => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v + b)),
+                None => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v, lo, hi)),
+                Some(b) => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v + b, lo, hi)),
+            }
+        }
+    }
+}
+
+/// `v` clamped to `[lo, hi]` as x86's `maxps(lo, v)` then `minps(hi, _)`
+/// compute it, so that the vector and scalar paths agree to the bit: a NaN
+/// stays NaN, as in the fallback's Relu and Clip, and so does -0.0 through
+/// a Relu.
+#[inline(always)]
+fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
+    let m = if lo > v { lo } else { v };
+    if hi < m { hi } else { m }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{At, Head, clamp};
+
+    /// [`Head::scatter`] 8 lanes at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scatter(
+        h: &Head,
+        (src, src0): (&[f32], usize),
+        (dst, dst0): (&mut [f32], usize),
+        runs: &[(usize, usize, usize)],
+        at: &At,
+    ) {
+        let (lo, hi, b) = (h.lo, h.hi, h.addend(at));
+        let (lo8, hi8) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        let b8 = _mm256_set1_ps(b.unwrap_or(0.0));
+        for &(q, len, p) in runs {
+            let (s, d) = (&src[q - src0..][..len], &mut dst[p - dst0..][..len]);
+            let (mut sc, mut dc) = (s.chunks_exact(8), d.chunks_exact_mut(8));
+            for (s8, d8) in (&mut sc).zip(&mut dc) {
+                // SAFETY: both chunks hold 8 floats.
+                unsafe {
+                    let mut v = _mm256_loadu_ps(s8.as_ptr());
+                    if b.is_some() {
+                        v = _mm256_add_ps(v, b8);
+                    }
+                    // The second operand is returned where either is NaN.
+                    v = _mm256_min_ps(hi8, _mm256_max_ps(lo8, v));
+                    _mm256_storeu_ps(d8.as_mut_ptr(), v);
+                }
+            }
+            for (d, &v) in dc.into_remainder().iter_mut().zip(sc.remainder()) {
+                *d = clamp(b.map_or(v, |b| v + b), lo, hi);
             }
         }
     }
