@@ -200,30 +200,22 @@ unsafe fn microkernel(
     #[cfg(target_arch = "x86_64")]
     {
         if fast {
+            let tile = match lanes == NR {
+                true => avx2::tile::<false>,
+                false => avx2::tile::<true>,
+            };
             // SAFETY: the CPU has AVX2 and FMA (`fast`); the rest is the
             // caller's.
             unsafe {
-                if lanes == NR {
-                    avx2::tile::<false>(
-                        (channels, taps, channel),
-                        a.as_ptr(),
-                        b,
-                        c,
-                        ldc,
-                        accumulate,
-                        lanes,
-                    )
-                } else {
-                    avx2::tile::<true>(
-                        (channels, taps, channel),
-                        a.as_ptr(),
-                        b,
-                        c,
-                        ldc,
-                        accumulate,
-                        lanes,
-                    )
-                }
+                tile(
+                    (channels, taps, channel),
+                    a.as_ptr(),
+                    b,
+                    c,
+                    ldc,
+                    accumulate,
+                    lanes,
+                )
             };
             return;
         }

@@ -60,6 +60,9 @@ pub(crate) struct ConvKernel {
     mc: usize,
     /// Positions `q` per task.
     nc: usize,
+    /// Per chunk of `nc` positions `q`: where its output positions are
+    /// ([`Direct::runs`]).
+    runs: Vec<Vec<(usize, usize, usize)>>,
     packed: RwLock<Packed>,
     /// The source buffer of the last run, for the next one (a concurrent
     /// run allocates its own).
@@ -80,6 +83,13 @@ impl ConvKernel {
             Anchor::Conv { .. } => epilogue.clone().split_head(),
             _ => (Head::default(), epilogue.clone()),
         };
+        let runs = match &direct {
+            Some(d) if nc > 0 => (0..d.span)
+                .step_by(nc)
+                .map(|q0| d.runs(q0, (q0 + nc).min(d.span)))
+                .collect(),
+            _ => Vec::new(),
+        };
         ConvKernel {
             anchor,
             x,
@@ -92,6 +102,7 @@ impl ConvKernel {
             mc,
             nc,
             packed: RwLock::new(Vec::new()),
+            runs,
             source: Mutex::new(Vec::new()),
         }
     }
@@ -253,16 +264,7 @@ impl Kernel for ConvKernel {
                     inputs: g.in_channels,
                     outputs: g.out_channels,
                 };
-                let reduce = Reduce::Weighted(data[*w]);
-                window::run(
-                    &g.window,
-                    planes,
-                    reduce,
-                    data[self.x],
-                    out,
-                    (&self.head, &self.tail),
-                    &data,
-                );
+                self.window(&g.window, planes, Reduce::Weighted(data[*w]), out, &data);
             }
             (Anchor::ConvTranspose { geometry, w }, _) => {
                 crate::transpose::run(geometry, data[*w], data[self.x], out, &self.epilogue, &data);
@@ -283,15 +285,7 @@ impl Kernel for ConvKernel {
                     Some(d) => Reduce::Mean(d),
                     None => Reduce::Max,
                 };
-                window::run(
-                    win,
-                    planes,
-                    reduce,
-                    data[self.x],
-                    out,
-                    (&self.head, &self.tail),
-                    &data,
-                );
+                self.window(win, planes, reduce, out, &data);
             }
         }
         outputs.push(buf.into_tensor());
@@ -300,6 +294,20 @@ impl Kernel for ConvKernel {
 }
 
 impl ConvKernel {
+    /// A depthwise convolution or a pool ([`window::run`]) with the
+    /// kernel's epilogue.
+    fn window(&self, win: &Window, planes: Planes, reduce: Reduce, out: &mut [f32], data: &[&[f32]]) {
+        window::run(
+            win,
+            planes,
+            reduce,
+            data[self.x],
+            out,
+            (&self.head, &self.tail),
+            data,
+        );
+    }
+
     /// The convolution over `src`, its source ([`Direct`]), into `out`,
     /// each task's tile finished by the epilogue.
     fn gemm(
@@ -337,7 +345,7 @@ impl ConvKernel {
                     scratch,
                     fast,
                 );
-                let runs = direct.runs(q0, q0 + width);
+                let runs = &self.runs[q0 / nc];
                 let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
                     return;
                 };
@@ -354,7 +362,7 @@ impl ConvKernel {
                         offset,
                     };
                     self.head
-                        .scatter((&acc[r * ldc..], q0), (row, p0), &runs, &at, fast);
+                        .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
                     self.tail.apply(row, &at, regs, fast);
                 }
             },

@@ -55,7 +55,6 @@ struct Rows<'a> {
 /// `out` (`[N, M, O...]`) = `x`'s windows reduced as `reduce` says, each
 /// plane finished by `head` as it is written and then by `epilogue`. A
 /// mean's divisions come before the epilogue, so its `head` must be empty.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     win: &Window,
     planes: Planes,
