@@ -170,7 +170,7 @@ fn tiles(g: &ConvGeometry, positions: usize, threads: usize) -> (Vec<Task>, usiz
     let splits = if chunks >= threads {
         1
     } else {
-        threads.div_ceil(chunks)
+        threads.div_ceil(chunks.max(1))
     };
     let mc = m_per.div_ceil(splits).div_ceil(MR).max(1) * MR;
     let mut tasks = Vec::new();
@@ -251,7 +251,7 @@ impl Kernel for ConvKernel {
                         Err(_) => &mut own,
                     };
                     let (x, channel) = (data[self.x], direct.channel);
-                    let plane = x.len() / (geometry.batch * geometry.in_channels);
+                    let plane: usize = geometry.window.input.iter().product();
                     buf.resize(geometry.batch * geometry.in_channels * channel, 0.0);
                     buf.par_chunks_mut(channel)
                         .zip(x.par_chunks(plane))

@@ -125,6 +125,19 @@ output y
 }
 
 #[test]
+fn an_empty_batch_gives_an_empty_result() {
+    let src = "input x: f32[0, 4, 5, 5]\ninput w: f32[6, 4, 3, 3]\ninput dw: f32[4, 1, 3, 3]\n\
+               input wt: f32[4, 3, 3, 3]\n\
+               c = conv(x, w, pad=[1, 1, 1, 1])\nr = relu(c)\n\
+               d = conv(x, dw, stride=[2, 2], groups=4)\n\
+               p = max_pool(x, kernel=[2, 2])\n\
+               t = conv_transpose(x, wt, stride=[2, 2])\n\
+               output r, d, p, t\n";
+    let regions = check(&parse(src).unwrap(), 1);
+    assert_eq!(regions.len(), 4, "{regions:?}");
+}
+
+#[test]
 fn nans_in_the_input_stay_nans_through_relu_clip_and_max_pools() {
     let src = "input x: f32[1, 4, 9, 9]\ninput w: f32[6, 4, 3, 3]\n\
                c = conv(x, w, pad=[1, 1, 1, 1])\nr = relu(c)\n\
