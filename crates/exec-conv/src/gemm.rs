@@ -71,7 +71,7 @@ impl PackedWeights {
 /// even as the most a block holds allows, no short last block.
 pub(crate) fn block(d: &Direct, c_per: usize) -> usize {
     let most = (KC / d.taps()).max(1);
-    c_per.div_ceil(c_per.div_ceil(most))
+    c_per.div_ceil(c_per.div_ceil(most).max(1)).max(1)
 }
 
 /// Packs the weights, `[groups * m_per, c_per * taps]`, in blocks of
@@ -111,6 +111,11 @@ pub(crate) fn tile(
     assert!(ldc >= blocks * NR && acc.len() >= rows.div_ceil(MR) * MR * ldc);
     let furthest = d.taps.iter().copied().max().unwrap_or(0) as usize;
     let (p_lo, p_hi) = (m0 / MR, (m0 + rows).div_ceil(MR));
+    if c_per == 0 {
+        // No input channels: a sum of nothing.
+        acc[..(p_hi - p_lo) * MR * ldc].fill(0.0);
+        return;
+    }
     let packing = d.taps() == 1;
     let packed_taps: Vec<isize> = (0..taps).map(|t| (t * NR) as isize).collect();
     let block = block(d, c_per);

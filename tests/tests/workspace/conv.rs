@@ -138,6 +138,14 @@ fn an_empty_batch_gives_an_empty_result() {
 }
 
 #[test]
+fn a_convolution_of_no_input_channels_is_its_bias() {
+    // Twice on one kernel: the second run must not see the first's sums.
+    let src = "input x: f32[1, 0, 5, 5]\ninput w: f32[6, 0, 3, 3]\ninput b: f32[6]\n\
+               c = conv(x, w, b, pad=[1, 1, 1, 1])\nr = relu(c)\noutput r\n";
+    check(&parse(src).unwrap(), 2);
+}
+
+#[test]
 fn nans_in_the_input_stay_nans_through_relu_clip_and_max_pools() {
     let src = "input x: f32[1, 4, 9, 9]\ninput w: f32[6, 4, 3, 3]\n\
                c = conv(x, w, pad=[1, 1, 1, 1])\nr = relu(c)\n\
