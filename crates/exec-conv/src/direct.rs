@@ -200,22 +200,28 @@ impl Direct {
         }
     }
 
-    /// The output positions among `q` in `[q0, q1)`: runs of `(q, length,
-    /// output position)`, in order (their output positions contiguous).
-    pub(crate) fn runs(&self, q0: usize, q1: usize) -> Vec<(usize, usize, usize)> {
+    /// The output positions among the `q` computed, split into chunks of
+    /// `chunk` consecutive `q`: per chunk, runs of `(q, length, output
+    /// position)` in order (their output positions contiguous). One pass
+    /// over the output rows.
+    pub(crate) fn runs(&self, chunk: usize) -> Vec<Vec<(usize, usize, usize)>> {
         let last = self.shape.len() - 1;
         let (width, out_width) = (self.shape[last], self.output[last]);
         let lead_out: usize = self.output[..last].iter().product();
         let mut idx = vec![0usize; last];
-        let mut runs = Vec::new();
+        let mut chunks = vec![Vec::new(); self.span.div_ceil(chunk.max(1))];
         for j in 0..lead_out {
             unravel(j, &self.output[..last], &mut idx);
             let q = idx.iter().zip(&self.shape).fold(0, |at, (&i, &n)| at * n + i) * width;
-            let (a, b) = (q.max(q0), (q + out_width).min(q1));
-            if a < b {
-                runs.push((a, b - a, j * out_width + a - q));
+            // The row's stretch of q, cut where chunks end.
+            let mut a = q;
+            while a < q + out_width {
+                let c = a / chunk;
+                let b = (q + out_width).min((c + 1) * chunk);
+                chunks[c].push((a, b - a, j * out_width + a - q));
+                a = b;
             }
         }
-        runs
+        chunks
     }
 }

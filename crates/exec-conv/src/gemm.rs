@@ -116,8 +116,9 @@ pub(crate) fn tile(
         acc[..(p_hi - p_lo) * MR * ldc].fill(0.0);
         return;
     }
-    let packing = d.taps() == 1;
-    let packed_taps: Vec<isize> = (0..taps).map(|t| (t * NR) as isize).collect();
+    // Packed, a tile's rows of `col` lie NR apart: one tap at 0, each
+    // "channel" (a row) NR on.
+    let packing = taps == 1;
     let block = block(d, c_per);
     for c0 in (0..c_per).step_by(block) {
         let cl = block.min(c_per - c0);
@@ -131,51 +132,32 @@ pub(crate) fn tile(
             assert!(base + (cl - 1) * d.channel + furthest + lanes <= src.len());
             if packing {
                 scratch.resize(kl * NR, 0.0);
-                for ch in 0..cl {
-                    for (t, &off) in d.taps.iter().enumerate() {
-                        let from = (base + ch * d.channel) as isize + off;
-                        let dst = &mut scratch[(ch * taps + t) * NR..][..NR];
-                        if lanes == NR {
-                            let dst: &mut [f32; NR] = dst.try_into().expect("NR long");
-                            dst.copy_from_slice(&src[from as usize..][..NR]);
-                        } else {
-                            dst[..lanes].copy_from_slice(&src[from as usize..][..lanes]);
-                            dst[lanes..].fill(0.0);
-                        }
+                for (ch, dst) in scratch.chunks_exact_mut(NR).enumerate() {
+                    let from = ((base + ch * d.channel) as isize + d.taps[0]) as usize;
+                    if lanes == NR {
+                        let dst: &mut [f32; NR] = dst.try_into().expect("NR long");
+                        dst.copy_from_slice(&src[from..][..NR]);
+                    } else {
+                        dst[..lanes].copy_from_slice(&src[from..][..lanes]);
+                        dst[lanes..].fill(0.0);
                     }
                 }
             }
+            let (bp, reads) = match packing {
+                true => (scratch.as_ptr(), ((kl, &[0][..], NR), NR)),
+                // SAFETY: `base` lies in `src` (asserted above).
+                false => (
+                    unsafe { src.as_ptr().add(base) },
+                    ((cl, &d.taps[..], d.channel), lanes),
+                ),
+            };
             for p in p_lo..p_hi {
                 let a = w.panel(g, k0, kl, p);
                 let c = &mut acc[(p * MR - m0) * ldc + b * NR..];
                 // SAFETY: every read lies in `src` (asserted) or the
                 // packed panel, every write in `acc`'s MR rows of NR
                 // from there (asserted above).
-                unsafe {
-                    if packing {
-                        microkernel(
-                            (cl, &packed_taps, taps * NR),
-                            a,
-                            scratch.as_ptr(),
-                            c.as_mut_ptr(),
-                            ldc,
-                            c0 > 0,
-                            NR,
-                            fast,
-                        )
-                    } else {
-                        microkernel(
-                            (cl, &d.taps, d.channel),
-                            a,
-                            src.as_ptr().add(base),
-                            c.as_mut_ptr(),
-                            ldc,
-                            c0 > 0,
-                            lanes,
-                            fast,
-                        )
-                    }
-                };
+                unsafe { microkernel(reads.0, a, bp, c.as_mut_ptr(), ldc, c0 > 0, reads.1, fast) };
             }
         }
     }

@@ -10,7 +10,7 @@ use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 use crate::direct::Direct;
 use crate::epilogue::{At, Epilogue, Head};
 use crate::gemm::{self, MR, NR, PackedWeights, fast_kernel};
-use crate::window::{self, Planes, Reduce};
+use crate::window::{self, Planes, Reduce, Windows};
 
 /// Output positions per task, at most.
 const NC: usize = 8 * NR;
@@ -46,9 +46,9 @@ pub(crate) struct ConvKernel {
     anchor: Anchor,
     /// The region input the anchor reads.
     x: usize,
-    epilogue: Epilogue,
     /// For a convolution: the epilogue's [`Head`], applied as each tile is
-    /// copied to the output, and the steps after it.
+    /// copied to the output, and the steps after it; otherwise no head and
+    /// the whole epilogue.
     head: Head,
     tail: Epilogue,
     out_shape: Vec<usize>,
@@ -56,6 +56,9 @@ pub(crate) struct ConvKernel {
     /// tiles, one task each (batch item, group, first channel, first
     /// position `q`), of at most `mc` channels.
     direct: Option<Direct>,
+    /// For a depthwise convolution or a pool with positions to compute:
+    /// its layout, worked out once.
+    windows: Option<Windows>,
     tasks: Vec<Task>,
     mc: usize,
     /// Positions `q` per task.
@@ -79,25 +82,27 @@ impl ConvKernel {
             }
             _ => (None, (Vec::new(), 0, 0)),
         };
+        let windows = match &anchor {
+            Anchor::Conv { geometry, .. } if direct.is_none() => Windows::new(&geometry.window),
+            Anchor::Pool { window, .. } => Windows::new(window),
+            _ => None,
+        };
         let (head, tail) = match &anchor {
-            Anchor::Conv { .. } => epilogue.clone().split_head(),
-            _ => (Head::default(), epilogue.clone()),
+            Anchor::Conv { .. } => epilogue.split_head(),
+            _ => (Head::default(), epilogue),
         };
         let runs = match &direct {
-            Some(d) if nc > 0 => (0..d.span)
-                .step_by(nc)
-                .map(|q0| d.runs(q0, (q0 + nc).min(d.span)))
-                .collect(),
+            Some(d) if nc > 0 => d.runs(nc),
             _ => Vec::new(),
         };
         ConvKernel {
             anchor,
             x,
-            epilogue,
             head,
             tail,
             out_shape,
             direct,
+            windows,
             tasks,
             mc,
             nc,
@@ -264,16 +269,14 @@ impl Kernel for ConvKernel {
                     inputs: g.in_channels,
                     outputs: g.out_channels,
                 };
-                self.window(&g.window, planes, Reduce::Weighted(data[*w]), out, &data);
+                self.window(planes, Reduce::Weighted(data[*w]), out, &data);
             }
             (Anchor::ConvTranspose { geometry, w }, _) => {
-                crate::transpose::run(geometry, data[*w], data[self.x], out, &self.epilogue, &data);
+                crate::transpose::run(geometry, data[*w], data[self.x], out, &self.tail, &data);
             }
             (
                 Anchor::Pool {
-                    window: win,
-                    divisors,
-                    channels,
+                    divisors, channels, ..
                 },
                 _,
             ) => {
@@ -285,7 +288,7 @@ impl Kernel for ConvKernel {
                     Some(d) => Reduce::Mean(d),
                     None => Reduce::Max,
                 };
-                self.window(win, planes, reduce, out, &data);
+                self.window(planes, reduce, out, &data);
             }
         }
         outputs.push(buf.into_tensor());
@@ -295,10 +298,11 @@ impl Kernel for ConvKernel {
 
 impl ConvKernel {
     /// A depthwise convolution or a pool ([`window::run`]) with the
-    /// kernel's epilogue.
-    fn window(&self, win: &Window, planes: Planes, reduce: Reduce, out: &mut [f32], data: &[&[f32]]) {
+    /// kernel's epilogue; nothing to compute for an empty output.
+    fn window(&self, planes: Planes, reduce: Reduce, out: &mut [f32], data: &[&[f32]]) {
+        let Some(windows) = &self.windows else { return };
         window::run(
-            win,
+            windows,
             planes,
             reduce,
             data[self.x],

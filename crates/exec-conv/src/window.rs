@@ -38,25 +38,47 @@ pub(crate) struct Planes {
     pub(crate) outputs: usize,
 }
 
-/// What every plane of one kernel shares.
+/// What a window kernel works out once, when it is compiled: how each
+/// plane's windows read its input (padded, split into stride phases,
+/// positions numbered in that layout) and where the output positions are
+/// among those computed ([`Direct::runs`]).
+pub(crate) struct Windows {
+    direct: Direct,
+    runs: Vec<(usize, usize, usize)>,
+    /// Elements of an input plane and of an output plane.
+    plane_in: usize,
+    plane_out: usize,
+}
+
+impl Windows {
+    /// The layout for `win`; `None` where the output is empty.
+    pub(crate) fn new(win: &Window) -> Option<Windows> {
+        let plane_out: usize = win.output.iter().product();
+        if plane_out == 0 {
+            return None;
+        }
+        let direct = Direct::new(win);
+        Some(Windows {
+            runs: direct.runs(direct.span).swap_remove(0),
+            direct,
+            plane_in: win.input.iter().product(),
+            plane_out,
+        })
+    }
+}
+
+/// What every plane of one run shares.
 struct Rows<'a> {
     planes: Planes,
     reduce: Reduce<'a>,
-    /// How a plane's windows read its input: padded, split into stride
-    /// phases, positions numbered in that layout.
-    direct: Direct,
-    /// Where the output positions are among those computed (see
-    /// [`Direct::runs`]).
-    runs: Vec<(usize, usize, usize)>,
-    /// Elements of an input plane.
-    plane_in: usize,
+    windows: &'a Windows,
 }
 
 /// `out` (`[N, M, O...]`) = `x`'s windows reduced as `reduce` says, each
 /// plane finished by `head` as it is written and then by `epilogue`. A
 /// mean's divisions come before the epilogue, so its `head` must be empty.
 pub(crate) fn run(
-    win: &Window,
+    windows: &Windows,
     planes: Planes,
     reduce: Reduce,
     x: &[f32],
@@ -65,17 +87,11 @@ pub(crate) fn run(
     data: &[&[f32]],
 ) {
     assert!(!matches!(reduce, Reduce::Mean(_)) || *head == Head::default());
-    let plane_out: usize = win.output.iter().product();
-    if plane_out == 0 {
-        return;
-    }
-    let direct = Direct::new(win);
+    let plane_out = windows.plane_out;
     let rows = Rows {
         planes,
         reduce,
-        runs: direct.runs(0, direct.span),
-        direct,
-        plane_in: win.input.iter().product(),
+        windows,
     };
     let simd = Simd::current();
     let fast = crate::gemm::fast_kernel(simd);
@@ -89,7 +105,7 @@ pub(crate) fn run(
         .enumerate()
         .for_each_init(
             || (Vec::new(), Vec::new()),
-            |(phases, regs), (task, planes_out)| {
+            |(buf, regs), (task, planes_out)| {
                 for (j, plane) in planes_out.chunks_mut(plane_out).enumerate() {
                     let i = task * per_task + j;
                     let at = At {
@@ -97,7 +113,7 @@ pub(crate) fn run(
                         channel: i % planes.outputs,
                         offset: i * plane_out,
                     };
-                    rows.plane_at(simd, i, x, (plane, head, &at), phases);
+                    rows.plane_at(simd, i, x, (plane, head, &at), buf);
                     // The epilogue over the plane (one channel, contiguous in the
                     // output) in stretches that stay in L1 between its steps.
                     for (k, part) in plane.chunks_mut(EPILOGUE_CHUNK).enumerate() {
@@ -119,14 +135,7 @@ const TASK_ELEMENTS: usize = 4096;
 impl Rows<'_> {
     /// [`Rows::plane`], compiled for `simd`'s level: the loops vectorise
     /// 8 wide where the CPU has AVX2.
-    fn plane_at(
-        &self,
-        simd: Simd,
-        i: usize,
-        x: &[f32],
-        out: (&mut [f32], &Head, &At),
-        phases: &mut Vec<f32>,
-    ) {
+    fn plane_at(&self, simd: Simd, i: usize, x: &[f32], out: (&mut [f32], &Head, &At), buf: &mut Vec<f32>) {
         #[cfg(target_arch = "x86_64")]
         {
             /// # Safety
@@ -137,18 +146,18 @@ impl Rows<'_> {
                 i: usize,
                 x: &[f32],
                 out: (&mut [f32], &Head, &At),
-                phases: &mut Vec<f32>,
+                buf: &mut Vec<f32>,
             ) {
-                rows.plane(i, x, out, true, phases);
+                rows.plane(i, x, out, true, buf);
             }
             if crate::gemm::fast_kernel(simd) {
                 // SAFETY: `fast_kernel` checked the CPU has both.
-                unsafe { avx2(self, i, x, out, phases) };
+                unsafe { avx2(self, i, x, out, buf) };
                 return;
             }
         }
         let _ = simd;
-        self.plane(i, x, out, false, phases);
+        self.plane(i, x, out, false, buf);
     }
 
     /// Output plane `i` (batch item `i / M`, channel `i % M`): its input
@@ -163,11 +172,12 @@ impl Rows<'_> {
         fast: bool,
         buf: &mut Vec<f32>,
     ) {
-        let d = &self.direct;
+        let d = &self.windows.direct;
         let m = self.planes.outputs;
         let (n, oc) = (i / m, i % m);
         let ic = oc / (m / self.planes.inputs);
-        let xs = &x[(n * self.planes.inputs + ic) * self.plane_in..][..self.plane_in];
+        let plane_in = self.windows.plane_in;
+        let xs = &x[(n * self.planes.inputs + ic) * plane_in..][..plane_in];
         let taps = d.taps();
         let ws = match self.reduce {
             Reduce::Weighted(w) => &w[oc * taps..][..taps],
@@ -212,7 +222,7 @@ impl Rows<'_> {
                 }
             }
         }
-        head.scatter((acc, 0), (plane, 0), &self.runs, at, fast);
+        head.scatter((acc, 0), (plane, 0), &self.windows.runs, at, fast);
         if let Reduce::Mean(divisors) = self.reduce {
             for (o, &d) in plane.iter_mut().zip(divisors) {
                 *o /= d;
