@@ -20,6 +20,8 @@
 use switchyard_core::ir::window::Window;
 use switchyard_core::meta::unravel;
 
+use crate::gemm::NR;
+
 /// How a window reads its input directly: the source's layout, each tap's
 /// offset in it, and the `q` numbering of the output positions.
 #[derive(Debug)]
@@ -143,6 +145,23 @@ impl Direct {
         }
     }
 
+    /// Whether a convolution's GEMM reads a copy: where [`Direct::copies`],
+    /// and where windows of several taps would read the input itself,
+    /// whose last tile reads past its end ([`Direct::source_len`]). A
+    /// single tap's tiles are packed from the input instead.
+    pub(crate) fn gemm_copies(&self) -> bool {
+        self.copies() || self.taps.len() > 1
+    }
+
+    /// Elements of the source of `channels` input channels (all batch
+    /// items' together): their copies, and past the last the most a
+    /// microkernel tile reads past a channel's last position (a whole tile
+    /// of [`NR`] loads at every tap; the lanes past the last position are
+    /// computed and dropped).
+    pub(crate) fn source_len(&self, channels: usize) -> usize {
+        channels * self.channel + NR
+    }
+
     /// Kernel taps per input channel.
     pub(crate) fn taps(&self) -> usize {
         self.taps.len()
@@ -198,6 +217,25 @@ impl Direct {
                 last[0] = src[start + s * (n - 1)];
             }
         }
+    }
+
+    /// Per element of a channel's source: the element of the input plane
+    /// that [`Direct::fill`] copies there, or `None` where it fills.
+    pub(crate) fn gather(&self) -> Vec<Option<usize>> {
+        let Some(l) = &self.layout else {
+            return (0..self.channel).map(Some).collect();
+        };
+        let width = self.shape[self.shape.len() - 1];
+        let rows_per_plane = l.rows.len() / l.cols.len();
+        let mut map = vec![None; self.channel];
+        for (k, (dst, &src_row)) in map.chunks_exact_mut(width).zip(&l.rows).enumerate() {
+            let Some(src_row) = src_row else { continue };
+            let (lo, hi, start) = l.cols[k / rows_per_plane];
+            for (j, d) in dst[lo..hi].iter_mut().enumerate() {
+                *d = Some(src_row * l.in_width + start + j * l.stride);
+            }
+        }
+        map
     }
 
     /// The output positions among the `q` computed, split into chunks of

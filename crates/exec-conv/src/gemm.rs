@@ -125,11 +125,12 @@ pub(crate) fn tile(
         let (k0, kl) = (c0 * taps, cl * taps);
         for b in 0..blocks {
             let q = q0 + b * NR;
-            // Past the last position the loads are masked: they
-            // could leave the source.
+            // Past the last position the lanes read on (the source has room,
+            // [`Direct::source_len`]) and are dropped; a packed tile is
+            // zero there.
             let lanes = NR.min(d.span - q);
             let base = at + c0 * d.channel + q;
-            assert!(base + (cl - 1) * d.channel + furthest + lanes <= src.len());
+            assert!(base + (cl - 1) * d.channel + furthest + if packing { lanes } else { NR } <= src.len());
             if packing {
                 scratch.resize(kl * NR, 0.0);
                 for (ch, dst) in scratch.chunks_exact_mut(NR).enumerate() {
@@ -144,12 +145,9 @@ pub(crate) fn tile(
                 }
             }
             let (bp, reads) = match packing {
-                true => (scratch.as_ptr(), ((kl, &[0][..], NR), NR)),
+                true => (scratch.as_ptr(), (kl, &[0][..], NR)),
                 // SAFETY: `base` lies in `src` (asserted above).
-                false => (
-                    unsafe { src.as_ptr().add(base) },
-                    ((cl, &d.taps[..], d.channel), lanes),
-                ),
+                false => (unsafe { src.as_ptr().add(base) }, (cl, &d.taps[..], d.channel)),
             };
             for p in p_lo..p_hi {
                 let a = w.panel(g, k0, kl, p);
@@ -157,7 +155,7 @@ pub(crate) fn tile(
                 // SAFETY: every read lies in `src` (asserted) or the
                 // packed panel, every write in `acc`'s MR rows of NR
                 // from there (asserted above).
-                unsafe { microkernel(reads.0, a, bp, c.as_mut_ptr(), ldc, c0 > 0, reads.1, fast) };
+                unsafe { microkernel(reads, a, bp, c.as_mut_ptr(), ldc, c0 > 0, fast) };
             }
         }
     }
@@ -165,14 +163,13 @@ pub(crate) fn tile(
 
 /// `c[r * ldc + j] (+)= sum over channels ch and taps t of
 /// a[(ch * taps + t) * MR + r] * b[ch * channel + taps[t] + j]` for a
-/// whole [`MR`] x [`NR`] tile, `b` read for the first `lanes` columns only (the others computed
-/// from zeros); `fast`: with the AVX2 + FMA microkernel ([`fast_kernel`]
-/// says whether it may run).
+/// whole [`MR`] x [`NR`] tile; `fast`: with the AVX2 + FMA microkernel
+/// ([`fast_kernel`] says whether it may run), its tap loop unrolled for
+/// the common counts (one, a packed tile or a 1x1 window; nine, 3x3).
 ///
 /// # Safety
 /// `b` must be valid for the reads named, `c` for `MR` rows of `NR`, `ldc`
 /// apart; `a` must hold `channels * taps * MR` values.
-#[allow(clippy::too_many_arguments)]
 unsafe fn microkernel(
     (channels, taps, channel): (usize, &[isize], usize),
     a: &[f32],
@@ -180,40 +177,28 @@ unsafe fn microkernel(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
-    lanes: usize,
     fast: bool,
 ) {
     assert!(a.len() >= channels * taps.len() * MR);
     #[cfg(target_arch = "x86_64")]
     {
         if fast {
-            let tile = match lanes == NR {
-                true => avx2::tile::<false>,
-                false => avx2::tile::<true>,
+            let tile = match taps.len() {
+                1 => avx2::tile::<1>,
+                9 => avx2::tile::<9>,
+                _ => avx2::tile::<0>,
             };
             // SAFETY: the CPU has AVX2 and FMA (`fast`); the rest is the
             // caller's.
-            unsafe {
-                tile(
-                    (channels, taps, channel),
-                    a.as_ptr(),
-                    b,
-                    c,
-                    ldc,
-                    accumulate,
-                    lanes,
-                )
-            };
+            unsafe { tile((channels, taps, channel), a.as_ptr(), b, c, ldc, accumulate) };
             return;
         }
     }
     let mut tile = [[0f32; NR]; MR];
-    let mut bk = [0f32; NR];
     for ch in 0..channels {
         for (t, &off) in taps.iter().enumerate() {
             // SAFETY: the caller's.
-            let src = unsafe { std::slice::from_raw_parts(b.offset((ch * channel) as isize + off), lanes) };
-            bk[..lanes].copy_from_slice(src);
+            let bk = unsafe { std::slice::from_raw_parts(b.offset((ch * channel) as isize + off), NR) };
             let ak = &a[(ch * taps.len() + t) * MR..][..MR];
             for r in 0..MR {
                 for j in 0..NR {
@@ -258,36 +243,21 @@ mod avx2 {
 
     use super::MR;
 
-    /// A whole `MR` x `NR` tile, accumulators in registers; with `MASKED`,
-    /// `b` read for the first `lanes` columns only.
+    /// A whole `MR` x `NR` tile, accumulators in registers; `T` taps per
+    /// channel, or any number (`taps.len()`) for 0.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; the rest as
-    /// [`super::microkernel`].
+    /// The CPU must have AVX2 and FMA; `taps` must hold `T` offsets where
+    /// `T` is not 0; the rest as [`super::microkernel`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const MASKED: bool>(
+    pub(super) unsafe fn tile<const T: usize>(
         (channels, taps, channel): (usize, &[isize], usize),
         a: *const f32,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
-        lanes: usize,
     ) {
-        let lane = |first: i32| {
-            let n = lanes as i32 - first;
-            _mm256_setr_epi32(
-                -((n > 0) as i32),
-                -((n > 1) as i32),
-                -((n > 2) as i32),
-                -((n > 3) as i32),
-                -((n > 4) as i32),
-                -((n > 5) as i32),
-                -((n > 6) as i32),
-                -((n > 7) as i32),
-            )
-        };
-        let (m0, m1) = (lane(0), lane(8));
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         if accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
@@ -299,24 +269,35 @@ mod avx2 {
             }
         }
         let mut a = a;
-        for ch in 0..channels {
+        // One step of the product: the tile's row of `col` at `bp` times
+        // the panel's next column.
+        let mut step = |bp: *const f32| {
             // SAFETY: the caller's.
-            let bc = unsafe { b.add(ch * channel) };
-            for &off in taps {
-                // SAFETY: the caller's: reads of the named lanes only.
-                unsafe {
-                    let bp = bc.offset(off);
-                    let (b0, b1) = if MASKED {
-                        (_mm256_maskload_ps(bp, m0), _mm256_maskload_ps(bp.add(8), m1))
-                    } else {
-                        (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
-                    };
-                    for (r, row) in acc.iter_mut().enumerate() {
-                        let ar = _mm256_broadcast_ss(&*a.add(r));
-                        row[0] = _mm256_fmadd_ps(ar, b0, row[0]);
-                        row[1] = _mm256_fmadd_ps(ar, b1, row[1]);
-                    }
-                    a = a.add(MR);
+            unsafe {
+                let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let ar = _mm256_broadcast_ss(&*a.add(r));
+                    row[0] = _mm256_fmadd_ps(ar, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ar, b1, row[1]);
+                }
+                a = a.add(MR);
+            }
+        };
+        if T == 0 {
+            for ch in 0..channels {
+                // SAFETY: the caller's.
+                let bc = unsafe { b.add(ch * channel) };
+                for &off in taps {
+                    step(bc.wrapping_offset(off));
+                }
+            }
+        } else {
+            let taps: &[isize; T] = taps.try_into().expect("T taps");
+            for ch in 0..channels {
+                // SAFETY: the caller's.
+                let bc = unsafe { b.add(ch * channel) };
+                for &off in taps {
+                    step(bc.wrapping_offset(off));
                 }
             }
         }

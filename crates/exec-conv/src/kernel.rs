@@ -246,7 +246,7 @@ impl Kernel for ConvKernel {
         match (&self.anchor, &self.direct) {
             (Anchor::Conv { geometry, w }, Some(direct)) => {
                 let packed = self.packed(geometry, direct, inputs[*w], data[*w]);
-                if !direct.copies() {
+                if !direct.gemm_copies() {
                     self.gemm(geometry, direct, &packed, data[self.x], out, &data);
                 } else {
                     let mut held = self.source.try_lock();
@@ -257,8 +257,8 @@ impl Kernel for ConvKernel {
                     };
                     let (x, channel) = (data[self.x], direct.channel);
                     let plane: usize = geometry.window.input.iter().product();
-                    buf.resize(geometry.batch * geometry.in_channels * channel, 0.0);
-                    buf.par_chunks_mut(channel)
+                    buf.resize(direct.source_len(geometry.batch * geometry.in_channels), 0.0);
+                    buf.par_chunks_exact_mut(channel)
                         .zip(x.par_chunks(plane))
                         .for_each(|(dst, src)| direct.fill(src, dst, 0.0));
                     self.gemm(geometry, direct, &packed, buf, out, &data);
@@ -330,9 +330,8 @@ impl ConvKernel {
         let ptr = Out(out.as_mut_ptr());
         let total = out.len();
         let fast = fast_kernel(switchyard_simd::Simd::current());
-        tasks.par_iter().for_each_init(
-            || (Vec::new(), Vec::new(), Vec::new()),
-            |(acc, regs, scratch), &(n, grp, m0, q0)| {
+        tasks.par_iter().for_each(|&(n, grp, m0, q0)| {
+            crate::scratch::with(|[acc, regs, scratch]| {
                 let rows = mc.min(m_per - m0);
                 let width = nc.min(direct.span - q0);
                 let ldc = width.div_ceil(NR) * NR;
@@ -369,7 +368,7 @@ impl ConvKernel {
                         .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
                     self.tail.apply(row, &at, regs, fast);
                 }
-            },
-        );
+            })
+        });
     }
 }

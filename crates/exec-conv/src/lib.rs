@@ -39,6 +39,7 @@ mod direct;
 mod epilogue;
 mod gemm;
 mod kernel;
+mod scratch;
 mod transpose;
 mod window;
 
@@ -270,8 +271,8 @@ impl Executor for ConvExecutor {
             g.out_channels / g.groups * g.window.taps() * positions
         } else if g.in_channels != g.groups {
             let direct = direct::Direct::new(&g.window);
-            if direct.copies() {
-                g.batch * g.in_channels * direct.channel
+            if direct.gemm_copies() {
+                direct.source_len(g.batch * g.in_channels)
             } else {
                 0
             }

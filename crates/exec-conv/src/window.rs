@@ -48,7 +48,23 @@ pub(crate) struct Windows {
     /// Elements of an input plane and of an output plane.
     plane_in: usize,
     plane_out: usize,
+    /// For planes small enough to run [`LANES`] at a time (interleaved):
+    /// per element of a channel's source, the input element it holds
+    /// ([`Direct::gather`]).
+    gather: Option<Vec<Option<usize>>>,
 }
+
+/// Planes a small-plane task runs at once, interleaved: one 8-wide vector
+/// holds a position of each.
+const LANES: usize = 8;
+
+/// Source elements per channel up to which planes run [`LANES`] at a time.
+/// A small plane's own passes are mostly loop overhead (a 7 x 7 plane is
+/// a few vectors per tap, with scalar remainders); interleaved, every
+/// vector is full and the overhead is shared by eight planes. Larger
+/// planes run well on their own, and their interleaved copies would leave
+/// L1.
+const LANES_SOURCE: usize = 1024;
 
 impl Windows {
     /// The layout for `win`; `None` where the output is empty.
@@ -60,6 +76,7 @@ impl Windows {
         let direct = Direct::new(win);
         Some(Windows {
             runs: direct.runs(direct.span).swap_remove(0),
+            gather: (direct.channel <= LANES_SOURCE).then(|| direct.gather()),
             direct,
             plane_in: win.input.iter().product(),
             plane_out,
@@ -95,6 +112,53 @@ pub(crate) fn run(
     };
     let simd = Simd::current();
     let fast = crate::gemm::fast_kernel(simd);
+    let at = |i: usize| At {
+        inputs: data,
+        channel: i % planes.outputs,
+        offset: i * plane_out,
+    };
+    // After the head: a mean's divisions, then the rest of the epilogue
+    // over the plane (one channel, contiguous in the output) in stretches
+    // that stay in L1 between its steps.
+    let finish = |i: usize, plane: &mut [f32], regs: &mut Vec<f32>| {
+        if let Reduce::Mean(divisors) = reduce {
+            for (o, &d) in plane.iter_mut().zip(divisors) {
+                *o /= d;
+            }
+        }
+        for (k, part) in plane.chunks_mut(EPILOGUE_CHUNK).enumerate() {
+            let at = At {
+                offset: i * plane_out + k * EPILOGUE_CHUNK,
+                ..at(i)
+            };
+            epilogue.apply(part, &at, regs, fast);
+        }
+    };
+    if let Some(gather) = &windows.gather {
+        // Per batch item, its planes LANES at a time, a few groups to a
+        // task.
+        let m = planes.outputs;
+        let per_task = (TASK_ELEMENTS / (LANES * plane_out)).max(1);
+        out.par_chunks_mut(m * plane_out)
+            .enumerate()
+            .for_each(|(n, item)| {
+                item.par_chunks_mut(LANES * plane_out)
+                    .enumerate()
+                    .with_min_len(per_task)
+                    .for_each(|(g, group)| {
+                        crate::scratch::with(|[src, sums, regs]| {
+                            let first = n * m + g * LANES;
+                            rows.group_at(simd, first, group.len() / plane_out, x, gather, (src, sums));
+                            for (l, plane) in group.chunks_mut(plane_out).enumerate() {
+                                let i = first + l;
+                                head.scatter_lane((sums, LANES, l), plane, &windows.runs, &at(i));
+                                finish(i, plane, regs);
+                            }
+                        })
+                    })
+            });
+        return;
+    }
     // Small planes a few to a task, so that handing out tasks costs little
     // beside them, while every thread still gets several.
     let count = out.len() / plane_out;
@@ -103,30 +167,16 @@ pub(crate) fn run(
         .max(1);
     out.par_chunks_mut(plane_out * per_task)
         .enumerate()
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(buf, regs), (task, planes_out)| {
+        .for_each(|(task, planes_out)| {
+            crate::scratch::with(|[buf, regs]| {
                 for (j, plane) in planes_out.chunks_mut(plane_out).enumerate() {
                     let i = task * per_task + j;
-                    let at = At {
-                        inputs: data,
-                        channel: i % planes.outputs,
-                        offset: i * plane_out,
-                    };
-                    rows.plane_at(simd, i, x, (plane, head, &at), buf);
-                    // The epilogue over the plane (one channel, contiguous in the
-                    // output) in stretches that stay in L1 between its steps.
-                    for (k, part) in plane.chunks_mut(EPILOGUE_CHUNK).enumerate() {
-                        let at = At {
-                            inputs: data,
-                            channel: i % planes.outputs,
-                            offset: i * plane_out + k * EPILOGUE_CHUNK,
-                        };
-                        epilogue.apply(part, &at, regs, fast);
-                    }
+                    let acc = rows.plane_at(simd, i, x, buf);
+                    head.scatter((acc, 0), (plane, 0), &windows.runs, &at(i), fast);
+                    finish(i, plane, regs);
                 }
-            },
-        );
+            })
+        });
 }
 
 /// Output elements a task of small planes gathers, at least.
@@ -135,7 +185,87 @@ const TASK_ELEMENTS: usize = 4096;
 impl Rows<'_> {
     /// [`Rows::plane`], compiled for `simd`'s level: the loops vectorise
     /// 8 wide where the CPU has AVX2.
-    fn plane_at(&self, simd: Simd, i: usize, x: &[f32], out: (&mut [f32], &Head, &At), buf: &mut Vec<f32>) {
+    fn plane_at<'b>(&self, simd: Simd, i: usize, x: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
+        #[cfg(target_arch = "x86_64")]
+        {
+            /// # Safety
+            /// The CPU must have AVX2 and FMA.
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2<'b>(rows: &Rows, i: usize, x: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
+                rows.plane(i, x, buf)
+            }
+            if crate::gemm::fast_kernel(simd) {
+                // SAFETY: `fast_kernel` checked the CPU has both.
+                return unsafe { avx2(self, i, x, buf) };
+            }
+        }
+        let _ = simd;
+        self.plane(i, x, buf)
+    }
+
+    /// The input channel plane `i` (batch item `i / M`, channel `i % M`)
+    /// reads, from `x`; and plane `i`'s weights, if any.
+    fn input<'x>(&self, i: usize, x: &'x [f32]) -> (&'x [f32], &'x [f32])
+    where
+        Self: 'x,
+    {
+        let m = self.planes.outputs;
+        let (n, oc) = (i / m, i % m);
+        let ic = oc / (m / self.planes.inputs);
+        let plane_in = self.windows.plane_in;
+        let taps = self.windows.direct.taps();
+        let ws = match self.reduce {
+            Reduce::Weighted(w) => &w[oc * taps..][..taps],
+            _ => &[],
+        };
+        (&x[(n * self.planes.inputs + ic) * plane_in..][..plane_in], ws)
+    }
+
+    /// What the padding holds: nothing a max takes, nothing a sum adds.
+    fn outside(&self) -> f32 {
+        match self.reduce {
+            Reduce::Max => f32::NEG_INFINITY,
+            _ => 0.0,
+        }
+    }
+
+    /// Plane `i`'s reductions over its windows, at every `q` computed (in
+    /// `buf`): its input plane laid out as [`Direct`] says (padded, split
+    /// into phases), then blocks of positions over every tap.
+    #[inline(always)]
+    fn plane<'b>(&self, i: usize, x: &[f32], buf: &'b mut Vec<f32>) -> &'b [f32] {
+        let d = &self.windows.direct;
+        let (xs, ws) = self.input(i, x);
+        let outside = self.outside();
+        // Every element of the copy is written by `fill`, and of `acc` by
+        // `reduce_taps`.
+        buf.resize(d.channel + d.span, 0.0);
+        let (copy, acc) = buf.split_at_mut(d.channel);
+        let acc = &mut acc[..d.span];
+        let src: &[f32] = if d.copies() {
+            d.fill(xs, copy, outside);
+            copy
+        } else {
+            xs
+        };
+        match self.reduce {
+            Reduce::Weighted(_) => reduce_taps(src, &d.taps, acc, outside, |a, v, t| a + ws[t] * v),
+            Reduce::Max => reduce_taps(src, &d.taps, acc, outside, |a, v, _| nan_max(a, v)),
+            Reduce::Mean(_) => reduce_taps(src, &d.taps, acc, outside, |a, v, _| a + v),
+        }
+        acc
+    }
+
+    /// [`Rows::group`], compiled for `simd`'s level.
+    fn group_at(
+        &self,
+        simd: Simd,
+        first: usize,
+        count: usize,
+        x: &[f32],
+        gather: &[Option<usize>],
+        bufs: (&mut Vec<f32>, &mut Vec<f32>),
+    ) {
         #[cfg(target_arch = "x86_64")]
         {
             /// # Safety
@@ -143,90 +273,167 @@ impl Rows<'_> {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2(
                 rows: &Rows,
-                i: usize,
+                first: usize,
+                count: usize,
                 x: &[f32],
-                out: (&mut [f32], &Head, &At),
-                buf: &mut Vec<f32>,
+                gather: &[Option<usize>],
+                bufs: (&mut Vec<f32>, &mut Vec<f32>),
             ) {
-                rows.plane(i, x, out, true, buf);
+                rows.group(first, count, x, gather, bufs);
             }
             if crate::gemm::fast_kernel(simd) {
                 // SAFETY: `fast_kernel` checked the CPU has both.
-                unsafe { avx2(self, i, x, out, buf) };
+                unsafe { avx2(self, first, count, x, gather, bufs) };
                 return;
             }
         }
         let _ = simd;
-        self.plane(i, x, out, false, buf);
+        self.group(first, count, x, gather, bufs);
     }
 
-    /// Output plane `i` (batch item `i / M`, channel `i % M`): its input
-    /// plane laid out as [`Direct`] says (padded, split into phases), then
-    /// one pass over all positions per tap.
+    /// Planes `first..first + count` (`count` at most [`LANES`], all of one
+    /// batch item) at once, interleaved: their sources gathered into
+    /// `src`, element `e` of plane `first + l` at `e * LANES + l`, and
+    /// their reductions into `sums` the same way (lanes past `count` repeat
+    /// the last plane). Each lane sums exactly as [`Rows::plane`] does.
     #[inline(always)]
-    fn plane(
+    fn group(
         &self,
-        i: usize,
+        first: usize,
+        count: usize,
         x: &[f32],
-        (plane, head, at): (&mut [f32], &Head, &At),
-        fast: bool,
-        buf: &mut Vec<f32>,
+        gather: &[Option<usize>],
+        (src, sums): (&mut Vec<f32>, &mut Vec<f32>),
     ) {
         let d = &self.windows.direct;
-        let m = self.planes.outputs;
-        let (n, oc) = (i / m, i % m);
-        let ic = oc / (m / self.planes.inputs);
-        let plane_in = self.windows.plane_in;
-        let xs = &x[(n * self.planes.inputs + ic) * plane_in..][..plane_in];
+        let inputs: [(&[f32], &[f32]); LANES] =
+            std::array::from_fn(|l| self.input(first + l.min(count - 1), x));
+        let outside = self.outside();
+        src.resize(gather.len() * LANES, 0.0);
+        for (&e, dst) in gather.iter().zip(src.chunks_exact_mut(LANES)) {
+            match e {
+                Some(e) => {
+                    for (d, (x, _)) in dst.iter_mut().zip(&inputs) {
+                        *d = x[e];
+                    }
+                }
+                None => dst.fill(outside),
+            }
+        }
         let taps = d.taps();
-        let ws = match self.reduce {
-            Reduce::Weighted(w) => &w[oc * taps..][..taps],
+        // The weights tap by tap, a lane each.
+        let mut ws = [[0f32; LANES]; 64];
+        let ws: &[[f32; LANES]] = match self.reduce {
+            Reduce::Weighted(_) if taps <= ws.len() => {
+                for (t, w) in ws[..taps].iter_mut().enumerate() {
+                    *w = std::array::from_fn(|l| inputs[l].1[t]);
+                }
+                &ws[..taps]
+            }
+            Reduce::Weighted(_) => &(0..taps)
+                .map(|t| std::array::from_fn(|l| inputs[l].1[t]))
+                .collect::<Vec<_>>(),
             _ => &[],
         };
-        // What the padding holds: nothing a max takes, nothing a sum adds.
-        let outside = match self.reduce {
-            Reduce::Max => f32::NEG_INFINITY,
-            _ => 0.0,
-        };
-        // Every element of the copy is written by `fill`; the sums start
-        // from what the padding holds.
-        buf.resize(d.channel + d.span, 0.0);
-        let (copy, acc) = buf.split_at_mut(d.channel);
-        let acc = &mut acc[..d.span];
-        acc.fill(outside);
-        let src: &[f32] = if d.copies() {
-            d.fill(xs, copy, outside);
-            copy
-        } else {
-            xs
-        };
-        for (t, &off) in d.taps.iter().enumerate() {
-            let src = &src[off as usize..][..d.span];
-            match self.reduce {
-                Reduce::Weighted(_) => {
-                    let w = ws[t];
-                    for (a, &v) in acc.iter_mut().zip(src) {
-                        *a += w * v;
-                    }
-                }
-                // NaN wins: once there, nothing is larger.
-                Reduce::Max => {
-                    for (a, &v) in acc.iter_mut().zip(src) {
-                        *a = nan_max(*a, v);
-                    }
-                }
-                Reduce::Mean(_) => {
-                    for (a, &v) in acc.iter_mut().zip(src) {
-                        *a += v;
-                    }
-                }
-            }
-        }
-        head.scatter((acc, 0), (plane, 0), &self.windows.runs, at, fast);
-        if let Reduce::Mean(divisors) = self.reduce {
-            for (o, &d) in plane.iter_mut().zip(divisors) {
-                *o /= d;
-            }
+        sums.resize(d.span * LANES, 0.0);
+        match self.reduce {
+            Reduce::Weighted(_) => reduce_lanes(src, &d.taps, sums, outside, |a, v, t, l| a + ws[t][l] * v),
+            Reduce::Max => reduce_lanes(src, &d.taps, sums, outside, |a, v, _, _| nan_max(a, v)),
+            Reduce::Mean(_) => reduce_lanes(src, &d.taps, sums, outside, |a, v, _, _| a + v),
         }
     }
+}
+
+/// [`reduce_taps`] over [`LANES`] interleaved planes: `sums[q * LANES +
+/// l] = f(... f(outside, src[(q + taps[0]) * LANES + l], 0, l) ...)`, four
+/// positions at a time in registers, then one at a time.
+#[inline(always)]
+fn reduce_lanes(
+    src: &[f32],
+    taps: &[isize],
+    sums: &mut [f32],
+    outside: f32,
+    f: impl Fn(f32, f32, usize, usize) -> f32,
+) {
+    let wide = reduce_lane_blocks::<4>(src, taps, sums, 0, outside, &f);
+    reduce_lane_blocks::<1>(src, taps, sums, wide, outside, &f);
+}
+
+/// [`reduce_lanes`] over the whole blocks of `B` positions from `from` on;
+/// returns where they end.
+#[inline(always)]
+fn reduce_lane_blocks<const B: usize>(
+    src: &[f32],
+    taps: &[isize],
+    sums: &mut [f32],
+    from: usize,
+    outside: f32,
+    f: &impl Fn(f32, f32, usize, usize) -> f32,
+) -> usize {
+    let span = sums.len() / LANES;
+    let end = from + (span - from) / B * B;
+    for q0 in (from..end).step_by(B) {
+        let mut a = [[outside; LANES]; B];
+        for (t, &off) in taps.iter().enumerate() {
+            let s: &[f32] = &src[(q0 + off as usize) * LANES..][..B * LANES];
+            for j in 0..B {
+                for l in 0..LANES {
+                    a[j][l] = f(a[j][l], s[j * LANES + l], t, l);
+                }
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            sums[(q0 + j) * LANES..][..LANES].copy_from_slice(a);
+        }
+    }
+    end
+}
+
+/// `acc[q] = f(... f(f(outside, src[q + taps[0]], 0), src[q + taps[1]], 1)
+/// ..., src[q + taps[last]], last)` for every `q` of `acc`: the taps in
+/// order, as the fallback sums them. Blocks of positions are reduced over
+/// every tap in registers and stored once, rather than `acc` loaded and
+/// stored again for each tap; the last few positions one tap at a time.
+#[inline(always)]
+fn reduce_taps(
+    src: &[f32],
+    taps: &[isize],
+    acc: &mut [f32],
+    outside: f32,
+    f: impl Fn(f32, f32, usize) -> f32,
+) {
+    let wide = reduce_blocks::<32>(src, taps, acc, 0, outside, &f);
+    let narrow = reduce_blocks::<8>(src, taps, acc, wide, outside, &f);
+    let rest = &mut acc[narrow..];
+    rest.fill(outside);
+    for (t, &off) in taps.iter().enumerate() {
+        for (a, &v) in rest.iter_mut().zip(&src[off as usize + narrow..]) {
+            *a = f(*a, v, t);
+        }
+    }
+}
+
+/// [`reduce_taps`] over the whole blocks of `B` positions from `from` on;
+/// returns where they end.
+#[inline(always)]
+fn reduce_blocks<const B: usize>(
+    src: &[f32],
+    taps: &[isize],
+    acc: &mut [f32],
+    from: usize,
+    outside: f32,
+    f: &impl Fn(f32, f32, usize) -> f32,
+) -> usize {
+    let end = from + (acc.len() - from) / B * B;
+    for q0 in (from..end).step_by(B) {
+        let mut a = [outside; B];
+        for (t, &off) in taps.iter().enumerate() {
+            let s: &[f32; B] = src[off as usize + q0..][..B].try_into().expect("B long");
+            for j in 0..B {
+                a[j] = f(a[j], s[j], t);
+            }
+        }
+        acc[q0..q0 + B].copy_from_slice(&a);
+    }
+    end
 }

@@ -192,13 +192,15 @@ fn a_kernel_s_own_workspace_is_counted_at_its_step() {
 
 #[test]
 fn a_convolution_s_padded_source_is_counted_and_an_unpadded_one_is_the_input() {
-    // Padded by one on each side: 4 channels of 10 x 10 f32 while it runs.
+    // Padded by one on each side: 4 channels of 10 x 10 f32 while it runs,
+    // and room for the microkernel's last 16-wide tile to read past the
+    // last position.
     let padded = "input x: f32[1, 4, 8, 8]\ninput w: f32[6, 4, 3, 3]\n\
                   y = conv(x, w, pad=[1, 1, 1, 1])\nz = relu(y)\noutput z\n";
     // A 1x1 convolution at stride 1 reads the input where it lies.
     let pointwise = "input x: f32[1, 4, 8, 8]\ninput w: f32[6, 4, 1, 1]\n\
                      y = conv(x, w)\nz = relu(y)\noutput z\n";
-    for (src, scratch) in [(padded, 4 * 10 * 10 * 4), (pointwise, 0)] {
+    for (src, scratch) in [(padded, (4 * 10 * 10 + 16) * 4), (pointwise, 0)] {
         let t = parse(src).unwrap();
         let plan = plan_on(&t, vec![Arc::new(ConvExecutor), Arc::new(FallbackExecutor)]).unwrap();
         let needs = plan.memory_needs();
