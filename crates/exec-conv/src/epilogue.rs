@@ -117,6 +117,19 @@ impl Head {
         }
     }
 
+    /// The head's parameters for output channels `channel..` of a tile,
+    /// for a kernel that applies it in its own stores ([`HeadRows`]).
+    pub(crate) fn rows<'a>(&self, inputs: &[&'a [f32]], channel: usize) -> HeadRows<'a> {
+        HeadRows {
+            add: self.add.map(|(slot, per_channel)| match per_channel {
+                true => Addend::PerRow(&inputs[slot][channel..]),
+                false => Addend::All(inputs[slot][0]),
+            }),
+            lo: self.lo,
+            hi: self.hi,
+        }
+    }
+
     /// The addend for `at`'s channel, if any.
     fn addend(&self, at: &At) -> Option<f32> {
         self.add
@@ -138,6 +151,51 @@ impl Head {
                 Some(b) => d.iter_mut().zip(s).for_each(|(d, &v)| *d = clamp(v + b, lo, hi)),
             }
         }
+    }
+}
+
+/// A [`Head`] for consecutive output channels (rows of a tile): row `r`
+/// gets `clamp(v + addend(r), lo, hi)`, exactly as [`Head::scatter`]
+/// computes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadRows<'a> {
+    pub(crate) add: Option<Addend<'a>>,
+    pub(crate) lo: f32,
+    pub(crate) hi: f32,
+}
+
+/// What a [`HeadRows`] adds: one value per row, or one for all.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Addend<'a> {
+    PerRow(&'a [f32]),
+    All(f32),
+}
+
+impl HeadRows<'_> {
+    /// The addend of row `r`, if any.
+    #[inline(always)]
+    pub(crate) fn addend(&self, r: usize) -> Option<f32> {
+        self.add.map(|a| match a {
+            Addend::PerRow(v) => v[r],
+            Addend::All(v) => v,
+        })
+    }
+
+    /// Rows `r..` of this.
+    pub(crate) fn from(self, r: usize) -> Self {
+        HeadRows {
+            add: self.add.map(|a| match a {
+                Addend::PerRow(v) => Addend::PerRow(&v[r..]),
+                all => all,
+            }),
+            ..self
+        }
+    }
+
+    /// `v` of row `r` finished, as the scalar path of [`Head::scatter`].
+    #[inline(always)]
+    pub(crate) fn apply(&self, r: usize, v: f32) -> f32 {
+        clamp(self.addend(r).map_or(v, |b| v + b), self.lo, self.hi)
     }
 }
 

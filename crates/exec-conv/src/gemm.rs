@@ -16,6 +16,7 @@
 //! same shape.
 
 use crate::direct::Direct;
+use crate::epilogue::HeadRows;
 
 /// Rows (output channels) of a microkernel tile.
 pub(crate) const MR: usize = 6;
@@ -81,7 +82,29 @@ pub(crate) fn pack(d: &Direct, w: &[f32], groups: usize, m_per: usize, c_per: us
     PackedWeights::pack(w, groups, m_per, c_per * taps, block(d, c_per) * taps)
 }
 
-/// Rows `[m0, m0 + rows)` of group `g`'s output over `q` in `[q0, q0 +
+/// Where a task's whole tiles go when its positions `q` are the output's
+/// own (a 1x1 convolution at stride 1 without padding): straight into the
+/// output, the last block of input channels finishing each with the
+/// epilogue's head, rather than into the accumulators and then copied.
+pub(crate) struct Store<'a> {
+    /// The output element of the task's first row and position `q0`; rows
+    /// `stride` apart.
+    pub(crate) at: *mut f32,
+    pub(crate) stride: usize,
+    /// The head, for the task's rows.
+    pub(crate) head: HeadRows<'a>,
+}
+
+impl Store<'_> {
+    /// How many of a task's rows and positions `q` (of `rows` and `n`)
+    /// the whole tiles cover, which go to the output: the rest are left in
+    /// the accumulators.
+    pub(crate) fn covers(rows: usize, n: usize) -> (usize, usize) {
+        (rows / MR * MR, n / NR * NR)
+    }
+}
+
+/// HeadRows `[m0, m0 + rows)` of group `g`'s output over `q` in `[q0, q0 +
 /// n)` into `acc` (rows rounded up to [`MR`], `ldc` apart, `n` rounded
 /// up to [`NR`] wide): `W x col`, `col` read from `src` from element
 /// `at` on (the group's first input channel), `c_per` channels. `m0` is a
@@ -94,8 +117,14 @@ pub(crate) fn pack(d: &Direct, w: &[f32], groups: usize, m_per: usize, c_per: us
 /// input channel, so every step of the product would load from another
 /// plane, which the hardware's prefetchers do not follow; a window of
 /// several taps reads a few lines of each plane over and over instead.
+///
+/// With `store`, the tiles [`Store::covers`] go to the output instead.
+///
+/// # Safety
+/// With `store`, its rows and positions (as it says) must be valid for
+/// writes and written by nothing else meanwhile.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn tile(
+pub(crate) unsafe fn tile(
     d: &Direct,
     w: &PackedWeights,
     g: usize,
@@ -103,6 +132,7 @@ pub(crate) fn tile(
     (src, at, c_per): (&[f32], usize, usize),
     (q0, n): (usize, usize),
     (acc, ldc): (&mut [f32], usize),
+    store: Option<&Store>,
     scratch: &mut Vec<f32>,
     fast: bool,
 ) {
@@ -149,13 +179,23 @@ pub(crate) fn tile(
                 // SAFETY: `base` lies in `src` (asserted above).
                 false => (unsafe { src.as_ptr().add(base) }, (cl, &d.taps[..], d.channel)),
             };
+            let (full_rows, full_n) = Store::covers(rows, n);
             for p in p_lo..p_hi {
                 let a = w.panel(g, k0, kl, p);
-                let c = &mut acc[(p * MR - m0) * ldc + b * NR..];
+                let r = p * MR - m0;
+                let (c, ldc, finish) = match store {
+                    Some(s) if r < full_rows && b * NR < full_n => (
+                        s.at.wrapping_add(r * s.stride + b * NR),
+                        s.stride,
+                        (c0 + cl == c_per).then(|| s.head.from(r)),
+                    ),
+                    _ => (acc[r * ldc + b * NR..].as_mut_ptr(), ldc, None),
+                };
                 // SAFETY: every read lies in `src` (asserted) or the
                 // packed panel, every write in `acc`'s MR rows of NR
-                // from there (asserted above).
-                unsafe { microkernel(reads, a, bp, c.as_mut_ptr(), ldc, c0 > 0, fast) };
+                // from there (asserted above), or in the output the
+                // caller gives.
+                unsafe { microkernel(reads, a, bp, (c, ldc), c0 > 0, finish, fast) };
             }
         }
     }
@@ -163,9 +203,10 @@ pub(crate) fn tile(
 
 /// `c[r * ldc + j] (+)= sum over channels ch and taps t of
 /// a[(ch * taps + t) * MR + r] * b[ch * channel + taps[t] + j]` for a
-/// whole [`MR`] x [`NR`] tile; `fast`: with the AVX2 + FMA microkernel
-/// ([`fast_kernel`] says whether it may run), its tap loop unrolled for
-/// the common counts (one, a packed tile or a 1x1 window; nine, 3x3).
+/// whole [`MR`] x [`NR`] tile, each row finished by `finish` as it is
+/// stored; `fast`: with the AVX2 + FMA microkernel ([`fast_kernel`] says
+/// whether it may run), its tap loop unrolled for the common counts (one,
+/// a packed tile or a 1x1 window; nine, 3x3).
 ///
 /// # Safety
 /// `b` must be valid for the reads named, `c` for `MR` rows of `NR`, `ldc`
@@ -174,9 +215,9 @@ unsafe fn microkernel(
     (channels, taps, channel): (usize, &[isize], usize),
     a: &[f32],
     b: *const f32,
-    c: *mut f32,
-    ldc: usize,
+    (c, ldc): (*mut f32, usize),
     accumulate: bool,
+    finish: Option<HeadRows>,
     fast: bool,
 ) {
     assert!(a.len() >= channels * taps.len() * MR);
@@ -190,7 +231,17 @@ unsafe fn microkernel(
             };
             // SAFETY: the CPU has AVX2 and FMA (`fast`); the rest is the
             // caller's.
-            unsafe { tile((channels, taps, channel), a.as_ptr(), b, c, ldc, accumulate) };
+            unsafe {
+                tile(
+                    (channels, taps, channel),
+                    a.as_ptr(),
+                    b,
+                    c,
+                    ldc,
+                    accumulate,
+                    finish,
+                )
+            };
             return;
         }
     }
@@ -214,6 +265,9 @@ unsafe fn microkernel(
             dst.iter_mut().zip(row).for_each(|(d, v)| *d += v);
         } else {
             dst.copy_from_slice(row);
+        }
+        if let Some(f) = &finish {
+            dst.iter_mut().for_each(|d| *d = f.apply(r, *d));
         }
     }
 }
@@ -241,7 +295,7 @@ pub(crate) fn fast_kernel(simd: switchyard_simd::Simd) -> bool {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::MR;
+    use super::{HeadRows, MR};
 
     /// A whole `MR` x `NR` tile, accumulators in registers; `T` taps per
     /// channel, or any number (`taps.len()`) for 0.
@@ -257,6 +311,7 @@ mod avx2 {
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
+        finish: Option<HeadRows>,
     ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         if accumulate {
@@ -298,6 +353,19 @@ mod avx2 {
                 let bc = unsafe { b.add(ch * channel) };
                 for &off in taps {
                     step(bc.wrapping_offset(off));
+                }
+            }
+        }
+        if let Some(f) = finish {
+            // As `Head::scatter` does it: the addend, then max and min
+            // (each returning its second operand where either is NaN).
+            let (lo, hi) = (_mm256_set1_ps(f.lo), _mm256_set1_ps(f.hi));
+            for (r, row) in acc.iter_mut().enumerate() {
+                for v in row.iter_mut() {
+                    if let Some(b) = f.addend(r) {
+                        *v = _mm256_add_ps(*v, _mm256_set1_ps(b));
+                    }
+                    *v = _mm256_min_ps(hi, _mm256_max_ps(lo, *v));
                 }
             }
         }

@@ -337,35 +337,64 @@ impl ConvKernel {
                 let ldc = width.div_ceil(NR) * NR;
                 acc.resize(rows.div_ceil(MR) * MR * ldc, 0.0);
                 let at = (n * g.in_channels + grp * c_per) * direct.channel;
-                gemm::tile(
-                    direct,
-                    packed,
-                    grp,
-                    (m0, rows),
-                    (src, at, c_per),
-                    (q0, width),
-                    (acc, ldc),
-                    scratch,
-                    fast,
-                );
+                let channel0 = grp * m_per + m0;
+                let row0 = (n * m + channel0) * positions;
+                // Positions `q` that are the output's own: whole tiles are
+                // stored there directly, finished by the head.
+                let store = (!direct.gemm_copies() && c_per > 0).then(|| {
+                    assert!(row0 + (rows - 1) * positions + q0 + width <= total);
+                    gemm::Store {
+                        at: ptr.at(row0 + q0),
+                        stride: positions,
+                        head: self.head.rows(data, channel0),
+                    }
+                });
+                // SAFETY: the store's rows and positions lie in the output
+                // (asserted) and are this task's alone.
+                unsafe {
+                    gemm::tile(
+                        direct,
+                        packed,
+                        grp,
+                        (m0, rows),
+                        (src, at, c_per),
+                        (q0, width),
+                        (acc, ldc),
+                        store.as_ref(),
+                        scratch,
+                        fast,
+                    )
+                };
                 let runs = &self.runs[q0 / nc];
                 let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
                     return;
                 };
                 let (p0, cols) = (first.2, last.2 + last.1 - first.2);
+                let (full_rows, full_n) = match store {
+                    Some(_) => gemm::Store::covers(rows, width),
+                    None => (0, 0),
+                };
                 for r in 0..rows {
-                    let offset = (n * m + grp * m_per + m0 + r) * positions + p0;
+                    let offset = row0 + r * positions + p0;
                     assert!(offset + cols <= total);
                     // SAFETY: in bounds (asserted); tasks write disjoint
                     // (channel, position) ranges of the output.
                     let row = unsafe { std::slice::from_raw_parts_mut(ptr.at(offset), cols) };
                     let at = At {
                         inputs: data,
-                        channel: grp * m_per + m0 + r,
+                        channel: channel0 + r,
                         offset,
                     };
-                    self.head
-                        .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
+                    if r < full_rows {
+                        // The whole tiles are stored; the rest of the row
+                        // (q is p here) is in the accumulators.
+                        let rest = [(q0 + full_n, width - full_n, q0 + full_n)];
+                        self.head
+                            .scatter((&acc[r * ldc..], q0), (row, p0), &rest, &at, fast);
+                    } else {
+                        self.head
+                            .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
+                    }
                     self.tail.apply(row, &at, regs, fast);
                 }
             })

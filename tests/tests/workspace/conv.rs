@@ -93,6 +93,24 @@ output y
 }
 
 #[test]
+fn pointwise_convs_store_whole_tiles_with_their_bias_and_clamp() {
+    // A 1x1 convolution at stride 1 stores whole tiles (6 channels by 16
+    // positions) straight into the output, finished by the bias and the
+    // clamp; the rest of each row goes through the accumulators. 13
+    // channels by 35 positions have both; 300 input channels are two
+    // blocks of the packed weights, the second finishing the tiles; a
+    // bias broadcast from one value is added to every channel.
+    for (c, bias) in [(8, "13"), (300, "13"), (8, "1")] {
+        let src = format!(
+            "input x: f32[2, {c}, 5, 7]\ninput w: f32[13, {c}, 1, 1]\ninput b: f32[{bias}, 1, 1]\n\
+             p = conv(x, w)\nq = add(p, b)\nlo = maximum(q, -0.25)\ny = minimum(lo, 0.25)\noutput y\n"
+        );
+        let regions = check(&parse(&src).unwrap(), 3);
+        assert_eq!(regions, vec![vec!["conv", "add", "maximum", "minimum"]], "{src}");
+    }
+}
+
+#[test]
 fn epilogue_steps_with_the_result_second_match_the_fallback() {
     // Each step runs in place on the output row: a scalar, a per-channel
     // value and a residual before the result, in non-commuting ops.
