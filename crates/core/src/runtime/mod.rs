@@ -417,6 +417,32 @@ impl CompiledPlan {
         outputs: Vec<Option<OutputBuffer>>,
         opts: RunOptions,
     ) -> Result<RunResult> {
+        // A kernel's parallel loop started from outside the thread pool
+        // hands its work to the pool and sleeps until it is done: two
+        // wake-ups across threads per loop, tens of microseconds on some
+        // machines, for every loop of every region. Started on a worker,
+        // the loop runs at once and the other workers join in. So a
+        // host-only plan runs on a worker, the caller waking once per run;
+        // the caller's SIMD level and tracing span go with it. (A plan on
+        // a device stays on the caller's thread, where its device context
+        // is current.)
+        if self.devices.is_empty()
+            && rayon::current_thread_index().is_none()
+            && rayon::current_num_threads() > 1
+        {
+            let (simd, span) = (switchyard_simd::Simd::current(), tracing::Span::current());
+            return rayon::scope(|_| span.in_scope(|| simd.forced(|| self.run_here(inputs, outputs, opts))));
+        }
+        self.run_here(inputs, outputs, opts)
+    }
+
+    /// [`CompiledPlan::run_into`] on the calling thread.
+    fn run_here(
+        &self,
+        inputs: &[Tensor],
+        outputs: Vec<Option<OutputBuffer>>,
+        opts: RunOptions,
+    ) -> Result<RunResult> {
         let given = self.check_given(outputs)?;
         let trace = &self.plan.trace;
         if inputs.len() != trace.inputs.len() {
