@@ -58,13 +58,13 @@ pub(crate) struct Windows {
 /// holds a position of each.
 const LANES: usize = 8;
 
-/// Source elements per channel up to which planes run [`LANES`] at a time.
-/// A small plane's own passes are mostly loop overhead (a 7 x 7 plane is
-/// a few vectors per tap, with scalar remainders); interleaved, every
-/// vector is full and the overhead is shared by eight planes. Larger
-/// planes run well on their own, and their interleaved copies would leave
-/// L1.
-const LANES_SOURCE: usize = 1024;
+/// Output positions per plane up to which planes run [`LANES`] at a time
+/// (8 x 8). A small plane's own passes are mostly loop overhead (a 7 x 7
+/// plane is a few vectors per tap, with scalar remainders); interleaved,
+/// every vector is full and the overhead is shared by eight planes. From
+/// 14 x 14 on, gathering the interleaved copy element by element costs
+/// more than that overhead.
+const LANES_PLANE: usize = 64;
 
 impl Windows {
     /// The layout for `win`; `None` where the output is empty.
@@ -76,7 +76,7 @@ impl Windows {
         let direct = Direct::new(win);
         Some(Windows {
             runs: direct.runs(direct.span).swap_remove(0),
-            gather: (direct.channel <= LANES_SOURCE).then(|| direct.gather()),
+            gather: (plane_out <= LANES_PLANE).then(|| direct.gather()),
             direct,
             plane_in: win.input.iter().product(),
             plane_out,

@@ -93,17 +93,29 @@ output y
 }
 
 #[test]
-fn pointwise_convs_store_whole_tiles_with_their_bias_and_clamp() {
-    // A 1x1 convolution at stride 1 stores whole tiles (6 channels by 16
-    // positions) straight into the output, finished by the bias and the
-    // clamp; the rest of each row goes through the accumulators. 13
-    // channels by 35 positions have both; 300 input channels are two
-    // blocks of the packed weights, the second finishing the tiles; a
-    // bias broadcast from one value is added to every channel.
-    for (c, bias) in [(8, "13"), (300, "13"), (8, "1")] {
+fn bias_and_clamp_finish_whole_tiles_and_the_rest_alike() {
+    // A 1x1 convolution at stride 1 stores its whole tiles (6 channels by
+    // 16 positions) straight into the output, finished by the bias and the
+    // clamp; the rest goes through the accumulators, as every tile of the
+    // others does. 13 channels and rows of 35 (1x1), 40 and 20 (3x3, at
+    // strides 1 and 2) positions have whole tiles and the rest; 300 and
+    // 100 input channels are two blocks of the packed weights, the second
+    // finishing the tiles; a bias broadcast from one value is added to
+    // every channel.
+    let cases = [
+        (8, 1, 1, "13", 7),
+        (300, 1, 1, "13", 7),
+        (8, 1, 1, "1", 7),
+        (5, 3, 1, "13", 40),
+        (5, 3, 2, "13", 40),
+        (100, 3, 2, "1", 40),
+    ];
+    for (c, k, s, bias, w) in cases {
+        let pad = k / 2;
         let src = format!(
-            "input x: f32[2, {c}, 5, 7]\ninput w: f32[13, {c}, 1, 1]\ninput b: f32[{bias}, 1, 1]\n\
-             p = conv(x, w)\nq = add(p, b)\nlo = maximum(q, -0.25)\ny = minimum(lo, 0.25)\noutput y\n"
+            "input x: f32[2, {c}, 5, {w}]\ninput w: f32[13, {c}, {k}, {k}]\ninput b: f32[{bias}, 1, 1]\n\
+             p = conv(x, w, stride=[{s}, {s}], pad=[{pad}, {pad}, {pad}, {pad}])\nq = add(p, b)\n\
+             lo = maximum(q, -0.25)\ny = minimum(lo, 0.25)\noutput y\n"
         );
         let regions = check(&parse(&src).unwrap(), 3);
         assert_eq!(regions, vec![vec!["conv", "add", "maximum", "minimum"]], "{src}");
