@@ -249,9 +249,11 @@ impl Rows<'_> {
             xs
         };
         match self.reduce {
-            Reduce::Weighted(_) => reduce_taps(src, &d.taps, acc, outside, |a, v, t| a + ws[t] * v),
-            Reduce::Max => reduce_taps(src, &d.taps, acc, outside, |a, v, _| nan_max(a, v)),
-            Reduce::Mean(_) => reduce_taps(src, &d.taps, acc, outside, |a, v, _| a + v),
+            Reduce::Weighted(_) => reduce_taps::<32>(src, &d.taps, acc, outside, |a, v, t| a + ws[t] * v),
+            // A max's NaN test and blend take registers that a block's
+            // accumulators then spill from: a pass per tap is faster.
+            Reduce::Max => reduce_taps::<0>(src, &d.taps, acc, outside, |a, v, _| nan_max(a, v)),
+            Reduce::Mean(_) => reduce_taps::<32>(src, &d.taps, acc, outside, |a, v, _| a + v),
         }
         acc
     }
@@ -394,16 +396,21 @@ fn reduce_lane_blocks<const B: usize>(
 /// order, as the fallback sums them. Blocks of positions are reduced over
 /// every tap in registers and stored once, rather than `acc` loaded and
 /// stored again for each tap; the last few positions one tap at a time.
+/// With `W` 0, every position one tap at a time.
 #[inline(always)]
-fn reduce_taps(
+fn reduce_taps<const W: usize>(
     src: &[f32],
     taps: &[isize],
     acc: &mut [f32],
     outside: f32,
     f: impl Fn(f32, f32, usize) -> f32,
 ) {
-    let wide = reduce_blocks::<32>(src, taps, acc, 0, outside, &f);
-    let narrow = reduce_blocks::<8>(src, taps, acc, wide, outside, &f);
+    let narrow = if W == 0 {
+        0
+    } else {
+        let wide = reduce_blocks::<W>(src, taps, acc, 0, outside, &f);
+        reduce_blocks::<8>(src, taps, acc, wide, outside, &f)
+    };
     let rest = &mut acc[narrow..];
     rest.fill(outside);
     for (t, &off) in taps.iter().enumerate() {
