@@ -24,7 +24,9 @@
 //!   run (a direct convolution), a 6 x 16 AVX2 + FMA microkernel where the
 //!   CPU has it; 1x1 convolutions at stride 1 read the input as it lies;
 //! - depthwise convolutions (one input channel per group), max and average
-//!   pools: per channel plane, one vectorised pass per tap over the plane.
+//!   pools: per channel plane, blocks of positions reduced over every tap
+//!   (a max one pass per tap), planes of up to 8 x 8 outputs eight at a
+//!   time, interleaved.
 //! - transposed convolutions ([`transpose`]): a GEMM of the transposed
 //!   weights and the input as it lies, whose rows are scattered into the
 //!   output planes (col2im), each plane then finished by the epilogue.

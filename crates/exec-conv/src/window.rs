@@ -1,12 +1,15 @@
 //! Window kernels: depthwise convolutions (one input channel per group) and
 //! max and average pools. Each output plane is a weighted sum (or the max,
 //! or the mean) of shifted copies of one input plane: the plane is laid out
-//! once as [`Direct`] says (padded, at a stride split into its phases), and
-//! each kernel tap is then one contiguous pass over every position of the
-//! plane, which vectorises (compiled for AVX2 where the CPU and
-//! `SWITCHYARD_SIMD` allow) and costs the same per tap on a 7 x 7 plane as
-//! on a 112 x 112 one, rather than a pass per output row and tap. The
-//! epilogue finishes each plane in place.
+//! once as [`Direct`] says (padded, at a stride split into its phases), so
+//! that every tap reads a contiguous stretch of it for consecutive
+//! positions, whatever the output row. Blocks of positions are then
+//! reduced over every tap in registers (compiled for AVX2 where the CPU and
+//! `SWITCHYARD_SIMD` allow); a max, whose NaN tests would spill such a
+//! block, takes one pass over the plane per tap. Planes of up to 8 x 8
+//! outputs, where a plane's own loops are mostly overhead, run eight at a
+//! time, interleaved ([`LANES`]). The epilogue finishes each plane in
+//! place.
 
 use rayon::prelude::*;
 use switchyard_core::ir::window::Window;

@@ -450,3 +450,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_group_nested_in_one_it_reads_and_feeds_is_refused_not_dropped() {
+    // Each group alone is one region's worth, but the inner reads the
+    // outer's `a` and the outer's `d` reads the inner's `c`: as one unit
+    // each they would wait on each other. The inner group is refused; no op
+    // is left out of the plan.
+    let t = parse(
+        "input x: f32[8]\ninput y: f32[8]\nhint group=g {\n  a = exp(x)\n  hint group=g {\n    b = neg(a)\n    c = exp(y)\n  }\n  d = add(a, c)\n}\noutput b, d\n",
+    )
+    .unwrap();
+    let e = plan_policy(&t, fused(), HintPolicy::Strict)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("would each wait on the other's ops"), "{e}");
+    let p = plan_policy(&t, fused(), HintPolicy::Prefer).unwrap();
+    assert_eq!(p.explanation.warnings.len(), 1, "{:?}", p.explanation.warnings);
+    same_results(&t, p);
+}

@@ -72,7 +72,14 @@ impl State<'_> {
                     self.trace.describe_op(between)
                 )),
                 (None, Some(&o)) => Err(format!("{} is hinted fuse=false", self.trace.describe_op(o))),
-                (None, None) => self.group_executor(&group.ops),
+                (None, None) => match self.crossed_group(g) {
+                    Some(other) => Err(format!(
+                        "it and group {} (from {}) would each wait on the other's ops",
+                        self.groups[other].name,
+                        self.trace.describe_op(self.groups[other].ops[0])
+                    )),
+                    None => self.group_executor(&group.ops),
+                },
             };
             match placed {
                 Ok(k) => {
@@ -91,6 +98,54 @@ impl State<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A group placed before `g` that `g` cannot be placed beside: with
+    /// both taken as one unit each, some of their ops would wait on each
+    /// other (a group nested in another, reading the outer group's ops and
+    /// read by them). Each group on its own is checked by [`outsider`].
+    fn crossed_group(&self, g: usize) -> Option<usize> {
+        let n = self.ops.len();
+        // Units: every placed group one, every other op its own.
+        let placed: Vec<usize> = (0..g)
+            .filter(|&h| self.ops[self.groups[h].ops[0].index()].group == Some(h))
+            .collect();
+        let mut unit: Vec<usize> = (0..n).collect();
+        for &h in placed.iter().chain([&g]) {
+            let first = self.groups[h].ops[0].index();
+            for &o in &self.groups[h].ops {
+                unit[o.index()] = first;
+            }
+        }
+        // Kahn's algorithm over the units; what it never reaches is on a
+        // cycle.
+        let mut edges: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut waiting = vec![0usize; n];
+        for (i, op) in self.trace.ops.iter().enumerate() {
+            for v in &op.outputs {
+                for c in &self.uses.consumers[v.index()] {
+                    let (a, b) = (unit[i], unit[c.index()]);
+                    if a != b {
+                        edges[a].push(b);
+                        waiting[b] += 1;
+                    }
+                }
+            }
+        }
+        let mut ready: Vec<usize> = (0..n).filter(|&u| unit[u] == u && waiting[u] == 0).collect();
+        while let Some(u) = ready.pop() {
+            for &b in &edges[u] {
+                waiting[b] -= 1;
+                if waiting[b] == 0 {
+                    ready.push(b);
+                }
+            }
+        }
+        let stuck = |h: usize| waiting[self.groups[h].ops[0].index()] > 0;
+        if !stuck(g) {
+            return None;
+        }
+        placed.into_iter().find(|&h| stuck(h)).or(Some(g))
     }
 
     /// A hint on `op` that cannot be honoured: an error under `strict`, a
