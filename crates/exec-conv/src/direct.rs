@@ -153,6 +153,13 @@ impl Direct {
         self.copies() || self.taps.len() > 1
     }
 
+    /// Whether every `q` computed is an output position, the output's own
+    /// numbering (a window of one tap per dim without padding, at any
+    /// stride): then a tile's positions are where it goes in the output.
+    pub(crate) fn q_is_output(&self) -> bool {
+        self.shape == self.output
+    }
+
     /// Elements of the source of `channels` input channels (all batch
     /// items' together): their copies, and past the last the most a
     /// microkernel tile reads past a channel's last position (a whole tile

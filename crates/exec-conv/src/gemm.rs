@@ -83,7 +83,7 @@ pub(crate) fn pack(d: &Direct, w: &[f32], groups: usize, m_per: usize, c_per: us
 }
 
 /// Where a task's whole tiles go when its positions `q` are the output's
-/// own (a 1x1 convolution at stride 1 without padding): straight into the
+/// own (a 1x1 convolution without padding, at any stride): straight into the
 /// output, the last block of input channels finishing each with the
 /// epilogue's head, rather than into the accumulators and then copied.
 pub(crate) struct Store<'a> {

@@ -341,7 +341,7 @@ impl ConvKernel {
                 let row0 = (n * m + channel0) * positions;
                 // Positions `q` that are the output's own: whole tiles are
                 // stored there directly, finished by the head.
-                let store = (!direct.gemm_copies() && c_per > 0).then(|| {
+                let store = (direct.q_is_output() && c_per > 0).then(|| {
                     assert!(row0 + (rows - 1) * positions + q0 + width <= total);
                     gemm::Store {
                         at: ptr.at(row0 + q0),

@@ -94,18 +94,19 @@ output y
 
 #[test]
 fn bias_and_clamp_finish_whole_tiles_and_the_rest_alike() {
-    // A 1x1 convolution at stride 1 stores its whole tiles (6 channels by
-    // 16 positions) straight into the output, finished by the bias and the
+    // A 1x1 convolution stores its whole tiles (6 channels by 16
+    // positions) straight into the output, finished by the bias and the
     // clamp; the rest goes through the accumulators, as every tile of the
-    // others does. 13 channels and rows of 35 (1x1), 40 and 20 (3x3, at
-    // strides 1 and 2) positions have whole tiles and the rest; 300 and
-    // 100 input channels are two blocks of the packed weights, the second
-    // finishing the tiles; a bias broadcast from one value is added to
-    // every channel.
+    // others does. 13 channels and 35 positions (1x1), 60 (1x1 at stride
+    // 2), rows of 40 and 20 (3x3, at strides 1 and 2) have whole tiles and
+    // the rest; 300 and 100 input channels are two blocks of the packed
+    // weights, the second finishing the tiles; a bias broadcast from one
+    // value is added to every channel.
     let cases = [
         (8, 1, 1, "13", 7),
         (300, 1, 1, "13", 7),
         (8, 1, 1, "1", 7),
+        (8, 1, 2, "13", 40),
         (5, 3, 1, "13", 40),
         (5, 3, 2, "13", 40),
         (100, 3, 2, "1", 40),
