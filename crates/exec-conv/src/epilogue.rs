@@ -112,7 +112,7 @@ impl Head {
         for &(q, len, p) in runs {
             let s = src[q * lanes + lane..].iter().step_by(lanes);
             for (d, &v) in dst[p..][..len].iter_mut().zip(s) {
-                *d = clamp(b.map_or(v, |b| v + b), lo, hi);
+                *d = finish(v, b, lo, hi);
             }
         }
     }
@@ -195,8 +195,14 @@ impl HeadRows<'_> {
     /// `v` of row `r` finished, as the scalar path of [`Head::scatter`].
     #[inline(always)]
     pub(crate) fn apply(&self, r: usize, v: f32) -> f32 {
-        clamp(self.addend(r).map_or(v, |b| v + b), self.lo, self.hi)
+        finish(v, self.addend(r), self.lo, self.hi)
     }
+}
+
+/// `v` finished by a head: the addend, if any, then the clamp.
+#[inline(always)]
+fn finish(v: f32, addend: Option<f32>, lo: f32, hi: f32) -> f32 {
+    clamp(addend.map_or(v, |b| v + b), lo, hi)
 }
 
 /// `v` clamped to `[lo, hi]` as x86's `maxps(lo, v)` then `minps(hi, _)`
@@ -213,7 +219,7 @@ fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{At, Head, clamp};
+    use super::{At, Head, finish};
 
     /// [`Head::scatter`] 8 lanes at a time.
     ///
@@ -246,7 +252,7 @@ mod avx2 {
                 }
             }
             for (d, &v) in dc.into_remainder().iter_mut().zip(sc.remainder()) {
-                *d = clamp(b.map_or(v, |b| v + b), lo, hi);
+                *d = finish(v, b, lo, hi);
             }
         }
     }

@@ -385,16 +385,12 @@ impl ConvKernel {
                         channel: channel0 + r,
                         offset,
                     };
-                    if r < full_rows {
-                        // The whole tiles are stored; the rest of the row
-                        // (q is p here) is in the accumulators.
-                        let rest = [(q0 + full_n, width - full_n, q0 + full_n)];
-                        self.head
-                            .scatter((&acc[r * ldc..], q0), (row, p0), &rest, &at, fast);
-                    } else {
-                        self.head
-                            .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
-                    }
+                    // A stored row's whole tiles are in place; the rest of
+                    // it (q is p here) is in the accumulators.
+                    let rest = [(q0 + full_n, width - full_n, q0 + full_n)];
+                    let runs = if r < full_rows { &rest[..] } else { runs };
+                    self.head
+                        .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
                     self.tail.apply(row, &at, regs, fast);
                 }
             })

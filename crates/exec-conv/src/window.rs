@@ -424,7 +424,10 @@ fn reduce_taps<const W: usize>(
 }
 
 /// [`reduce_taps`] over the whole blocks of `B` positions from `from` on;
-/// returns where they end.
+/// returns where they end. [`reduce_lane_blocks`] is the same loop over
+/// positions of [`LANES`] elements; written as one function with a width
+/// of 1 here, this one compiles to code half as fast (32 x 112 x 112
+/// depthwise: 260 -> 490 us).
 #[inline(always)]
 fn reduce_blocks<const B: usize>(
     src: &[f32],
