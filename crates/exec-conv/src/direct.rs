@@ -226,25 +226,6 @@ impl Direct {
         }
     }
 
-    /// Per element of a channel's source: the element of the input plane
-    /// that [`Direct::fill`] copies there, or `None` where it fills.
-    pub(crate) fn gather(&self) -> Vec<Option<usize>> {
-        let Some(l) = &self.layout else {
-            return (0..self.channel).map(Some).collect();
-        };
-        let width = self.shape[self.shape.len() - 1];
-        let rows_per_plane = l.rows.len() / l.cols.len();
-        let mut map = vec![None; self.channel];
-        for (k, (dst, &src_row)) in map.chunks_exact_mut(width).zip(&l.rows).enumerate() {
-            let Some(src_row) = src_row else { continue };
-            let (lo, hi, start) = l.cols[k / rows_per_plane];
-            for (j, d) in dst[lo..hi].iter_mut().enumerate() {
-                *d = Some(src_row * l.in_width + start + j * l.stride);
-            }
-        }
-        map
-    }
-
     /// The output positions among the `q` computed, split into chunks of
     /// `chunk` consecutive `q`: per chunk, runs of `(q, length, output
     /// position)` in order (their output positions contiguous). One pass

@@ -97,26 +97,6 @@ impl Head {
         self.scatter_on((src, src0), (dst, dst0), runs, at);
     }
 
-    /// [`Head::scatter`] from one plane of interleaved ones: position `q`
-    /// of plane `lane` at `src[q * lanes + lane]`, and `dst` the plane's
-    /// own (no offsets). Scalar: the strided reads do not vectorise, and
-    /// the planes that run interleaved are small.
-    pub(crate) fn scatter_lane(
-        &self,
-        (src, lanes, lane): (&[f32], usize, usize),
-        dst: &mut [f32],
-        runs: &[(usize, usize, usize)],
-        at: &At,
-    ) {
-        let (lo, hi, b) = (self.lo, self.hi, self.addend(at));
-        for &(q, len, p) in runs {
-            let s = src[q * lanes + lane..].iter().step_by(lanes);
-            for (d, &v) in dst[p..][..len].iter_mut().zip(s) {
-                *d = finish(v, b, lo, hi);
-            }
-        }
-    }
-
     /// The head's parameters for output channels `channel..` of a tile,
     /// for a kernel that applies it in its own stores ([`HeadRows`]).
     pub(crate) fn rows<'a>(&self, inputs: &[&'a [f32]], channel: usize) -> HeadRows<'a> {

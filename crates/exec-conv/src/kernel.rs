@@ -210,7 +210,7 @@ fn f32s(t: &Tensor) -> Result<&[f32]> {
 
 /// A pointer the tasks of one run write disjoint parts of the output through.
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+pub(crate) struct Out(pub(crate) *mut f32);
 // SAFETY: every task writes a set of elements no other task writes, and
 // the run waits for all of them.
 unsafe impl Send for Out {}
@@ -219,7 +219,7 @@ unsafe impl Sync for Out {}
 impl Out {
     /// The element at `i`. A method, so that closures capture the whole
     /// (Send) wrapper rather than its raw pointer.
-    fn at(self, i: usize) -> *mut f32 {
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }

@@ -41,6 +41,7 @@ mod direct;
 mod epilogue;
 mod gemm;
 mod kernel;
+mod lanes;
 mod scratch;
 mod transpose;
 mod window;

@@ -1,15 +1,15 @@
 //! Window kernels: depthwise convolutions (one input channel per group) and
 //! max and average pools. Each output plane is a weighted sum (or the max,
-//! or the mean) of shifted copies of one input plane: the plane is laid out
-//! once as [`Direct`] says (padded, at a stride split into its phases), so
-//! that every tap reads a contiguous stretch of it for consecutive
-//! positions, whatever the output row. Blocks of positions are then
-//! reduced over every tap in registers (compiled for AVX2 where the CPU and
-//! `SWITCHYARD_SIMD` allow); a max, whose NaN tests would spill such a
-//! block, takes one pass over the plane per tap. Planes of up to 8 x 8
-//! outputs, where a plane's own loops are mostly overhead, run eight at a
-//! time, interleaved ([`LANES`]). The epilogue finishes each plane in
-//! place.
+//! or the mean) of shifted copies of one input plane. Windows of one and
+//! two spatial dims run eight planes at a time, interleaved
+//! ([`crate::lanes`]); three-dimensional ones a plane at a time, here: the
+//! plane laid out once as [`Direct`] says (padded, at a stride split into
+//! its phases), so that every tap reads a contiguous stretch of it for
+//! consecutive positions, whatever the output row. Blocks of positions are
+//! then reduced over every tap in registers (compiled for AVX2 where the
+//! CPU and `SWITCHYARD_SIMD` allow); a max, whose NaN tests would spill
+//! such a block, takes one pass over the plane per tap. The epilogue
+//! finishes each plane in place.
 
 use rayon::prelude::*;
 use switchyard_core::ir::window::Window;
@@ -17,6 +17,7 @@ use switchyard_simd::Simd;
 
 use crate::direct::Direct;
 use crate::epilogue::{At, Epilogue, Head, nan_max};
+use crate::lanes::Grid;
 
 /// Elements an epilogue finishes at a time: a few registers of them fit
 /// in L1.
@@ -41,33 +42,24 @@ pub(crate) struct Planes {
     pub(crate) outputs: usize,
 }
 
-/// What a window kernel works out once, when it is compiled: how each
-/// plane's windows read its input (padded, split into stride phases,
-/// positions numbered in that layout) and where the output positions are
-/// among those computed ([`Direct::runs`]).
-pub(crate) struct Windows {
+/// What a window kernel works out once, when it is compiled.
+pub(crate) enum Windows {
+    /// One or two spatial dims: eight planes at a time, interleaved.
+    Lanes(Grid),
+    /// Three: a plane at a time.
+    Planes(PlaneWindows),
+}
+
+/// How each plane's windows read its input (padded, split into stride
+/// phases, positions numbered in that layout) and where the output
+/// positions are among those computed ([`Direct::runs`]).
+pub(crate) struct PlaneWindows {
     direct: Direct,
     runs: Vec<(usize, usize, usize)>,
     /// Elements of an input plane and of an output plane.
     plane_in: usize,
     plane_out: usize,
-    /// For planes small enough to run [`LANES`] at a time (interleaved):
-    /// per element of a channel's source, the input element it holds
-    /// ([`Direct::gather`]).
-    gather: Option<Vec<Option<usize>>>,
 }
-
-/// Planes a small-plane task runs at once, interleaved: one 8-wide vector
-/// holds a position of each.
-const LANES: usize = 8;
-
-/// Output positions per plane up to which planes run [`LANES`] at a time
-/// (8 x 8). A small plane's own passes are mostly loop overhead (a 7 x 7
-/// plane is a few vectors per tap, with scalar remainders); interleaved,
-/// every vector is full and the overhead is shared by eight planes. From
-/// 14 x 14 on, gathering the interleaved copy element by element costs
-/// more than that overhead.
-const LANES_PLANE: usize = 64;
 
 impl Windows {
     /// The layout for `win`; `None` where the output is empty.
@@ -76,14 +68,16 @@ impl Windows {
         if plane_out == 0 {
             return None;
         }
+        if let Some(grid) = Grid::new(win) {
+            return Some(Windows::Lanes(grid));
+        }
         let direct = Direct::new(win);
-        Some(Windows {
+        Some(Windows::Planes(PlaneWindows {
             runs: direct.runs(direct.span).swap_remove(0),
-            gather: (plane_out <= LANES_PLANE).then(|| direct.gather()),
             direct,
             plane_in: win.input.iter().product(),
             plane_out,
-        })
+        }))
     }
 }
 
@@ -91,7 +85,7 @@ impl Windows {
 struct Rows<'a> {
     planes: Planes,
     reduce: Reduce<'a>,
-    windows: &'a Windows,
+    windows: &'a PlaneWindows,
 }
 
 /// `out` (`[N, M, O...]`) = `x`'s windows reduced as `reduce` says, each
@@ -106,6 +100,12 @@ pub(crate) fn run(
     (head, epilogue): (&Head, &Epilogue),
     data: &[&[f32]],
 ) {
+    let windows = match windows {
+        Windows::Lanes(grid) => {
+            return crate::lanes::run(grid, planes, reduce, x, out, (head, epilogue), data);
+        }
+        Windows::Planes(w) => w,
+    };
     assert!(!matches!(reduce, Reduce::Mean(_)) || *head == Head::default());
     let plane_out = windows.plane_out;
     let rows = Rows {
@@ -137,31 +137,6 @@ pub(crate) fn run(
             epilogue.apply(part, &at, regs, fast);
         }
     };
-    if let Some(gather) = &windows.gather {
-        // Per batch item, its planes LANES at a time, a few groups to a
-        // task.
-        let m = planes.outputs;
-        let per_task = (TASK_ELEMENTS / (LANES * plane_out)).max(1);
-        out.par_chunks_mut(m * plane_out)
-            .enumerate()
-            .for_each(|(n, item)| {
-                item.par_chunks_mut(LANES * plane_out)
-                    .enumerate()
-                    .with_min_len(per_task)
-                    .for_each(|(g, group)| {
-                        crate::scratch::with(|[src, sums, regs]| {
-                            let first = n * m + g * LANES;
-                            rows.group_at(simd, first, group.len() / plane_out, x, gather, (src, sums));
-                            for (l, plane) in group.chunks_mut(plane_out).enumerate() {
-                                let i = first + l;
-                                head.scatter_lane((sums, LANES, l), plane, &windows.runs, &at(i));
-                                finish(i, plane, regs);
-                            }
-                        })
-                    })
-            });
-        return;
-    }
     // Small planes a few to a task, so that handing out tasks costs little
     // beside them, while every thread still gets several.
     let count = out.len() / plane_out;
@@ -182,7 +157,7 @@ pub(crate) fn run(
         });
 }
 
-/// Output elements a task of small planes gathers, at least.
+/// Output elements a task of small planes computes, at least.
 const TASK_ELEMENTS: usize = 4096;
 
 impl Rows<'_> {
@@ -260,138 +235,6 @@ impl Rows<'_> {
         }
         acc
     }
-
-    /// [`Rows::group`], compiled for `simd`'s level.
-    fn group_at(
-        &self,
-        simd: Simd,
-        first: usize,
-        count: usize,
-        x: &[f32],
-        gather: &[Option<usize>],
-        bufs: (&mut Vec<f32>, &mut Vec<f32>),
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            /// # Safety
-            /// The CPU must have AVX2 and FMA.
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(
-                rows: &Rows,
-                first: usize,
-                count: usize,
-                x: &[f32],
-                gather: &[Option<usize>],
-                bufs: (&mut Vec<f32>, &mut Vec<f32>),
-            ) {
-                rows.group(first, count, x, gather, bufs);
-            }
-            if crate::gemm::fast_kernel(simd) {
-                // SAFETY: `fast_kernel` checked the CPU has both.
-                unsafe { avx2(self, first, count, x, gather, bufs) };
-                return;
-            }
-        }
-        let _ = simd;
-        self.group(first, count, x, gather, bufs);
-    }
-
-    /// Planes `first..first + count` (`count` at most [`LANES`], all of one
-    /// batch item) at once, interleaved: their sources gathered into
-    /// `src`, element `e` of plane `first + l` at `e * LANES + l`, and
-    /// their reductions into `sums` the same way (lanes past `count` repeat
-    /// the last plane). Each lane sums exactly as [`Rows::plane`] does.
-    #[inline(always)]
-    fn group(
-        &self,
-        first: usize,
-        count: usize,
-        x: &[f32],
-        gather: &[Option<usize>],
-        (src, sums): (&mut Vec<f32>, &mut Vec<f32>),
-    ) {
-        let d = &self.windows.direct;
-        let inputs: [(&[f32], &[f32]); LANES] =
-            std::array::from_fn(|l| self.input(first + l.min(count - 1), x));
-        let outside = self.outside();
-        src.resize(gather.len() * LANES, 0.0);
-        for (&e, dst) in gather.iter().zip(src.chunks_exact_mut(LANES)) {
-            match e {
-                Some(e) => {
-                    for (d, (x, _)) in dst.iter_mut().zip(&inputs) {
-                        *d = x[e];
-                    }
-                }
-                None => dst.fill(outside),
-            }
-        }
-        let taps = d.taps();
-        // The weights tap by tap, a lane each.
-        let mut ws = [[0f32; LANES]; 64];
-        let ws: &[[f32; LANES]] = match self.reduce {
-            Reduce::Weighted(_) if taps <= ws.len() => {
-                for (t, w) in ws[..taps].iter_mut().enumerate() {
-                    *w = std::array::from_fn(|l| inputs[l].1[t]);
-                }
-                &ws[..taps]
-            }
-            Reduce::Weighted(_) => &(0..taps)
-                .map(|t| std::array::from_fn(|l| inputs[l].1[t]))
-                .collect::<Vec<_>>(),
-            _ => &[],
-        };
-        sums.resize(d.span * LANES, 0.0);
-        match self.reduce {
-            Reduce::Weighted(_) => reduce_lanes(src, &d.taps, sums, outside, |a, v, t, l| a + ws[t][l] * v),
-            Reduce::Max => reduce_lanes(src, &d.taps, sums, outside, |a, v, _, _| nan_max(a, v)),
-            Reduce::Mean(_) => reduce_lanes(src, &d.taps, sums, outside, |a, v, _, _| a + v),
-        }
-    }
-}
-
-/// [`reduce_taps`] over [`LANES`] interleaved planes: `sums[q * LANES +
-/// l] = f(... f(outside, src[(q + taps[0]) * LANES + l], 0, l) ...)`, four
-/// positions at a time in registers, then one at a time.
-#[inline(always)]
-fn reduce_lanes(
-    src: &[f32],
-    taps: &[isize],
-    sums: &mut [f32],
-    outside: f32,
-    f: impl Fn(f32, f32, usize, usize) -> f32,
-) {
-    let wide = reduce_lane_blocks::<4>(src, taps, sums, 0, outside, &f);
-    reduce_lane_blocks::<1>(src, taps, sums, wide, outside, &f);
-}
-
-/// [`reduce_lanes`] over the whole blocks of `B` positions from `from` on;
-/// returns where they end.
-#[inline(always)]
-fn reduce_lane_blocks<const B: usize>(
-    src: &[f32],
-    taps: &[isize],
-    sums: &mut [f32],
-    from: usize,
-    outside: f32,
-    f: &impl Fn(f32, f32, usize, usize) -> f32,
-) -> usize {
-    let span = sums.len() / LANES;
-    let end = from + (span - from) / B * B;
-    for q0 in (from..end).step_by(B) {
-        let mut a = [[outside; LANES]; B];
-        for (t, &off) in taps.iter().enumerate() {
-            let s: &[f32] = &src[(q0 + off as usize) * LANES..][..B * LANES];
-            for j in 0..B {
-                for l in 0..LANES {
-                    a[j][l] = f(a[j][l], s[j * LANES + l], t, l);
-                }
-            }
-        }
-        for (j, a) in a.iter().enumerate() {
-            sums[(q0 + j) * LANES..][..LANES].copy_from_slice(a);
-        }
-    }
-    end
 }
 
 /// `acc[q] = f(... f(f(outside, src[q + taps[0]], 0), src[q + taps[1]], 1)
@@ -424,10 +267,7 @@ fn reduce_taps<const W: usize>(
 }
 
 /// [`reduce_taps`] over the whole blocks of `B` positions from `from` on;
-/// returns where they end. [`reduce_lane_blocks`] is the same loop over
-/// positions of [`LANES`] elements; written as one function with a width
-/// of 1 here, this one compiles to code half as fast (32 x 112 x 112
-/// depthwise: 260 -> 490 us).
+/// returns where they end.
 #[inline(always)]
 fn reduce_blocks<const B: usize>(
     src: &[f32],

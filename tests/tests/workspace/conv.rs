@@ -92,6 +92,27 @@ output y
     assert_eq!(regions[1], vec!["conv", "mul", "sigmoid", "mul"]);
 }
 
+/// Rows this wide run a few at a time (bands), eight planes at a time: 9
+/// channels leave one plane alone in its group, the last band is short, and
+/// the bands of a stride-2 pool overlap in the input rows they read.
+#[test]
+fn wide_planes_run_band_by_band_as_the_fallback_computes_them() {
+    let src = "input x: f32[2, 9, 7, 300]
+input dw: f32[9, 1, 3, 3]
+input b: f32[9]
+d = conv(x, dw, b, pad=[1, 1, 1, 1], groups=9)
+lo = maximum(d, 0.0)
+y = minimum(lo, 6.0)
+p = max_pool(x, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1])
+q = relu(p)
+a = avg_pool(x, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1], count_include_pad=false)
+r = relu(a)
+output y, q, r
+";
+    let regions = check(&parse(src).unwrap(), 4);
+    assert_eq!(regions.len(), 3, "{regions:?}");
+}
+
 #[test]
 fn bias_and_clamp_finish_whole_tiles_and_the_rest_alike() {
     // A 1x1 convolution stores its whole tiles (6 channels by 16
