@@ -15,6 +15,11 @@ use crate::window::{self, Planes, Reduce, Windows};
 /// Output positions per task, at most.
 const NC: usize = 8 * NR;
 
+/// Bytes of packed weights a task's tiles run over, at most (half of L2):
+/// more, and each tile of positions reads them from L3 (a 320 -> 1280 1x1
+/// convolution at 7 x 7 had 1.6 MB of them).
+const WEIGHTS_BLOCK: usize = 256 << 10;
+
 /// Packed weights and the tensor they were packed from, held so that its
 /// buffer cannot change or be freed while it is the key.
 type Packed = Vec<(Tensor, Arc<PackedWeights>)>;
@@ -77,7 +82,7 @@ impl ConvKernel {
         let (direct, (tasks, mc, nc)) = match &anchor {
             Anchor::Conv { geometry, .. } if geometry.in_channels != geometry.groups => {
                 let direct = Direct::new(&geometry.window);
-                let tiles = tiles(geometry, direct.span, rayon::current_num_threads());
+                let tiles = tiles(geometry, &direct, rayon::current_num_threads());
                 (Some(direct), tiles)
             }
             _ => (None, (Vec::new(), 0, 0)),
@@ -150,8 +155,11 @@ impl ConvKernel {
 /// 10 chunks of 5, not 7 of 8 that leave a thread idle an eighth of the
 /// time). Only where there are fewer chunks than threads (a map of 16
 /// positions or fewer) are the channels split too, each such task packing
-/// the same windows again.
-fn tiles(g: &ConvGeometry, positions: usize, threads: usize) -> (Vec<Task>, usize, usize) {
+/// the same windows again. A task's channels are at most as many as keep
+/// its block of the packed weights in L2 ([`WEIGHTS_BLOCK`]): every tile of
+/// positions streams through all of them.
+fn tiles(g: &ConvGeometry, direct: &Direct, threads: usize) -> (Vec<Task>, usize, usize) {
+    let positions = direct.span;
     let m_per = g.out_channels / g.groups;
     let items = g.batch * g.groups;
     let blocks = positions.div_ceil(NR).max(1);
@@ -177,7 +185,15 @@ fn tiles(g: &ConvGeometry, positions: usize, threads: usize) -> (Vec<Task>, usiz
     } else {
         threads.div_ceil(chunks.max(1))
     };
-    let mc = m_per.div_ceil(splits).div_ceil(MR).max(1) * MR;
+    let depth = gemm::block(direct, g.in_channels / g.groups) * direct.taps();
+    let most = (WEIGHTS_BLOCK / (4 * depth * MR)).max(1) * MR;
+    // As many blocks of channels as that takes, and where there are few
+    // tasks, as many more as share them out evenly over the threads.
+    let mut blocks_m = splits.max(m_per.div_ceil(most));
+    while !(chunks * blocks_m).is_multiple_of(threads) && chunks * blocks_m < 4 * threads {
+        blocks_m += 1;
+    }
+    let mc = m_per.div_ceil(blocks_m).div_ceil(MR).max(1) * MR;
     let mut tasks = Vec::new();
     for n in 0..g.batch {
         for grp in 0..g.groups {

@@ -24,9 +24,11 @@
 //!   run (a direct convolution), a 6 x 16 AVX2 + FMA microkernel where the
 //!   CPU has it; 1x1 convolutions at stride 1 read the input as it lies;
 //! - depthwise convolutions (one input channel per group), max and average
-//!   pools: per channel plane, blocks of positions reduced over every tap
-//!   (a max one pass per tap), planes of up to 8 x 8 outputs eight at a
-//!   time, interleaved.
+//!   pools ([`lanes`]): eight channel planes at a time, interleaved, so that
+//!   every tap of a position is one vector load; band by band of output
+//!   rows, each band's input transposed into a padded copy in cache and its
+//!   sums transposed back into the output; three-dimensional windows a
+//!   plane at a time ([`window`]).
 //! - transposed convolutions ([`transpose`]): a GEMM of the transposed
 //!   weights and the input as it lies, whose rows are scattered into the
 //!   output planes (col2im), each plane then finished by the epilogue.

@@ -92,6 +92,25 @@ output y
     assert_eq!(regions[1], vec!["conv", "mul", "sigmoid", "mul"]);
 }
 
+/// More output channels than one task's block of packed weights holds
+/// (their blocks then split unevenly into whole panels), at a map small
+/// enough that the blocks are what the threads share.
+#[test]
+fn many_output_channels_run_in_blocks_of_weights_that_stay_in_cache() {
+    let src = "input x: f32[1, 64, 5, 6]
+input w: f32[602, 64, 3, 3]
+input b: f32[602]
+input u: f32[1, 300, 4, 4]
+input v: f32[700, 300, 1, 1]
+c = conv(x, w, b, pad=[1, 1, 1, 1])
+y = relu(c)
+d = conv(u, v)
+output y, d
+";
+    let regions = check(&parse(src).unwrap(), 6);
+    assert_eq!(regions.len(), 2, "{regions:?}");
+}
+
 /// Rows this wide run a few at a time (bands), eight planes at a time: 9
 /// channels leave one plane alone in its group, the last band is short, and
 /// the bands of a stride-2 pool overlap in the input rows they read.
