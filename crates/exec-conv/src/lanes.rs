@@ -138,11 +138,11 @@ pub(crate) fn run(
             let first = g * LANES;
             let count = LANES.min(m - first);
             let rows = (b * grid.band, ((b + 1) * grid.band).min(grid.output[0]));
-            crate::scratch::with(|[src, sums, regs]| {
+            crate::scratch::with(|[src, sums, regs, flat]| {
                 let len = (rows.1 - rows.0) * grid.output[1];
                 let src = aligned(src, grid.source_rows(rows.1 - rows.0) * grid.width * LANES);
                 let sums = aligned(sums, len * LANES);
-                band_at(fast, grid, planes, reduce, x, (n, first), rows, (src, sums));
+                band_at(fast, grid, planes, reduce, x, (n, first), rows, (src, sums, flat));
                 let start = rows.0 * grid.output[1];
                 let at = |l: usize| At {
                     inputs: data,
@@ -187,7 +187,7 @@ fn band_at(
     x: &[f32],
     first: (usize, usize),
     rows: (usize, usize),
-    bufs: (&mut [f32], &mut [f32]),
+    bufs: (&mut [f32], &mut [f32], &mut Vec<f32>),
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -202,7 +202,7 @@ fn band_at(
             x: &[f32],
             first: (usize, usize),
             rows: (usize, usize),
-            bufs: (&mut [f32], &mut [f32]),
+            bufs: (&mut [f32], &mut [f32], &mut Vec<f32>),
         ) {
             band(grid, planes, reduce, x, first, rows, bufs, true);
         }
@@ -228,7 +228,7 @@ fn band(
     x: &[f32],
     (n, first): (usize, usize),
     (r0, r1): (usize, usize),
-    (src, sums): (&mut [f32], &mut [f32]),
+    (src, sums, flat): (&mut [f32], &mut [f32], &mut Vec<f32>),
     fast: bool,
 ) {
     let m = planes.outputs;
@@ -243,7 +243,7 @@ fn band(
         Reduce::Max => f32::NEG_INFINITY,
         _ => 0.0,
     };
-    fill(grid, &inputs, r0, r1, outside, src, fast);
+    fill(grid, &inputs, r0, r1, outside, (src, flat), fast);
     let taps = grid.taps.len();
     let out_w = grid.output[1];
     // The weights tap by tap, a lane each.
@@ -292,9 +292,10 @@ fn band(
     }
 }
 
-/// The source of output rows `r0..r1`: their windows' input rows, each
-/// position the [`LANES`] planes' elements there, `outside` where a window
-/// reaches past the input.
+/// The source of output rows `r0..r1` (in `src`): their windows' input
+/// rows, each position the [`LANES`] planes' elements there, `outside`
+/// where a window reaches past the input; `flat` holds rows shorter than a
+/// block interleaved on the way.
 #[inline(always)]
 fn fill(
     grid: &Grid,
@@ -302,13 +303,38 @@ fn fill(
     r0: usize,
     r1: usize,
     outside: f32,
-    src: &mut [f32],
+    (src, flat): (&mut [f32], &mut Vec<f32>),
     fast: bool,
 ) {
     let (width, [in_h, in_w], [pad_t, pad_l]) = (grid.width, grid.input, grid.pad);
-    assert_eq!(src.len(), grid.source_rows(r1 - r0) * width * LANES);
+    let rows = grid.source_rows(r1 - r0);
+    assert_eq!(src.len(), rows * width * LANES);
     // The columns that read the input, and the first they read.
     let (lo, hi) = (pad_l.min(width), (pad_l + in_w).min(width));
+    // The input rows the band reads.
+    let first = (r0 * grid.stride[0]).saturating_sub(pad_t).min(in_h);
+    let end = (r0 * grid.stride[0] + rows).saturating_sub(pad_t).min(in_h);
+    if lo < hi && hi - lo < LANES && (end - first) * in_w >= LANES {
+        // Rows shorter than a block (a 7 x 7 plane's): all of them
+        // interleaved at once, as one stretch of each plane, then each
+        // row's part copied to its place.
+        flat.resize((end - first) * in_w * LANES, 0.0);
+        let from: [&[f32]; LANES] = std::array::from_fn(|l| &inputs[l][first * in_w..end * in_w]);
+        interleave(&from, flat, fast);
+        for (sr, row) in src.chunks_exact_mut(width * LANES).enumerate() {
+            row[..lo * LANES].fill(outside);
+            row[hi * LANES..].fill(outside);
+            match (r0 * grid.stride[0] + sr)
+                .checked_sub(pad_t)
+                .filter(|&r| r < in_h)
+            {
+                Some(ir) => row[lo * LANES..hi * LANES]
+                    .copy_from_slice(&flat[(ir - first) * in_w * LANES..][..(hi - lo) * LANES]),
+                None => row[lo * LANES..hi * LANES].fill(outside),
+            }
+        }
+        return;
+    }
     for (sr, row) in src.chunks_exact_mut(width * LANES).enumerate() {
         let ir = (r0 * grid.stride[0] + sr)
             .checked_sub(pad_t)

@@ -113,10 +113,13 @@ output y, d
 
 /// Rows this wide run a few at a time (bands), eight planes at a time: 9
 /// channels leave one plane alone in its group, the last band is short, and
-/// the bands of a stride-2 pool overlap in the input rows they read.
+/// the bands of a stride-2 pool overlap in the input rows they read. Planes
+/// this tall and narrow too (rows shorter than a block, interleaved as one
+/// stretch from the band's first input row).
 #[test]
 fn wide_planes_run_band_by_band_as_the_fallback_computes_them() {
     let src = "input x: f32[2, 9, 7, 300]
+input t: f32[1, 9, 300, 7]
 input dw: f32[9, 1, 3, 3]
 input b: f32[9]
 d = conv(x, dw, b, pad=[1, 1, 1, 1], groups=9)
@@ -126,10 +129,14 @@ p = max_pool(x, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1])
 q = relu(p)
 a = avg_pool(x, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1], count_include_pad=false)
 r = relu(a)
-output y, q, r
+e = conv(t, dw, b, pad=[1, 1, 1, 1], groups=9)
+f = relu(e)
+g = max_pool(t, kernel=[3, 3], stride=[2, 2], pad=[1, 1, 1, 1])
+h = relu(g)
+output y, q, r, f, h
 ";
     let regions = check(&parse(src).unwrap(), 4);
-    assert_eq!(regions.len(), 3, "{regions:?}");
+    assert_eq!(regions.len(), 5, "{regions:?}");
 }
 
 #[test]
