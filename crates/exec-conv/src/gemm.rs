@@ -168,6 +168,9 @@ pub(crate) unsafe fn tile(
             // zero there.
             let lanes = NR.min(d.span - q);
             let packing = taps == 1 && (lanes < NR || !few);
+            // A tile of half the width or less (a 7 x 7 map's last
+            // position): half the product.
+            let half = lanes <= NR / 2;
             let base = at + c0 * d.channel + q;
             assert!(base + (cl - 1) * d.channel + furthest + if packing { lanes } else { NR } <= src.len());
             if packing {
@@ -204,7 +207,7 @@ pub(crate) unsafe fn tile(
                 // packed panel, every write in `acc`'s MR rows of NR
                 // from there (asserted above), or in the output the
                 // caller gives.
-                unsafe { microkernel(reads, a, bp, (c, ldc), c0 > 0, finish, fast) };
+                unsafe { microkernel(reads, a, bp, (c, ldc), c0 > 0, finish, (fast, half)) };
             }
         }
     }
@@ -215,7 +218,9 @@ pub(crate) unsafe fn tile(
 /// whole [`MR`] x [`NR`] tile, each row finished by `finish` as it is
 /// stored; `fast`: with the AVX2 + FMA microkernel ([`fast_kernel`] says
 /// whether it may run), its tap loop unrolled for the common counts (one,
-/// a packed tile or a 1x1 window; nine, 3x3).
+/// a packed tile or a 1x1 window; nine, 3x3); with `half` too, only the
+/// first `NR / 2` columns are computed and stored there (the portable loop
+/// computes them all).
 ///
 /// # Safety
 /// `b` must be valid for the reads named, `c` for `MR` rows of `NR`, `ldc`
@@ -227,16 +232,19 @@ unsafe fn microkernel(
     (c, ldc): (*mut f32, usize),
     accumulate: bool,
     finish: Option<HeadRows>,
-    fast: bool,
+    (fast, half): (bool, bool),
 ) {
     assert!(a.len() >= channels * taps.len() * MR);
     #[cfg(target_arch = "x86_64")]
     {
         if fast {
-            let tile = match taps.len() {
-                1 => avx2::tile::<1>,
-                9 => avx2::tile::<9>,
-                _ => avx2::tile::<0>,
+            let tile = match (taps.len(), half) {
+                (1, false) => avx2::tile::<1, 2>,
+                (9, false) => avx2::tile::<9, 2>,
+                (_, false) => avx2::tile::<0, 2>,
+                (1, true) => avx2::tile::<1, 1>,
+                (9, true) => avx2::tile::<9, 1>,
+                (_, true) => avx2::tile::<0, 1>,
             };
             // SAFETY: the CPU has AVX2 and FMA (`fast`); the rest is the
             // caller's.
@@ -306,14 +314,15 @@ mod avx2 {
 
     use super::{HeadRows, MR};
 
-    /// A whole `MR` x `NR` tile, accumulators in registers; `T` taps per
-    /// channel, or any number (`taps.len()`) for 0.
+    /// A whole `MR` x `8 NV` tile (`NV` 2: `NR` wide; 1: half), accumulators
+    /// in registers; `T` taps per channel, or any number (`taps.len()`)
+    /// for 0.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA; `taps` must hold `T` offsets where
     /// `T` is not 0; the rest as [`super::microkernel`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const T: usize>(
+    pub(super) unsafe fn tile<const T: usize, const NV: usize>(
         (channels, taps, channel): (usize, &[isize], usize),
         a: *const f32,
         b: *const f32,
@@ -322,13 +331,12 @@ mod avx2 {
         accumulate: bool,
         finish: Option<HeadRows>,
     ) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
         if accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
-                // SAFETY: the caller's.
-                unsafe {
-                    row[0] = _mm256_loadu_ps(c.add(r * ldc));
-                    row[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: the caller's.
+                    *x = unsafe { _mm256_loadu_ps(c.add(r * ldc + 8 * v)) };
                 }
             }
         }
@@ -338,11 +346,12 @@ mod avx2 {
         let mut step = |bp: *const f32| {
             // SAFETY: the caller's.
             unsafe {
-                let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                let bv: [__m256; NV] = std::array::from_fn(|v| _mm256_loadu_ps(bp.add(8 * v)));
                 for (r, row) in acc.iter_mut().enumerate() {
                     let ar = _mm256_broadcast_ss(&*a.add(r));
-                    row[0] = _mm256_fmadd_ps(ar, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(ar, b1, row[1]);
+                    for (x, b) in row.iter_mut().zip(&bv) {
+                        *x = _mm256_fmadd_ps(ar, *b, *x);
+                    }
                 }
                 a = a.add(MR);
             }
@@ -379,10 +388,9 @@ mod avx2 {
             }
         }
         for (r, row) in acc.iter().enumerate() {
-            // SAFETY: the caller's.
-            unsafe {
-                _mm256_storeu_ps(c.add(r * ldc), row[0]);
-                _mm256_storeu_ps(c.add(r * ldc + 8), row[1]);
+            for (v, x) in row.iter().enumerate() {
+                // SAFETY: the caller's.
+                unsafe { _mm256_storeu_ps(c.add(r * ldc + 8 * v), *x) };
             }
         }
     }
