@@ -402,13 +402,7 @@ fn reduce_blocks<const B: usize>(
     outside: f32,
     f: &impl Fn(f32, f32, usize, usize) -> f32,
 ) -> usize {
-    let n = row.len() / LANES;
-    let end = from + (n - from) / B * B;
-    if end == from {
-        return end;
-    }
-    let furthest = taps.iter().max().copied().unwrap_or(0);
-    assert!((base + (end - 1) * step + furthest + 1) * LANES <= src.len());
+    let end = blocks_end::<B>(src, taps, (base, step), row, from);
     for ow in (from..end).step_by(B) {
         let mut a = [[outside; LANES]; B];
         let first = src[(base + ow * step) * LANES..].as_ptr();
@@ -425,6 +419,24 @@ fn reduce_blocks<const B: usize>(
         for (j, a) in a.iter().enumerate() {
             row[(ow + j) * LANES..][..LANES].copy_from_slice(a);
         }
+    }
+    end
+}
+
+/// Where the whole blocks of `B` positions of `row` from `from` on end,
+/// every tap of every one of them checked to lie in `src`.
+fn blocks_end<const B: usize>(
+    src: &[f32],
+    taps: &[usize],
+    (base, step): (usize, usize),
+    row: &[f32],
+    from: usize,
+) -> usize {
+    let n = row.len() / LANES;
+    let end = from + (n - from) / B * B;
+    if end > from {
+        let furthest = taps.iter().max().copied().unwrap_or(0);
+        assert!((base + (end - 1) * step + furthest + 1) * LANES <= src.len());
     }
     end
 }
@@ -513,13 +525,7 @@ mod avx2 {
         row: &mut [f32],
         from: usize,
     ) -> usize {
-        let n = row.len() / LANES;
-        let end = from + (n - from) / B * B;
-        if end == from {
-            return end;
-        }
-        let furthest = taps.iter().max().copied().unwrap_or(0);
-        assert!((base + (end - 1) * step + furthest + 1) * LANES <= src.len());
+        let end = super::blocks_end::<B>(src, taps, (base, step), row, from);
         assert!(ws.is_none_or(|w| w.len() >= taps.len()));
         for ow in (from..end).step_by(B) {
             // SAFETY: every load lies in `src` (its furthest asserted
