@@ -281,6 +281,14 @@ fn band(
                 }
                 continue;
             }
+            if fast {
+                // SAFETY: `fast` says the CPU has AVX2 and FMA.
+                unsafe {
+                    let from = avx2::max_row::<4>(src, taps, (base, step), row, 0);
+                    avx2::max_row::<1>(src, taps, (base, step), row, from);
+                }
+                continue;
+            }
         }
         match reduce {
             Reduce::Weighted(_) => reduce_row(src, taps, (base, step), row, outside, |a, v, t, l| {
@@ -554,6 +562,49 @@ mod avx2 {
                 }
                 for (j, a) in acc.iter().enumerate() {
                     _mm256_storeu_ps(row.as_mut_ptr().add((ow + j) * LANES), *a);
+                }
+            }
+        }
+        end
+    }
+
+    /// [`super::reduce_blocks`] of a max ([`super::nan_max`] over the taps
+    /// from -inf): the running max, and beside it whether any tap was NaN,
+    /// which makes the result NaN. Three instructions a tap, where the
+    /// NaN-propagating max of each pair takes five.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn max_row<const B: usize>(
+        src: &[f32],
+        taps: &[usize],
+        (base, step): (usize, usize),
+        row: &mut [f32],
+        from: usize,
+    ) -> usize {
+        let end = super::blocks_end::<B>(src, taps, (base, step), row, from);
+        for ow in (from..end).step_by(B) {
+            // SAFETY: every load lies in `src` (its furthest asserted by
+            // `blocks_end`), every store in `row` (`ow + B <= n`).
+            unsafe {
+                let first = src.as_ptr().add((base + ow * step) * LANES);
+                let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); B];
+                let mut nan = [_mm256_setzero_ps(); B];
+                for &off in taps {
+                    let p = first.add(off * LANES);
+                    for (j, (a, n)) in acc.iter_mut().zip(&mut nan).enumerate() {
+                        let v = _mm256_loadu_ps(p.add(j * step * LANES));
+                        *n = _mm256_or_ps(*n, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                        *a = _mm256_max_ps(*a, v);
+                    }
+                }
+                let canonical = _mm256_set1_ps(f32::NAN);
+                for (j, (a, n)) in acc.iter().zip(&nan).enumerate() {
+                    _mm256_storeu_ps(
+                        row.as_mut_ptr().add((ow + j) * LANES),
+                        _mm256_blendv_ps(*a, canonical, *n),
+                    );
                 }
             }
         }
