@@ -20,7 +20,7 @@ use switchyard_core::ir::window::Window;
 
 use crate::epilogue::{At, Epilogue, Head, HeadRows, nan_max};
 use crate::kernel::Out;
-use crate::window::{Planes, Reduce};
+use crate::window::{Planes, Reduce, finish};
 
 /// Planes interleaved: one 8-wide vector holds a position of each.
 const LANES: usize = 8;
@@ -150,20 +150,17 @@ pub(crate) fn run(
                     offset: (n * m + first + l) * plane_out + start,
                 };
                 assert!(at(count - 1).offset + len <= items * m * plane_out);
-                let mut dsts: Vec<&mut [f32]> = (0..count)
+                let mut dsts: [&mut [f32]; LANES] = std::array::from_fn(|l| match l < count {
                     // SAFETY: in bounds (asserted, the last plane furthest);
                     // each task writes its planes' rows of its band, and no
                     // other task does.
-                    .map(|l| unsafe { std::slice::from_raw_parts_mut(ptr.at(at(l).offset), len) })
-                    .collect();
-                store(fast, sums, &mut dsts, head.rows(data, first));
+                    true => unsafe { std::slice::from_raw_parts_mut(ptr.at(at(l).offset), len) },
+                    false => &mut [][..],
+                });
+                let dsts = &mut dsts[..count];
+                store(fast, sums, dsts, head.rows(data, first));
                 for (l, dst) in dsts.iter_mut().enumerate() {
-                    if let Reduce::Mean(divisors) = reduce {
-                        for (o, &d) in dst.iter_mut().zip(&divisors[start..]) {
-                            *o /= d;
-                        }
-                    }
-                    epilogue.apply(dst, &at(l), regs, fast);
+                    finish(reduce, epilogue, (dst, start), &at(l), regs, fast);
                 }
             })
         });

@@ -120,23 +120,6 @@ pub(crate) fn run(
         channel: i % planes.outputs,
         offset: i * plane_out,
     };
-    // After the head: a mean's divisions, then the rest of the epilogue
-    // over the plane (one channel, contiguous in the output) in stretches
-    // that stay in L1 between its steps.
-    let finish = |i: usize, plane: &mut [f32], regs: &mut Vec<f32>| {
-        if let Reduce::Mean(divisors) = reduce {
-            for (o, &d) in plane.iter_mut().zip(divisors) {
-                *o /= d;
-            }
-        }
-        for (k, part) in plane.chunks_mut(EPILOGUE_CHUNK).enumerate() {
-            let at = At {
-                offset: i * plane_out + k * EPILOGUE_CHUNK,
-                ..at(i)
-            };
-            epilogue.apply(part, &at, regs, fast);
-        }
-    };
     // Small planes a few to a task, so that handing out tasks costs little
     // beside them, while every thread still gets several.
     let count = out.len() / plane_out;
@@ -151,10 +134,36 @@ pub(crate) fn run(
                     let i = task * per_task + j;
                     let acc = rows.plane_at(simd, i, x, buf);
                     head.scatter((acc, 0), (plane, 0), &windows.runs, &at(i), fast);
-                    finish(i, plane, regs);
+                    finish(reduce, epilogue, (plane, 0), &at(i), regs, fast);
                 }
             })
         });
+}
+
+/// After the head, positions `from..` of one output plane (`at` says where
+/// the first of `part` lies): a mean's divisions, then the rest of the
+/// epilogue (one channel, contiguous in the output) in stretches that stay
+/// in L1 between its steps.
+pub(crate) fn finish(
+    reduce: Reduce,
+    epilogue: &Epilogue,
+    (part, from): (&mut [f32], usize),
+    at: &At,
+    regs: &mut Vec<f32>,
+    fast: bool,
+) {
+    if let Reduce::Mean(divisors) = reduce {
+        for (o, &d) in part.iter_mut().zip(&divisors[from..]) {
+            *o /= d;
+        }
+    }
+    for (k, chunk) in part.chunks_mut(EPILOGUE_CHUNK).enumerate() {
+        let at = At {
+            offset: at.offset + k * EPILOGUE_CHUNK,
+            ..*at
+        };
+        epilogue.apply(chunk, &at, regs, fast);
+    }
 }
 
 /// Output elements a task of small planes computes, at least.
