@@ -409,7 +409,8 @@ fn compute_dtype(trace: &Trace, op: OpId) -> DType {
 
 /// Arithmetic of an op: 2·M·N·K per matmul, two per multiply-add of a
 /// convolution, one per window tap of a pool, a few FLOPs per element for
-/// transcendental functions, one per element otherwise.
+/// transcendental functions, a heap's comparisons per element for `topk`,
+/// one per element otherwise.
 pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
     let o = trace.op(op);
     let out = o
@@ -457,6 +458,30 @@ pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
                 .next()
                 .map(|v| trace.meta(v).numel() as f64)
                 .unwrap_or(out)
+        }
+        // A selection compares each input element against the k kept, about
+        // log2(k) times in a heap.
+        OpKind::Topk => {
+            let n = o
+                .input_values()
+                .next()
+                .map(|v| trace.meta(v).numel() as f64)
+                .unwrap_or(out);
+            let k = o.attrs.int_or("k", 1).unwrap_or(1).max(1) as f64;
+            n * (k + 1.0).log2().max(1.0)
+        }
+        OpKind::Lstm | OpKind::Gru | OpKind::Rnn => {
+            let shapes: Vec<&[usize]> = o.input_values().map(|v| &trace.meta(v).shape[..]).collect();
+            crate::ir::recurrent::recurrence(o.kind, &o.attrs, &shapes).map_or(out, |r| 2.0 * r.macs() as f64)
+        }
+        // A scatter copies its input, then writes one element per update.
+        OpKind::Scatter => {
+            let updates = o
+                .input_values()
+                .nth(2)
+                .map(|v| trace.meta(v).numel() as f64)
+                .unwrap_or(0.0);
+            out + updates
         }
         OpKind::Reshape | OpKind::Transpose | OpKind::Slice | OpKind::Broadcast | OpKind::Cat => 0.0,
         _ => out,

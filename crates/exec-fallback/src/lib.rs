@@ -17,8 +17,10 @@ mod matmul;
 mod movement;
 #[cfg(test)]
 mod proptests;
+mod recurrent;
 mod reduce;
 mod scan;
+mod select;
 mod vector;
 mod walk;
 mod window;
@@ -125,6 +127,13 @@ enum Prim {
     ),
     Gather(usize),
     IndexSelect(usize),
+    Topk {
+        k: usize,
+        dim: usize,
+        largest: bool,
+    },
+    Scatter(usize, switchyard_core::ir::ScatterReduce),
+    Recurrent(Box<switchyard_core::ir::recurrent::Recurrence>),
     Cumsum(scan::Scan),
     Full(Scalar),
     Iota {
@@ -291,6 +300,29 @@ fn compile_op(
                 Prim::IndexSelect(dim)
             }
         }
+        OpKind::Topk => Prim::Topk {
+            k: usize::try_from(a.int("k").map_err(fail)?).map_err(|_| fail("k is negative".into()))?,
+            dim: normalize_dim(a.int_or("dim", -1).map_err(fail)?, in_meta(0)?.rank())
+                .ok_or_else(|| fail("dim out of range".into()))?,
+            largest: a.bool_or("largest", true).map_err(fail)?,
+        },
+        OpKind::Scatter => {
+            let reduce = a.str_or("reduce", "none").map_err(fail)?;
+            Prim::Scatter(
+                normalize_dim(a.int_or("dim", 0).map_err(fail)?, in_meta(0)?.rank())
+                    .ok_or_else(|| fail("dim out of range".into()))?,
+                switchyard_core::ir::ScatterReduce::parse(reduce)
+                    .ok_or_else(|| fail(format!("unknown reduce `{reduce}`")))?,
+            )
+        }
+        OpKind::Lstm | OpKind::Gru | OpKind::Rnn => {
+            let shapes: Vec<&[usize]> = (0..op.operands.len())
+                .map(|i| in_meta(i).map(|m| &m.shape[..]))
+                .collect::<Result<_, _>>()?;
+            Prim::Recurrent(Box::new(
+                switchyard_core::ir::recurrent::recurrence(op.kind, a, &shapes).map_err(fail)?,
+            ))
+        }
         OpKind::Cumsum => Prim::Cumsum(scan::Scan {
             dim: normalize_dim(a.int("dim").map_err(fail)?, in_meta(0)?.rank())
                 .ok_or_else(|| fail("dim out of range".into()))?,
@@ -420,6 +452,9 @@ impl CompiledOp {
             Prim::Pool(p, w, o) => window::pool(*p, args[0], w, *o, dst).map_err(fail),
             Prim::Gather(d) => movement::gather(args[0], args[1], *d, dst).map_err(fail),
             Prim::IndexSelect(d) => movement::index_select(args[0], args[1], *d, dst).map_err(fail),
+            Prim::Topk { k, dim, largest } => select::topk(args[0], *k, *dim, *largest, dst).map_err(fail),
+            Prim::Scatter(d, r) => select::scatter(args[0], args[1], args[2], *d, *r, dst).map_err(fail),
+            Prim::Recurrent(r) => recurrent::run(r, &args, dst).map_err(fail),
             Prim::Cumsum(s) => scan::cumsum(args[0], *s, dst).map_err(fail),
             Prim::Full(v) => create::full(*v, self.out.dtype, shape, dst).map_err(fail),
             Prim::Iota { dim, start, step } => {

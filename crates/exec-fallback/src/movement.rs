@@ -134,7 +134,7 @@ pub(crate) fn cat(
     with_storage!(first.host().map_err(|e| e.to_string())?, _d, T => go::<T>(&dense, outer, out_shape, dst))
 }
 
-fn indices(idx: &Tensor) -> Result<Vec<i64>, String> {
+pub(crate) fn indices(idx: &Tensor) -> Result<Vec<i64>, String> {
     match idx.host().map_err(|e| e.to_string())? {
         HostData::I32(_) => Ok(idx
             .to_vec::<i32>()
@@ -147,7 +147,7 @@ fn indices(idx: &Tensor) -> Result<Vec<i64>, String> {
     }
 }
 
-fn check_index(i: i64, size: usize, dim: usize) -> Result<usize, String> {
+pub(crate) fn check_index(i: i64, size: usize, dim: usize) -> Result<usize, String> {
     if i < 0 || i as u64 >= size as u64 {
         return Err(format!("index {i} is out of range for dim {dim} of size {size}"));
     }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use switchyard_core::io::read_safetensors;
+use switchyard_core::ir::OpKind;
 use switchyard_onnx::conformance::{self, Outcome};
 use switchyard_onnx::{Model, import_for};
 use switchyard_tests::{repo_path, run, run_default, shared_data};
@@ -23,26 +24,16 @@ fn relative_error(got: &switchyard_core::Tensor, want: &switchyard_core::Tensor)
 }
 
 /// Op types of models in the shared corpus that the importer does not read
-/// yet (recurrent nets, control flow, selection): a model refused for these
+/// yet (control flow, shapes that depend on data): a model refused for these
 /// alone is skipped, saying so; refused for anything else, it fails.
-const NOT_YET_IMPORTED: &[&str] = &[
-    "LSTM",
-    "GRU",
-    "RNN",
-    "If",
-    "Loop",
-    "Scan",
-    "TopK",
-    "ScatterElements",
-    "NonZero",
-];
+const NOT_YET_IMPORTED: &[&str] = &["If", "Loop", "Scan", "NonZero"];
 
 /// Each model folder in `dir` (model.onnx, inputs.safetensors,
 /// expected.safetensors) imported and run on the default executors and on
 /// the fallback, each within 1e-4 (max |got - want| / max |want|) of the
-/// expected outputs, with the fuser in the default plan; at least
-/// `at_least` of them run.
-fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
+/// expected outputs, with the fuser in the default plan where `fused`; at
+/// least `at_least` of them run.
+fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize, fused: bool) {
     let mut models: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -87,8 +78,15 @@ fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize) {
         let inputs = imported.bind_inputs(&feeds).unwrap();
         let (default, executors) =
             run_default(&imported.trace, &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Float elementwise work is the fuser's; a model whose elementwise
+        // ops all work on indices (lstm-packed's) may leave it to the
+        // fallback.
+        let float_elementwise = imported.trace.ops.iter().any(|o| {
+            matches!(o.kind, OpKind::Unary(_) | OpKind::Binary(_))
+                && o.outputs.iter().any(|&v| imported.trace.meta(v).dtype.is_float())
+        });
         assert!(
-            executors.iter().any(|e| e == "fuser"),
+            !(fused && float_elementwise) || executors.iter().any(|e| e == "fuser"),
             "{name}: the plan should use the fuser: {executors:?}"
         );
         let reference = run(&imported.trace, &inputs).unwrap().outputs;
@@ -109,13 +107,23 @@ fn shared_models_match_onnx_runtime_on_the_default_executors_and_the_fallback() 
     let Some(dir) = shared_data("onnx/models") else {
         return;
     };
-    // The four transformers, and the nine convolutional nets.
-    models_match_their_expected_outputs(&dir, 13);
+    // The four transformers, the nine convolutional nets, the two of
+    // selection (topk-router, det-postprocess) and the three recurrent ones
+    // (crnn-bilstm, gru-lm, lstm-packed).
+    models_match_their_expected_outputs(&dir, 18, true);
 }
 
 #[test]
 fn thirty_two_exported_transformers_match_onnx_runtime() {
-    models_match_their_expected_outputs(&repo_path("tests/data/onnx"), 32);
+    models_match_their_expected_outputs(&repo_path("tests/data/onnx"), 32, true);
+}
+
+#[test]
+fn recurrent_nets_with_every_option_match_onnx_runtime() {
+    // One LSTM, GRU or RNN node each: reverse and bidirectional runs with
+    // per-item lengths, clip, input_forget, peepholes, linear_before_reset,
+    // other activations with their alpha and beta (make.py in the folder).
+    models_match_their_expected_outputs(&repo_path("tests/data/onnx-recurrent"), 6, false);
 }
 
 #[test]

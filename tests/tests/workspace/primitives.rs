@@ -693,6 +693,54 @@ fn gather_and_index_select() {
 }
 
 #[test]
+fn topk_and_scatter() {
+    // The two largest per row, their values gathered; then the smallest,
+    // on a non-contiguous view (the transpose).
+    let x = f32s(&[1.0, 5.0, 3.0, 5.0, 2.0, 0.0], &[2, 3]);
+    let out = run_text(
+        "input x: f32[2, 3]\ni = topk(x, k=2, dim=1)\nv = gather(x, i, dim=1)\nt = transpose(x, perm=[1, 0])\nj = topk(t, k=1, dim=0, largest=false)\noutput i, v, j\n",
+        std::slice::from_ref(&x),
+    )
+    .unwrap();
+    assert_eq!(out[0].to_vec::<i64>().unwrap(), vec![1, 2, 0, 1]);
+    assert_close(&out[1], &[5.0, 3.0, 5.0, 2.0], 0.0);
+    assert_eq!(out[2].to_vec::<i64>().unwrap(), vec![0, 2]);
+    let e =
+        switchyard_core::text::parse("input x: f32[2, 3]\ni = topk(x, k=4, dim=1)\noutput i\n").unwrap_err();
+    assert!(e.to_string().contains("attribute `k` = 4"), "{e}");
+    // Scatter into rows, then accumulate two updates onto one element.
+    let scatter = |reduce: &str, idx: Vec<i64>| {
+        let src = format!(
+            "input x: f32[2, 3]\ninput i: i64[1, 2]\ninput u: f32[1, 2]\ny = scatter(x, i, u, dim=1, reduce=\"{reduce}\")\noutput y\n"
+        );
+        let i = Tensor::from_vec(idx, &[1, 2]).unwrap();
+        run_text(&src, &[x.clone(), i, f32s(&[10.0, 20.0], &[1, 2])])
+    };
+    assert_close(
+        &scatter("none", vec![2, 0]).unwrap()[0],
+        &[20.0, 5.0, 10.0, 5.0, 2.0, 0.0],
+        0.0,
+    );
+    assert_close(
+        &scatter("add", vec![1, 1]).unwrap()[0],
+        &[1.0, 35.0, 3.0, 5.0, 2.0, 0.0],
+        0.0,
+    );
+    assert_close(
+        &scatter("max", vec![0, 1]).unwrap()[0],
+        &[10.0, 20.0, 3.0, 5.0, 2.0, 0.0],
+        0.0,
+    );
+    let e = scatter("none", vec![3, 0]).unwrap_err().to_string();
+    assert!(
+        e.contains("index 3 is out of range") && e.contains("scatter"),
+        "{e}"
+    );
+    let e = scatter("sum", vec![0, 0]).unwrap_err().to_string();
+    assert!(e.contains("`reduce` must be none, add, mul, max or min"), "{e}");
+}
+
+#[test]
 fn creation_ops() {
     let out = run_text(
         "f = full(shape=[2, 2], value=3, dtype=i32)\ng = full(shape=[3], value=0.5)\ni = iota(shape=[2, 3], dim=1, start=1, step=2)\noutput f, g, i\n",

@@ -96,6 +96,16 @@ impl From<&[usize]> for Attr {
         Attr::List(v.iter().map(|&x| Attr::Int(x as i64)).collect())
     }
 }
+impl From<Vec<f64>> for Attr {
+    fn from(v: Vec<f64>) -> Self {
+        Attr::List(v.into_iter().map(Attr::Float).collect())
+    }
+}
+impl From<Vec<&str>> for Attr {
+    fn from(v: Vec<&str>) -> Self {
+        Attr::List(v.into_iter().map(Attr::from).collect())
+    }
+}
 impl From<Scalar> for Attr {
     fn from(v: Scalar) -> Self {
         match v {
@@ -275,6 +285,39 @@ impl Attrs {
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(a) => Err(Self::bad(key, "a list of integers", a)),
+        }
+    }
+
+    /// A list of numbers (integers accepted), or `None` when absent.
+    pub fn floats_opt(&self, key: &str) -> Result<Option<Vec<f64>>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Attr::List(items)) => items
+                .iter()
+                .map(|a| match a {
+                    Attr::Float(f) => Ok(*f),
+                    Attr::Int(i) => Ok(*i as f64),
+                    _ => Err(Self::bad(key, "a list of numbers", &Attr::List(items.clone()))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(a) => Err(Self::bad(key, "a list of numbers", a)),
+        }
+    }
+
+    /// A list of strings, or `None` when absent.
+    pub fn strs_opt(&self, key: &str) -> Result<Option<Vec<&str>>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Attr::List(items)) => items
+                .iter()
+                .map(|a| match a {
+                    Attr::Str(s) => Ok(s.as_str()),
+                    _ => Err(Self::bad(key, "a list of strings", &Attr::List(items.clone()))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(a) => Err(Self::bad(key, "a list of strings", a)),
         }
     }
 

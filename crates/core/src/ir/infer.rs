@@ -584,6 +584,66 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                 Ok(out(x.dtype, idx.shape.clone(), device))
             }
         }
+        OpKind::Topk => {
+            attrs.check_keys(&["k", "dim", "largest"])?;
+            expect_count(ops, 1)?;
+            let x = tensor(ops, 0)?;
+            if !x.dtype.is_numeric() {
+                return Err("needs a numeric operand, got bool".into());
+            }
+            let dim = normalize_dim(attrs.int_or("dim", -1)?, x.rank())
+                .ok_or_else(|| format!("attribute `dim` is out of range for rank {}", x.rank()))?;
+            let k = attrs.int("k")?;
+            if k < 0 || k as u64 > x.shape[dim] as u64 {
+                return Err(format!(
+                    "attribute `k` = {k} must lie in 0..={} (the size of dim {dim})",
+                    x.shape[dim]
+                ));
+            }
+            attrs.bool_or("largest", true)?;
+            let mut shape = x.shape.clone();
+            shape[dim] = k as usize;
+            Ok(out(DType::I64, shape, device))
+        }
+        OpKind::Scatter => {
+            attrs.check_keys(&["dim", "reduce"])?;
+            expect_count(ops, 3)?;
+            let x = tensor(ops, 0)?;
+            let idx = tensor(ops, 1)?;
+            let upd = tensor(ops, 2)?;
+            if !idx.dtype.is_int() {
+                return Err(format!(
+                    "the index (operand 2) must be i32 or i64, got {}",
+                    idx.dtype
+                ));
+            }
+            if upd.dtype != x.dtype {
+                return Err(format!(
+                    "dtype mismatch: the updates (operand 3) are {} but the input is {}; insert a cast",
+                    upd.dtype, x.dtype
+                ));
+            }
+            let dim = normalize_dim(attrs.int_or("dim", 0)?, x.rank())
+                .ok_or_else(|| format!("attribute `dim` is out of range for rank {}", x.rank()))?;
+            let reduce = attrs.str_or("reduce", "none")?;
+            if crate::ir::ScatterReduce::parse(reduce).is_none() {
+                return Err(format!(
+                    "attribute `reduce` must be none, add, mul, max or min, got `{reduce}`"
+                ));
+            }
+            let fits = idx.rank() == x.rank()
+                && upd.shape == idx.shape
+                && (0..x.rank()).all(|d| d == dim || idx.shape[d] <= x.shape[d]);
+            if !fits {
+                return Err(format!(
+                    "shape mismatch: index {} and updates {} must have one shape, of the rank of {} and no larger dims outside dim {dim}",
+                    ShapeDisplay(&idx.shape),
+                    ShapeDisplay(&upd.shape),
+                    ShapeDisplay(&x.shape)
+                ));
+            }
+            Ok(out(x.dtype, x.shape.clone(), device))
+        }
         OpKind::Cumsum => {
             attrs.check_keys(&["dim", "exclusive", "reverse"])?;
             expect_count(ops, 1)?;
@@ -596,6 +656,38 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
             attrs.bool_or("exclusive", false)?;
             attrs.bool_or("reverse", false)?;
             Ok(out(x.dtype, x.shape.clone(), device))
+        }
+        OpKind::Lstm | OpKind::Gru | OpKind::Rnn => {
+            let cell = crate::ir::recurrent::Cell::of(kind).expect("a recurrence");
+            let metas: Vec<&TensorMeta> = (0..ops.len()).map(|i| tensor(ops, i)).collect::<Result<_, _>>()?;
+            let x = metas.first().ok_or("operand 1 is missing")?;
+            if !x.dtype.is_float() {
+                return Err(format!(
+                    "needs a floating-point input, got {}; cast it first",
+                    x.dtype
+                ));
+            }
+            let lens = cell.lens_operand();
+            for (i, m) in metas.iter().enumerate() {
+                if i == lens && !m.dtype.is_int() {
+                    return Err(format!(
+                        "the lengths (operand {}) must be i32 or i64, got {}",
+                        i + 1,
+                        m.dtype
+                    ));
+                }
+                if i != lens && m.dtype != x.dtype {
+                    return Err(format!(
+                        "dtype mismatch: {} is {} but the input is {}; insert a cast",
+                        ordinal(i),
+                        m.dtype,
+                        x.dtype
+                    ));
+                }
+            }
+            let shapes: Vec<&[usize]> = metas.iter().map(|m| &m.shape[..]).collect();
+            let rec = crate::ir::recurrent::recurrence(kind, attrs, &shapes)?;
+            Ok(out(x.dtype, rec.output_shape(), device))
         }
         OpKind::Full => {
             attrs.check_keys(&["shape", "value", "dtype", "device"])?;

@@ -11,6 +11,7 @@ mod graph;
 pub mod hint;
 mod infer;
 mod ops;
+pub mod recurrent;
 mod region;
 pub mod window;
 
@@ -24,7 +25,7 @@ pub use decompose::decompose_composites;
 pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;
 pub use infer::{OperandMeta, check_input_meta, check_size, infer, reduce_dims, reduced_shape, slice_params};
-pub use ops::{BinaryOp, CompositeOp, OpKind, PoolOp, ReduceOp, UnaryOp};
+pub use ops::{BinaryOp, CompositeOp, OpKind, PoolOp, ReduceOp, ScatterReduce, UnaryOp};
 pub use region::Cuts;
 
 pub(crate) use attr::is_reserved_word;

@@ -238,6 +238,35 @@ op_enum!(
     }
 );
 
+/// How `scatter` combines an update with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterReduce {
+    /// The update replaces it.
+    None,
+    /// `old + update`
+    Add,
+    /// `old * update`
+    Mul,
+    /// the larger of the two (NaN wins)
+    Max,
+    /// the smaller of the two (NaN wins)
+    Min,
+}
+
+impl ScatterReduce {
+    /// The `reduce` attribute's value, if it names one.
+    pub fn parse(s: &str) -> Option<ScatterReduce> {
+        Some(match s {
+            "none" => ScatterReduce::None,
+            "add" => ScatterReduce::Add,
+            "mul" => ScatterReduce::Mul,
+            "max" => ScatterReduce::Max,
+            "min" => ScatterReduce::Min,
+            _ => return None,
+        })
+    }
+}
+
 /// What an op does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -278,8 +307,28 @@ pub enum OpKind {
     Gather,
     /// `index_select(x, index, dim=k)` with a 1-D index
     IndexSelect,
+    /// `topk(x, k=K, dim=d, largest=true)`: where the `K` largest (or
+    /// smallest) elements of each slice along `dim` are, as i64 indices
+    /// ordered from the largest (smallest) on, equal elements by index,
+    /// NaN above every number; the values are `gather(x, index, dim=d)`
+    Topk,
+    /// `scatter(x, index, updates, dim=d, reduce="none")`: `x` with
+    /// `out[..index[..i..]..] = updates[..i..]` (`index` and `updates` of
+    /// one shape), or combined with what is there by `reduce` (`add`,
+    /// `mul`, `max`, `min`) in index order; where two indices meet with
+    /// `none`, the later one wins
+    Scatter,
     /// `cumsum(x, dim=k, exclusive=false, reverse=false)`: running sums along a dim
     Cumsum,
+    /// `lstm(x, w, r, b, h0, c0, p, lens, direction=forward, ...)`: a long
+    /// short-term memory over the steps of `x` (see [`crate::ir::recurrent`])
+    Lstm,
+    /// `gru(x, w, r, b, h0, lens, direction=forward, ...)`: a gated
+    /// recurrent unit (see [`crate::ir::recurrent`])
+    Gru,
+    /// `rnn(x, w, r, b, h0, lens, direction=forward, ...)`: a plain
+    /// recurrence (see [`crate::ir::recurrent`])
+    Rnn,
     /// `full(shape=[...], value=v, dtype=d)`
     Full,
     /// `iota(shape=[...], dim=k, start=0, step=1, dtype=i64)`
@@ -313,7 +362,12 @@ impl OpKind {
             OpKind::Matmul => "matmul",
             OpKind::Gather => "gather",
             OpKind::IndexSelect => "index_select",
+            OpKind::Topk => "topk",
+            OpKind::Scatter => "scatter",
             OpKind::Cumsum => "cumsum",
+            OpKind::Lstm => "lstm",
+            OpKind::Gru => "gru",
+            OpKind::Rnn => "rnn",
             OpKind::Full => "full",
             OpKind::Iota => "iota",
             OpKind::Uniform => "uniform",
@@ -340,7 +394,12 @@ impl OpKind {
         v.extend([
             OpKind::Gather,
             OpKind::IndexSelect,
+            OpKind::Topk,
+            OpKind::Scatter,
             OpKind::Cumsum,
+            OpKind::Lstm,
+            OpKind::Gru,
+            OpKind::Rnn,
             OpKind::Full,
             OpKind::Iota,
             OpKind::Uniform,

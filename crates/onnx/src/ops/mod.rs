@@ -10,8 +10,10 @@
 mod constant;
 mod conv;
 mod elementwise;
+mod indexing;
 mod nn;
 mod norm;
+mod recurrent;
 mod reduce;
 mod resize;
 mod select;
@@ -52,7 +54,7 @@ pub(crate) type Sink<'s> =
     dyn FnMut(&mut TraceBuilder, Option<usize>, Tensor) -> Result<ValueId, String> + 's;
 
 /// The op tables, one per family.
-const FAMILIES: [&[(&str, LowerFn)]; 9] = [
+const FAMILIES: [&[(&str, LowerFn)]; 11] = [
     elementwise::OPS,
     nn::OPS,
     conv::OPS,
@@ -61,6 +63,8 @@ const FAMILIES: [&[(&str, LowerFn)]; 9] = [
     reduce::OPS,
     shape::OPS,
     select::OPS,
+    indexing::OPS,
+    recurrent::OPS,
     constant::OPS,
 ];
 

@@ -180,7 +180,7 @@ fn split(n: &mut Node) -> Result<Vec<Out>, String> {
 
 /// Indices with negative entries counted from the end of a dim of `size`:
 /// computed at import for constants, in the trace otherwise.
-fn wrapped_indices(n: &mut Node, i: usize, size: usize) -> Result<ValueId, String> {
+pub(super) fn wrapped_indices(n: &mut Node, i: usize, size: usize) -> Result<ValueId, String> {
     if let Some(t) = n.constant(i) {
         let idx = ints_of(t)?;
         let shape = t.shape().to_vec();
@@ -246,13 +246,38 @@ fn gather_elements(n: &mut Node) -> Result<Vec<Out>, String> {
 }
 
 /// GatherND as an `index_select` over `data` with its batch and indexed dims
-/// flattened into one: each index tuple (plus its batch position) becomes
-/// one row number, computed at import when the indices are constant.
+/// flattened into one ([`nd_rows`]).
 fn gather_nd(n: &mut Node) -> Result<Vec<Out>, String> {
     n.arity(2, 2)?;
     let ds = n.shape(0)?;
-    let is = n.shape(1)?;
     let b = usize::try_from(n.int("batch_dims", 0)).map_err(|_| "batch_dims is negative".to_string())?;
+    let (rows, tuples, k) = nd_rows(n, b)?;
+    let x = n.value(0)?;
+    let mut flat_shape = vec![numel(&ds[..b + k]) as i64];
+    flat_shape.extend(dims_i64(&ds[b + k..]));
+    let bf = &mut *n.b;
+    let xf = bf.reshape(x, &flat_shape).map_err(err)?;
+    let sel = bf
+        .op(
+            OpKind::IndexSelect,
+            &[xf.into(), rows.into()],
+            Attrs::new().with("dim", 0i64),
+        )
+        .map_err(err)?;
+    let mut out = dims_i64(&tuples);
+    out.extend(dims_i64(&ds[b + k..]));
+    one(bf.reshape(sel, &out).map_err(err)?)
+}
+
+/// The rows that GatherND's and ScatterND's index tuples (input 1) pick in
+/// their data (input 0) with its first `b + k` dims flattened into one: each
+/// tuple, plus its batch position over the first `b` dims, is one row
+/// number, computed at import when the indices are constant. Returns the
+/// rows (1-D), the tuples' shape (the indices' without the last dim) and
+/// `k`, the length of a tuple.
+pub(super) fn nd_rows(n: &mut Node, b: usize) -> Result<(ValueId, Vec<usize>, usize), String> {
+    let ds = n.shape(0)?;
+    let is = n.shape(1)?;
     let Some(&k) = is.last() else {
         return Err("indices must have rank 1 or more".into());
     };
@@ -287,6 +312,12 @@ fn gather_nd(n: &mut Node) -> Result<Vec<Out>, String> {
                 row += w * strides[j];
             }
             rows.push(row);
+        }
+        // No tuples at all when k is 0: one row per tuple all the same.
+        if k == 0 {
+            rows = (0..numel(&tuples))
+                .map(|t| (t / per_tuple_batch.max(1)) as i64 * per_batch)
+                .collect();
         }
         let len = rows.len();
         n.constant_value(Tensor::from_vec(rows, &[len]).map_err(err)?)?
@@ -325,21 +356,7 @@ fn gather_nd(n: &mut Node) -> Result<Vec<Out>, String> {
         }
         bf.reshape(row, &[-1]).map_err(err)?
     };
-    let x = n.value(0)?;
-    let mut flat_shape = vec![numel(&ds[..b + k]) as i64];
-    flat_shape.extend(dims_i64(&ds[b + k..]));
-    let bf = &mut *n.b;
-    let xf = bf.reshape(x, &flat_shape).map_err(err)?;
-    let sel = bf
-        .op(
-            OpKind::IndexSelect,
-            &[xf.into(), rows.into()],
-            Attrs::new().with("dim", 0i64),
-        )
-        .map_err(err)?;
-    let mut out = dims_i64(&tuples);
-    out.extend(dims_i64(&ds[b + k..]));
-    one(bf.reshape(sel, &out).map_err(err)?)
+    Ok((rows, tuples, k))
 }
 
 fn pad(n: &mut Node) -> Result<Vec<Out>, String> {
