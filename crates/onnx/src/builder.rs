@@ -69,6 +69,16 @@ pub fn attr_int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+/// A graph attribute (an If's branch).
+pub fn attr_graph(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Graph as i32),
+        g: Some(g),
+        ..AttributeProto::default()
+    }
+}
+
 /// A float attribute.
 pub fn attr_float(name: &str, v: f32) -> AttributeProto {
     AttributeProto {

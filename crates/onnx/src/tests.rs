@@ -170,7 +170,14 @@ fn malformed_graphs_name_the_node_or_value() {
     let mut b = base();
     b.node("If", &["x"], &["y"], vec![])
         .output("y", DType::F32, &d(&[2]));
-    check(&b, "If (control flow): 1 node(s)");
+    check(
+        &b,
+        "node `If_1` (If): attribute `then_branch` (a graph) is missing",
+    );
+    let mut b = base();
+    b.node("Loop", &["x"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    check(&b, "Loop (control flow): 1 node(s)");
     let mut b = base();
     b.node("Relu", &["x"], &["y"], vec![])
         .output("z", DType::F32, &d(&[2]));
@@ -638,4 +645,278 @@ fn convolutions_that_do_not_fit_are_import_errors_naming_node_and_attribute() {
         vec![attr_ints("kernel_shape", &[2, 2])],
     );
     assert!(e.contains("attribute `kernel_shape`"), "{e}");
+}
+
+/// A branch: the nodes `add` puts in, giving `out`.
+fn branch(add: impl FnOnce(&mut ModelBuilder), out: &str, dims: &[usize]) -> crate::proto::GraphProto {
+    let mut b = ModelBuilder::new("branch", 18);
+    add(&mut b);
+    b.output(out, DType::F32, &d(dims));
+    b.build().graph.unwrap()
+}
+
+/// `y = If(cond) { relu(x) } else { neg(x) }` over x [2, 3], with `cond`
+/// given by `cond`.
+fn if_model(cond: impl FnOnce(&mut ModelBuilder)) -> ModelBuilder {
+    use crate::builder::attr_graph;
+    let then_g = branch(
+        |b| {
+            b.node("Relu", &["x"], &["t"], vec![]);
+        },
+        "t",
+        &[2, 3],
+    );
+    let else_g = branch(
+        |b| {
+            b.node("Neg", &["x"], &["e"], vec![]);
+        },
+        "e",
+        &[2, 3],
+    );
+    let mut b = ModelBuilder::new("if", 18);
+    b.input("x", DType::F32, &d(&[2, 3]));
+    cond(&mut b);
+    b.node(
+        "If",
+        &["c"],
+        &["y"],
+        vec![
+            attr_graph("then_branch", then_g),
+            attr_graph("else_branch", else_g),
+        ],
+    )
+    .output("y", DType::F32, &d(&[2, 3]));
+    b
+}
+
+#[test]
+fn an_if_known_at_import_inlines_its_branch_and_one_on_data_selects() {
+    let x = Tensor::from_vec(vec![1f32, -2., 3., -4., 5., -6.], &[2, 3]).unwrap();
+    // The condition from the input's shape: known at import.
+    let known = if_model(|b| {
+        b.initializer("two", &Tensor::from_vec(vec![2i64], &[1]).unwrap())
+            .unwrap()
+            .node("Shape", &["x"], &["s"], vec![])
+            .node("Gather", &["s", "zero"], &["s0"], vec![])
+            .initializer("zero", &Tensor::from_vec(vec![1i64], &[1]).unwrap())
+            .unwrap()
+            .node("Greater", &["s0", "two"], &["c"], vec![]);
+    });
+    let m = import(&model(known.build()), &ImportOptions::default()).unwrap();
+    let kinds: Vec<OpKind> = m.trace.ops.iter().map(|o| o.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![OpKind::Unary(switchyard_core::ir::UnaryOp::Relu)],
+        "{}",
+        m.trace
+    );
+    assert_eq!(
+        f32s(&run(&m, &[("x", x.clone())])[0]),
+        vec![1., 0., 3., 0., 5., 0.]
+    );
+    // The condition from data: both branches, then a select.
+    let data = if_model(|b| {
+        b.input("c", DType::Bool, &d(&[1]));
+    });
+    let m = import(&model(data.build()), &ImportOptions::default()).unwrap();
+    assert!(m.trace.ops.iter().any(|o| o.kind == OpKind::Where), "{}", m.trace);
+    let on = |c: bool| {
+        f32s(
+            &run(
+                &m,
+                &[("x", x.clone()), ("c", Tensor::from_vec(vec![c], &[1]).unwrap())],
+            )[0],
+        )
+    };
+    assert_eq!(on(true), vec![1., 0., 3., 0., 5., 0.]);
+    assert_eq!(on(false), vec![-1., 2., -3., 4., -5., 6.]);
+}
+
+#[test]
+fn an_if_on_data_needs_one_shape_per_output_and_branches_that_cannot_fail() {
+    use crate::builder::attr_graph;
+    let bad = |then_g, else_g| {
+        let mut b = ModelBuilder::new("if", 18);
+        b.input("x", DType::F32, &d(&[2, 3]))
+            .input("i", DType::I64, &d(&[2]))
+            .input("c", DType::Bool, &d(&[]))
+            .node(
+                "If",
+                &["c"],
+                &["y"],
+                vec![
+                    attr_graph("then_branch", then_g),
+                    attr_graph("else_branch", else_g),
+                ],
+            )
+            .output("y", DType::F32, &d(&[2, 3]));
+        import(&model(b.build()), &ImportOptions::default())
+            .unwrap_err()
+            .to_string()
+    };
+    let relu = || {
+        branch(
+            |b| {
+                b.node("Relu", &["x"], &["t"], vec![]);
+            },
+            "t",
+            &[2, 3],
+        )
+    };
+    let sum = branch(
+        |b| {
+            b.node("ReduceSum", &["x"], &["e"], vec![attr_int("keepdims", 0)]);
+        },
+        "e",
+        &[],
+    );
+    let e = bad(relu(), sum);
+    assert!(
+        e.contains("output 0 (`y`) is f32[2, 3] in the then branch but f32[] in the else branch"),
+        "{e}"
+    );
+    let gather = branch(
+        |b| {
+            b.node("Gather", &["x", "i"], &["g"], vec![attr_int("axis", 0)]);
+        },
+        "g",
+        &[2, 3],
+    );
+    let e = bad(relu(), gather);
+    assert!(
+        e.contains("`index_select`") && e.contains("can fail on the data it reads"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_branch_reads_values_defined_after_its_if_in_the_file_and_ifs_nest() {
+    use crate::builder::attr_graph;
+    // The If is listed before the node making `z`, which its branch reads;
+    // the then branch holds an If of its own on a constant.
+    let inner_then = branch(
+        |b| {
+            b.node("Add", &["x", "z"], &["a"], vec![]);
+        },
+        "a",
+        &[2, 3],
+    );
+    let inner_else = branch(
+        |b| {
+            b.node("Sub", &["x", "z"], &["s"], vec![]);
+        },
+        "s",
+        &[2, 3],
+    );
+    let outer_then = branch(
+        |b| {
+            b.initializer("yes", &Tensor::from_vec(vec![true], &[]).unwrap())
+                .unwrap()
+                .node(
+                    "If",
+                    &["yes"],
+                    &["n"],
+                    vec![
+                        attr_graph("then_branch", inner_then),
+                        attr_graph("else_branch", inner_else),
+                    ],
+                );
+        },
+        "n",
+        &[2, 3],
+    );
+    let outer_else = branch(
+        |b| {
+            b.node("Neg", &["z"], &["m"], vec![]);
+        },
+        "m",
+        &[2, 3],
+    );
+    let mut b = ModelBuilder::new("if", 18);
+    b.input("x", DType::F32, &d(&[2, 3]))
+        .input("c", DType::Bool, &d(&[1]))
+        .node(
+            "If",
+            &["c"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", outer_then),
+                attr_graph("else_branch", outer_else),
+            ],
+        )
+        .node("Relu", &["x"], &["z"], vec![])
+        .output("y", DType::F32, &d(&[2, 3]));
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    let x = Tensor::from_vec(vec![1f32, -2., 3., -4., 5., -6.], &[2, 3]).unwrap();
+    let on = |c: bool| {
+        f32s(
+            &run(
+                &m,
+                &[("x", x.clone()), ("c", Tensor::from_vec(vec![c], &[1]).unwrap())],
+            )[0],
+        )
+    };
+    // x + relu(x), and -relu(x).
+    assert_eq!(on(true), vec![2., -2., 6., -4., 10., -6.]);
+    assert_eq!(on(false), vec![-1., 0., -3., 0., -5., 0.]);
+}
+
+#[test]
+fn an_if_on_a_fixed_input_takes_one_branch_when_both_cannot_run() {
+    use crate::builder::attr_graph;
+    // Silero-style: the condition comes from an integer input (a sample
+    // rate), and a branch indexes by data, so both cannot run; given the
+    // inputs, the import fixes the rate and takes one branch.
+    let gather = branch(
+        |b| {
+            b.node("Gather", &["x", "i"], &["g"], vec![attr_int("axis", 0)]);
+        },
+        "g",
+        &[2, 3],
+    );
+    let neg = branch(
+        |b| {
+            b.node("Neg", &["x"], &["e"], vec![]);
+        },
+        "e",
+        &[2, 3],
+    );
+    let mut b = ModelBuilder::new("if", 18);
+    b.input("x", DType::F32, &d(&[2, 3]))
+        .input("i", DType::I64, &d(&[2]))
+        .input("sr", DType::I64, &d(&[1]))
+        .initializer("rate", &Tensor::from_vec(vec![16000i64], &[1]).unwrap())
+        .unwrap()
+        .node("Equal", &["sr", "rate"], &["c"], vec![])
+        .node(
+            "If",
+            &["c"],
+            &["y"],
+            vec![attr_graph("then_branch", gather), attr_graph("else_branch", neg)],
+        )
+        .output("y", DType::F32, &d(&[2, 3]));
+    let m = model(b.build());
+    let e = import(&m, &ImportOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::NeedsValue { ref value, .. } if value == "c"),
+        "{e}"
+    );
+    let x = Tensor::from_vec(vec![1f32, -2., 3., -4., 5., -6.], &[2, 3]).unwrap();
+    let feeds: HashMap<String, Tensor> = [
+        ("x", x),
+        ("i", Tensor::from_vec(vec![1i64, 0], &[2]).unwrap()),
+        ("sr", Tensor::from_vec(vec![16000i64], &[1]).unwrap()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let (imported, fixed) = import_for(&m, &feeds).unwrap();
+    assert!(fixed.contains(&"sr".to_string()), "{fixed:?}");
+    assert!(
+        !imported.trace.ops.iter().any(|o| o.kind == OpKind::Where),
+        "one branch: {}",
+        imported.trace
+    );
+    let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    assert_eq!(f32s(&run(&imported, &feeds)[0]), vec![-4., 5., -6., 1., -2., 3.]);
 }

@@ -2,7 +2,7 @@
 //! order, the op types the importer lacks (all at once), and the graph
 //! inputs' static shapes; and, at the end, the declared outputs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use switchyard_core::TensorMeta;
 use switchyard_core::meta::ShapeDisplay;
@@ -42,9 +42,51 @@ pub(crate) fn node_label(n: &NodeProto) -> String {
     }
 }
 
+/// The names a subgraph reads from the scopes around it: what its nodes
+/// (and their own subgraphs) take as inputs and it does not define.
+pub(super) fn outer_refs(g: &GraphProto) -> BTreeSet<String> {
+    let mut defined: HashSet<&str> = g.initializer.iter().map(|t| t.name()).collect();
+    defined.extend(g.input.iter().map(|v| v.name()));
+    for n in &g.node {
+        defined.extend(n.output.iter().map(String::as_str));
+    }
+    let mut refs = BTreeSet::new();
+    for n in &g.node {
+        for x in n.input.iter().filter(|x| !x.is_empty()) {
+            if !defined.contains(x.as_str()) {
+                refs.insert(x.clone());
+            }
+        }
+        for r in node_outer_refs(n) {
+            if !defined.contains(r.as_str()) {
+                refs.insert(r);
+            }
+        }
+    }
+    for o in &g.output {
+        if !defined.contains(o.name()) {
+            refs.insert(o.name().to_string());
+        }
+    }
+    refs
+}
+
+/// What a node's subgraphs (an If's branches) read from around the node:
+/// inputs of the node all the same, which it must come after.
+pub(super) fn node_outer_refs(n: &NodeProto) -> BTreeSet<String> {
+    n.attribute
+        .iter()
+        .flat_map(|a| a.g.iter().chain(&a.graphs))
+        .flat_map(outer_refs)
+        .collect()
+}
+
 /// Checks the graph's value names and returns the nodes in an order where
-/// each comes after the producers of its inputs.
-pub(super) fn check_graph(g: &GraphProto) -> Result<Vec<usize>> {
+/// each comes after the producers of its inputs, the values a subgraph
+/// reads from around its node counted among the node's inputs. `outer`
+/// holds what the scopes around the graph define (nothing for the model's
+/// graph; for an If's branch, every value known where the If is).
+pub(super) fn check_graph(g: &GraphProto, outer: &dyn Fn(&str) -> bool) -> Result<Vec<usize>> {
     let mut producer: HashMap<&str, Option<usize>> = HashMap::new();
     for t in &g.initializer {
         if t.name().is_empty() {
@@ -75,8 +117,10 @@ pub(super) fn check_graph(g: &GraphProto) -> Result<Vec<usize>> {
     let mut indegree = vec![0usize; g.node.len()];
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.node.len()];
     for (i, n) in g.node.iter().enumerate() {
-        for x in n.input.iter().filter(|x| !x.is_empty()) {
+        let implicit = node_outer_refs(n);
+        for x in n.input.iter().filter(|x| !x.is_empty()).chain(&implicit) {
             match producer.get(x.as_str()) {
+                None if outer(x) => {}
                 None => {
                     return Err(Error::Node {
                         node: node_label(n),
@@ -95,7 +139,7 @@ pub(super) fn check_graph(g: &GraphProto) -> Result<Vec<usize>> {
         }
     }
     for o in &g.output {
-        if !producer.contains_key(o.name()) {
+        if !producer.contains_key(o.name()) && !outer(o.name()) {
             return Err(Error::Model(format!(
                 "graph output `{}` is never defined",
                 o.name()
@@ -130,13 +174,30 @@ pub(super) fn check_graph(g: &GraphProto) -> Result<Vec<usize>> {
     Ok(order)
 }
 
-/// One error listing every node the importer cannot take, by op type with
-/// counts and the first node names.
+/// Every node of `g` and of its If nodes' branches, at any depth.
+fn collect_nodes<'g>(g: &'g GraphProto, into: &mut Vec<&'g NodeProto>) {
+    for n in &g.node {
+        into.push(n);
+        if n.op_type() == "If" {
+            for a in &n.attribute {
+                for sub in a.g.iter().chain(&a.graphs) {
+                    collect_nodes(sub, into);
+                }
+            }
+        }
+    }
+}
+
+/// One error listing every node the importer cannot take (in the graph or
+/// in an If's branches), by op type with counts and the first node names.
 pub(super) fn check_supported(g: &GraphProto) -> Result<()> {
     let mut problems: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
-    for n in &g.node {
+    let mut nodes: Vec<&NodeProto> = Vec::new();
+    collect_nodes(g, &mut nodes);
+    for n in nodes {
         let why = match (n.domain(), n.op_type()) {
-            ("" | "ai.onnx", "If" | "Loop" | "Scan" | "SequenceMap") => {
+            ("" | "ai.onnx", "If") => None,
+            ("" | "ai.onnx", "Loop" | "Scan" | "SequenceMap") => {
                 Some(format!("{} (control flow)", n.op_type()))
             }
             ("" | "ai.onnx", op) if ops::lookup(op).is_none() => Some(op.to_string()),

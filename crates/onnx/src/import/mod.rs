@@ -33,6 +33,7 @@ use switchyard_core::{DType, Scalar, Tensor, TensorMeta, Trace, TraceBuilder};
 use switchyard_exec_fallback::FallbackExecutor;
 
 mod check;
+mod control;
 mod fold;
 
 pub(crate) use check::node_label;
@@ -217,7 +218,7 @@ pub fn import(model: &Model, options: &ImportOptions) -> Result<Imported> {
         .graph
         .as_ref()
         .ok_or_else(|| Error::Model("the model holds no graph".into()))?;
-    let order = check_graph(graph)?;
+    let order = check_graph(graph, &|_| false)?;
     check_supported(graph)?;
     let mut imp = Importer {
         b: TraceBuilder::new(),
@@ -392,6 +393,9 @@ impl Importer {
             op_type: n.op_type().to_string(),
             message,
         };
+        if n.op_type() == "If" && matches!(n.domain(), "" | "ai.onnx") {
+            return self.if_node(n);
+        }
         let lower = ops::lookup(n.op_type()).expect("checked by check_supported");
         let mut known = Vec::with_capacity(n.input.len());
         for x in &n.input {
