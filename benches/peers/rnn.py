@@ -75,8 +75,8 @@ def silero_model(helper, TensorProto, np, seed):
             wn = weight(f"{tag}_conv{k}_w", out_c, channels, kernel)
             bn = weight(f"{tag}_conv{k}_b", out_c)
             pad = 0 if k == 0 else kernel // 2
-            nodes.append(helper.make_node("Conv", [cur, wn, bn], [f"{tag}_c{k}"], strides=[stride], pads=[pad, pad]))
-            nodes.append(helper.make_node("Relu", [f"{tag}_c{k}"], [f"{tag}_r{k}"]))
+            nodes.append(helper.make_node("Conv", [cur, wn, bn], [f"{tag}_conv{k}"], strides=[stride], pads=[pad, pad]))
+            nodes.append(helper.make_node("Relu", [f"{tag}_conv{k}"], [f"{tag}_r{k}"]))
             cur, channels = f"{tag}_r{k}", out_c
         # [1, C, T] -> [T, 1, C] for the LSTM.
         nodes.append(helper.make_node("Transpose", [cur], [f"{tag}_seq"], perm=[2, 0, 1]))
@@ -95,7 +95,7 @@ def silero_model(helper, TensorProto, np, seed):
             helper.make_node("Conv", [f"{tag}_yr", weight(f"{tag}_head_w", 1, hidden, 1),
                                       weight(f"{tag}_head_b", 1)], [f"{tag}_logit"]),
             helper.make_node("Sigmoid", [f"{tag}_logit"], [f"{tag}_p"]),
-            helper.make_node("ReduceMean", [f"{tag}_p", "axes2"], [f"{tag}_out"], keepdims=0),
+            helper.make_node("ReduceMean", [f"{tag}_p"], [f"{tag}_out"], axes=[2], keepdims=0),
         ]
         outs = [helper.make_tensor_value_info(f"{tag}_out", TensorProto.FLOAT, [1, 1]),
                 helper.make_tensor_value_info(f"{tag}_state", TensorProto.FLOAT, [2, 1, hidden])]
@@ -103,7 +103,7 @@ def silero_model(helper, TensorProto, np, seed):
 
     consts = {
         "shape3": np.array([1, 1, 512], np.int64), "shape_thw": np.array([0, 1, hidden], np.int64),
-        "zero": np.array(0, np.int64), "one": np.array(1, np.int64), "axes2": np.array([2], np.int64),
+        "zero": np.array([0], np.int64), "one": np.array([1], np.int64),
         "rate": np.array([16000], np.int64),
     }
     then_g, else_g = branch("k16", 256, 128), branch("k8", 128, 64)

@@ -536,9 +536,10 @@ impl Executor for FallbackExecutor {
         }
         if !off_cpu(cx.trace, op) {
             // Convolutions run here as direct loops in f64, far from the
-            // device's peak, which the model's estimate assumes.
+            // device's peak, which the model's estimate assumes; so do
+            // recurrences, a step at a time.
             return Claim::Accept(match o.kind {
-                OpKind::Conv | OpKind::ConvTranspose => {
+                OpKind::Conv | OpKind::ConvTranspose | OpKind::Lstm | OpKind::Gru | OpKind::Rnn => {
                     let bytes: usize = o
                         .input_values()
                         .chain(o.outputs.iter().copied())

@@ -22,6 +22,7 @@ mod plan_files;
 mod plan_scale;
 mod plugins;
 mod primitives;
+mod rnn;
 mod runtime;
 mod schedule;
 mod text_format;

@@ -197,7 +197,9 @@ fn bad_traces_and_arguments_are_clear_errors() {
     assert!(e.contains(":2:10:"), "{e}");
     let e = fails(sw!("run", example("mlp.trace"), "--executors", "mkl"));
     assert!(
-        e.contains("`--executors`: unknown executor `mkl` (known: cudnn, cublas, conv, fuser, fallback)"),
+        e.contains(
+            "`--executors`: unknown executor `mkl` (known: cudnn, cublas, conv, rnn, fuser, fallback)"
+        ),
         "{e}"
     );
     let e = fails(sw!("run", scratch("missing.trace")));
@@ -414,7 +416,7 @@ fn config_files_choose_executors_and_cost_model() {
         (
             "run",
             "enable = [\"nope\"]\n",
-            "`enable`: unknown executor `nope` (known: cudnn, cublas, conv, fuser, fallback)",
+            "`enable`: unknown executor `nope` (known: cudnn, cublas, conv, rnn, fuser, fallback)",
         ),
         (
             "plan",
@@ -423,14 +425,14 @@ fn config_files_choose_executors_and_cost_model() {
         ),
         (
             "plan",
-            "disable = [\"fallback\", \"fuser\", \"conv\", \"cublas\", \"cudnn\"]\n",
+            "disable = [\"fallback\", \"fuser\", \"conv\", \"rnn\", \"cublas\", \"cudnn\"]\n",
             "no executor is left enabled",
         ),
         (
             "plan",
             "disable = [\"fallback\"]\n",
             "no enabled executor can run line 7: h.2 = matmul(x, h.1): conv rejects it: runs convolutions and the elementwise ops \
-             that finish them; fuser rejects it: `matmul` is not in the fuser's kernel IR",
+             that finish them; rnn rejects it: runs lstm, gru and rnn; fuser rejects it: `matmul` is not in the fuser's kernel IR",
         ),
         ("plan", "[partitioner\n", ".toml"),
     ];
@@ -562,7 +564,10 @@ fn bench_reports_every_set_side_by_side_and_writes_json() {
     }
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(r["format"], 1);
-    assert_eq!(r["sets"], serde_json::json!(["fallback", "conv,fuser,fallback"]));
+    assert_eq!(
+        r["sets"],
+        serde_json::json!(["fallback", "conv,rnn,fuser,fallback"])
+    );
     let results = r["results"].as_array().unwrap();
     assert_eq!(results.len(), 4);
     for m in results {

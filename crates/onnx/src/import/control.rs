@@ -236,7 +236,8 @@ impl Importer {
                 let origin = trace.origins.get(i).and_then(|o| o.as_deref()).unwrap_or("?");
                 return Err(format!(
                     "its condition depends on data and a branch holds `{}` (from node {origin}), which can fail on the \
-                     data it reads; both branches of such an If run, so it is not supported yet",
+                     data it reads; both branches of such an If would run, so the condition must be known at import \
+                     (give the inputs it comes from, `--inputs`, to take one branch)",
                     op.kind
                 ));
             }
