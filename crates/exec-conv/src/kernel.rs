@@ -80,7 +80,7 @@ pub(crate) struct ConvKernel {
 impl ConvKernel {
     pub(crate) fn new(anchor: Anchor, x: usize, epilogue: Epilogue, out_shape: Vec<usize>) -> ConvKernel {
         let (direct, (tasks, mc, nc)) = match &anchor {
-            Anchor::Conv { geometry, .. } if geometry.in_channels != geometry.groups => {
+            Anchor::Conv { geometry, .. } if runs_as_gemm(geometry) => {
                 let direct = Direct::new(&geometry.window);
                 let tiles = tiles(geometry, &direct, rayon::current_num_threads());
                 (Some(direct), tiles)
@@ -145,6 +145,15 @@ impl ConvKernel {
         }
         p
     }
+}
+
+/// Whether a convolution runs as a GEMM: all but the depthwise ones (one
+/// input channel per group, several groups), which run a plane at a time.
+/// A convolution of one input channel into many (an audio front end's
+/// strided filter bank) is a GEMM over its taps: a plane at a time, each
+/// output channel would read the input again.
+pub(crate) fn runs_as_gemm(g: &ConvGeometry) -> bool {
+    g.groups == 1 || g.in_channels != g.groups
 }
 
 /// The GEMM's tasks, their channel count and their position count, for

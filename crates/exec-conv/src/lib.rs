@@ -274,7 +274,7 @@ impl Executor for ConvExecutor {
         let elements = if transposed {
             let positions: usize = g.window.output.iter().product();
             g.out_channels / g.groups * g.window.taps() * positions
-        } else if g.in_channels != g.groups {
+        } else if kernel::runs_as_gemm(&g) {
             let direct = direct::Direct::new(&g.window);
             if direct.gemm_copies() {
                 direct.source_len(g.batch * g.in_channels)

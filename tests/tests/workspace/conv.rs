@@ -140,6 +140,20 @@ output y, q, r, f, h
 }
 
 #[test]
+fn one_input_channel_into_many_runs_as_a_gemm_over_the_taps() {
+    // An audio front end's strided filter bank, and its 2-D cousin: one
+    // input channel, many outputs (a GEMM over the taps, not a plane per
+    // output channel).
+    for src in [
+        "input x: f32[2, 1, 300]\ninput w: f32[33, 1, 64]\ninput b: f32[33]\nc = conv(x, w, b, stride=[16])\ny = relu(c)\noutput y\n",
+        "input x: f32[1, 1, 20, 19]\ninput w: f32[12, 1, 5, 5]\nc = conv(x, w, stride=[2, 2], pad=[2, 1, 2, 1])\ny = relu(c)\noutput y\n",
+    ] {
+        let regions = check(&parse(src).unwrap(), 5);
+        assert_eq!(regions, vec![vec!["conv", "relu"]]);
+    }
+}
+
+#[test]
 fn bias_and_clamp_finish_whole_tiles_and_the_rest_alike() {
     // A 1x1 convolution stores its whole tiles (6 channels by 16
     // positions) straight into the output, finished by the bias and the
