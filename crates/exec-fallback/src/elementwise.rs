@@ -188,6 +188,12 @@ fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize], dst: Dst)
         UnaryOp::Floor => f(|v| v.floor()),
         UnaryOp::Ceil => f(|v| v.ceil()),
         UnaryOp::Round => f(|v| v.round_even()),
+        UnaryOp::Asin => f(|v| v.asin()),
+        UnaryOp::Acos => f(|v| v.acos()),
+        UnaryOp::Atan => f(|v| v.atan()),
+        UnaryOp::Asinh => f(|v| v.asinh()),
+        UnaryOp::Acosh => f(|v| v.acosh()),
+        UnaryOp::Atanh => f(|v| v.atanh()),
         UnaryOp::LogicalNot => {
             let _ = one;
             op1!(shape, xs, move |v: T| v.to_compute() == zero, dst.take())

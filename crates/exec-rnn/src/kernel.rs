@@ -90,6 +90,19 @@ fn matvec<const FMA: bool>(rows: &[f32], len: usize, v: &[f32], acc: &mut [f32])
     let n = acc.len();
     assert!(rows.len() >= n * len && v.len() >= len);
     let chunks = len / 8;
+    // Rows `r..r + ROWS` summed: their lanes, and the tails past the last
+    // whole chunk.
+    let finish = |lanes: &[[f32; 8]; ROWS], r: usize, acc: &mut [f32]| {
+        for (k, lane) in lanes.iter().enumerate() {
+            let row = &rows[(r + k) * len..(r + k + 1) * len];
+            let tail: f32 = row[chunks * 8..]
+                .iter()
+                .zip(&v[chunks * 8..len])
+                .map(|(x, y)| x * y)
+                .sum();
+            acc[r + k] += lane.iter().sum::<f32>() + tail;
+        }
+    };
     let mut r = 0;
     while r + ROWS <= n {
         #[cfg(target_arch = "x86_64")]
@@ -106,17 +119,11 @@ fn matvec<const FMA: bool>(rows: &[f32], len: usize, v: &[f32], acc: &mut [f32])
                         *a = _mm256_fmadd_ps(row, vv, *a);
                     }
                 }
-                for (k, a) in acc8.iter().enumerate() {
-                    let mut lane = [0f32; 8];
+                let mut lanes = [[0f32; 8]; ROWS];
+                for (lane, a) in lanes.iter_mut().zip(&acc8) {
                     _mm256_storeu_ps(lane.as_mut_ptr(), *a);
-                    let row = &rows[(r + k) * len..(r + k + 1) * len];
-                    let tail: f32 = row[chunks * 8..]
-                        .iter()
-                        .zip(&v[chunks * 8..len])
-                        .map(|(x, y)| x * y)
-                        .sum();
-                    acc[r + k] += lane.iter().sum::<f32>() + tail;
                 }
+                finish(&lanes, r, acc);
             }
             r += ROWS;
             continue;
@@ -133,15 +140,7 @@ fn matvec<const FMA: bool>(rows: &[f32], len: usize, v: &[f32], acc: &mut [f32])
                 }
             }
         }
-        for (k, lane) in lanes.iter().enumerate() {
-            let row = &rows[(r + k) * len..(r + k + 1) * len];
-            let tail: f32 = row[chunks * 8..]
-                .iter()
-                .zip(&v[chunks * 8..len])
-                .map(|(x, y)| x * y)
-                .sum();
-            acc[r + k] += lane.iter().sum::<f32>() + tail;
-        }
+        finish(&lanes, r, acc);
         r += ROWS;
     }
     for (k, a) in acc.iter_mut().enumerate().skip(r) {

@@ -100,6 +100,21 @@ fn every_claimed_op_in_every_float_dtype() {
             assert!(check(&parse(&src).unwrap(), 2) >= 1, "{dt} {b}");
         }
     }
+    // The inverse trigonometric and hyperbolic functions, each in its
+    // domain: (0, 0.9) for asin, acos and atanh, [1, inf) for acosh.
+    for dt in ["f32", "f64", "f16", "bf16"] {
+        for (u, pre) in [
+            ("asin", "s = sigmoid(x)\nb = mul(s, 0.9)"),
+            ("acos", "s = sigmoid(x)\nb = mul(s, 0.9)"),
+            ("atanh", "s = sigmoid(x)\nb = mul(s, 0.9)"),
+            ("acosh", "a = abs(x)\nb = add(a, 1.0)"),
+            ("atan", "b = mul(x, 3.0)"),
+            ("asinh", "b = mul(x, 3.0)"),
+        ] {
+            let src = format!("input x: {dt}[3, 5]\n{pre}\ny = {u}(b)\nz = mul(y, 2.0)\noutput z\n");
+            assert!(check(&parse(&src).unwrap(), 5) >= 1, "{dt} {u}");
+        }
+    }
     // Rounding and remainders jump at integers, so a half-precision value
     // rounded once (the fuser) or after every op (the fallback) can land on
     // either side: they are compared in f32 and f64.

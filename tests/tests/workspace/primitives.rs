@@ -47,6 +47,17 @@ fn unary_float_ops() {
         &[0.0, 0.5, 10.0, -10.0],
         &[0.0, 0.520_499_877_813_046_5, 1.0, -1.0],
     );
+    unary_f32(
+        "asin",
+        &[0.0, 0.5, 1.0, 2.0],
+        &[0.0, FRAC_PI_6, FRAC_PI_2, f64::NAN],
+    );
+    unary_f32("acos", &[1.0, 0.5, 0.0], &[0.0, FRAC_PI_3, FRAC_PI_2]);
+    unary_f32("atan", &[0.0, 1.0, -1.0], &[0.0, PI / 4.0, -PI / 4.0]);
+    // asinh(3/4) = acosh(5/4) = atanh(3/5) = ln 2.
+    unary_f32("asinh", &[0.0, 0.75, -0.75], &[0.0, LN_2, -LN_2]);
+    unary_f32("acosh", &[1.0, 1.25, 0.5], &[0.0, LN_2, f64::NAN]);
+    unary_f32("atanh", &[0.0, 0.6, 1.0], &[0.0, LN_2, f64::INFINITY]);
     unary_f32("exp", &[1000.0], &[f64::INFINITY]);
     unary_f32("log", &[0.0, -1.0], &[f64::NEG_INFINITY, f64::NAN]);
 }

@@ -65,6 +65,18 @@ op_enum!(
         Ceil => "ceil",
         /// nearest integer, halves to even
         Round => "round",
+        /// arcsine
+        Asin => "asin",
+        /// arccosine
+        Acos => "acos",
+        /// arctangent
+        Atan => "atan",
+        /// inverse hyperbolic sine
+        Asinh => "asinh",
+        /// inverse hyperbolic cosine
+        Acosh => "acosh",
+        /// inverse hyperbolic tangent
+        Atanh => "atanh",
     }
 );
 
@@ -81,6 +93,12 @@ impl UnaryOp {
                 | UnaryOp::Sin
                 | UnaryOp::Cos
                 | UnaryOp::Erf
+                | UnaryOp::Asin
+                | UnaryOp::Acos
+                | UnaryOp::Atan
+                | UnaryOp::Asinh
+                | UnaryOp::Acosh
+                | UnaryOp::Atanh
         )
     }
 

@@ -72,6 +72,14 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
         UnaryOp::Floor => map(a, dst, |x| x.floor()),
         UnaryOp::Ceil => map(a, dst, |x| x.ceil()),
         UnaryOp::Round => map(a, dst, |x| x.round_even()),
+        // The platform's functions, element by element: the same bits at
+        // every SIMD level.
+        UnaryOp::Asin => map(a, dst, |x| x.asin()),
+        UnaryOp::Acos => map(a, dst, |x| x.acos()),
+        UnaryOp::Atan => map(a, dst, |x| x.atan()),
+        UnaryOp::Asinh => map(a, dst, |x| x.asinh()),
+        UnaryOp::Acosh => map(a, dst, |x| x.acosh()),
+        UnaryOp::Atanh => map(a, dst, |x| x.atanh()),
     }
 }
 

@@ -152,6 +152,12 @@ fn unary(op: UnaryOp, a: &str, c: &str) -> String {
         UnaryOp::Ceil => format!("ceil{f}({a})"),
         // rint rounds halves to even in the default rounding mode.
         UnaryOp::Round => format!("rint{f}({a})"),
+        UnaryOp::Asin => format!("asin{f}({a})"),
+        UnaryOp::Acos => format!("acos{f}({a})"),
+        UnaryOp::Atan => format!("atan{f}({a})"),
+        UnaryOp::Asinh => format!("asinh{f}({a})"),
+        UnaryOp::Acosh => format!("acosh{f}({a})"),
+        UnaryOp::Atanh => format!("atanh{f}({a})"),
     }
 }
 

@@ -24,6 +24,13 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("Floor", |n| unary(n, UnaryOp::Floor)),
     ("Ceil", |n| unary(n, UnaryOp::Ceil)),
     ("Round", |n| unary(n, UnaryOp::Round)),
+    ("Asin", |n| unary(n, UnaryOp::Asin)),
+    ("Acos", |n| unary(n, UnaryOp::Acos)),
+    ("Atan", |n| unary(n, UnaryOp::Atan)),
+    ("Asinh", |n| unary(n, UnaryOp::Asinh)),
+    ("Acosh", |n| unary(n, UnaryOp::Acosh)),
+    ("Atanh", |n| unary(n, UnaryOp::Atanh)),
+    ("Shrink", shrink),
     ("Mod", modulo),
     ("Tan", tan),
     ("Sinh", |n| hyperbolic(n, false)),
@@ -346,6 +353,26 @@ fn thresholded_relu(n: &mut Node) -> Result<Vec<Out>, String> {
     let b = &mut *n.b;
     let keep = b.binary(BinaryOp::Gt, x, alpha).map_err(err)?;
     one(b.where_(keep, x, 0.0).map_err(err)?)
+}
+
+/// Shrink: `x + bias` below `-lambd`, `x - bias` above `lambd`, else 0.
+fn shrink(n: &mut Node) -> Result<Vec<Out>, String> {
+    n.arity(1, 1)?;
+    let dt = n.dtype(0)?;
+    if !dt.is_numeric() {
+        return Err(format!("input 0 must be numeric, got {dt}"));
+    }
+    let lambd = f64::from(n.float("lambd", 0.5));
+    let bias = f64::from(n.float("bias", 0.0));
+    let x = n.value(0)?;
+    let s = |v: f64| Operand::Scalar(super::scalar_for(dt, v));
+    let b = &mut *n.b;
+    let below = b.binary(BinaryOp::Lt, x, s(-lambd)).map_err(err)?;
+    let above = b.binary(BinaryOp::Gt, x, s(lambd)).map_err(err)?;
+    let up = b.add(x, s(bias)).map_err(err)?;
+    let down = b.sub(x, s(bias)).map_err(err)?;
+    let inner = b.where_(above, down, s(0.0)).map_err(err)?;
+    one(b.where_(below, up, inner).map_err(err)?)
 }
 
 fn clamp01(b: &mut TraceBuilder, x: ValueId) -> Result<ValueId, String> {
