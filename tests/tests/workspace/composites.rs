@@ -314,6 +314,15 @@ fn einsum_general_equations() {
     check_einsum("ijk,kl->il", &[&[2, 3, 4], &[4, 5]]);
     check_einsum("ij,jk", &[&[3, 4], &[4, 2]]);
     check_einsum("ba", &[&[3, 4]]);
+    // Diagonals: an index repeated within a term, adjacent or not, kept,
+    // summed (a trace) or contracted with another operand.
+    check_einsum("ii->i", &[&[4, 4]]);
+    check_einsum("ii", &[&[4, 4]]);
+    check_einsum("bii->bi", &[&[2, 3, 3]]);
+    check_einsum("iji->j", &[&[3, 2, 3]]);
+    check_einsum("ii,jj->ij", &[&[3, 3], &[2, 2]]);
+    check_einsum("iij,jk->ik", &[&[3, 3, 4], &[4, 2]]);
+    check_einsum("iii->i", &[&[3, 3, 3]]);
 }
 
 #[test]
@@ -326,7 +335,19 @@ fn einsum_rejects_what_it_cannot_lower() {
         .unwrap_err()
         .to_string()
     };
-    assert!(run("ii->i").contains("repeats within term 1"), "{}", run("ii->i"));
+    let diagonal = |shape: &str| {
+        run_text(
+            &format!("input x: f32{shape}\ny = einsum(x, equation=\"ii->i\")\noutput y\n"),
+            &[],
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    let e = diagonal("[3, 4]");
+    assert!(e.contains("index `i` has sizes 3 and 4"), "{e}");
+    // A size of 1 broadcasts between operands, but a diagonal needs one size.
+    let e = diagonal("[1, 4]");
+    assert!(e.contains("`i` repeats within term 1 with sizes 1 and 4"), "{e}");
     assert!(run("...i->i").contains("ellipsis"));
     assert!(run("ijk->i").contains("term 1 has 3 indices"));
     assert!(run("ij->k").contains("output index `k` appears in no input"));

@@ -5,7 +5,8 @@
 //! operand and not the output needs is summed away; the two operands are then
 //! contracted with one batched matmul (their shared, no longer needed indices
 //! form K) or, when nothing is contracted, multiplied with broadcasting. Indices
-//! of size 1 broadcast against larger ones, as in numpy and PyTorch.
+//! of size 1 broadcast against larger ones, as in numpy and PyTorch. An index
+//! repeated within a term takes that operand's diagonal first.
 
 use std::collections::BTreeMap;
 
@@ -32,14 +33,6 @@ fn parse(eq: &str, n_operands: usize) -> Result<Equation, String> {
     for (i, term) in inputs.iter().enumerate() {
         if let Some(c) = term.iter().find(|c| !c.is_ascii_alphabetic()) {
             return Err(format!("einsum: `{c}` in term {} is not an index letter", i + 1));
-        }
-        for (j, c) in term.iter().enumerate() {
-            if term[..j].contains(c) {
-                return Err(format!(
-                    "einsum: index `{c}` repeats within term {} (diagonals are not supported)",
-                    i + 1
-                ));
-            }
         }
     }
     if inputs.len() != n_operands {
@@ -226,6 +219,47 @@ fn contract(b: &mut TraceBuilder, x: Term, y: Term, keep: &dyn Fn(char) -> bool)
     Ok(Term { value, letters })
 }
 
+/// `t` with an index that repeats within it (`ii`, `bii`) reduced to its
+/// diagonal, once per repeat: the two dims moved last, merged into one of
+/// `n * n`, and every `n + 1`-th element of it taken.
+fn diagonals(b: &mut TraceBuilder, mut t: Term, term: usize) -> Result<Term, String> {
+    while let Some((p, q)) = (0..t.letters.len()).find_map(|q| {
+        t.letters[..q]
+            .iter()
+            .position(|&c| c == t.letters[q])
+            .map(|p| (p, q))
+    }) {
+        let c = t.letters[q];
+        let shape = sizes(b, &t);
+        let n = shape[p];
+        if shape[q] != n {
+            return Err(format!(
+                "einsum: index `{c}` repeats within term {term} with sizes {n} and {}; a diagonal needs one size",
+                shape[q]
+            ));
+        }
+        let rest: Vec<usize> = (0..shape.len()).filter(|&d| d != p && d != q).collect();
+        let mut order: Vec<char> = rest.iter().map(|&d| t.letters[d]).collect();
+        let mut perm = rest.clone();
+        perm.extend([p, q]);
+        let moved = b.transpose(t.value, &perm).map_err(err)?;
+        let mut merged: Vec<usize> = rest.iter().map(|&d| shape[d]).collect();
+        merged.push(n * n);
+        let flat = reshape(b, moved, &merged)?;
+        let start = vec![0i64; merged.len()];
+        let end: Vec<i64> = merged.iter().map(|&d| d as i64).collect();
+        let mut step = vec![1i64; merged.len()];
+        *step.last_mut().expect("one dim at least") = n as i64 + 1;
+        let value = b.slice(flat, &start, &end, &step).map_err(err)?;
+        order.push(c);
+        t = Term {
+            value,
+            letters: order,
+        };
+    }
+    Ok(t)
+}
+
 /// Emits the lowering of `einsum(values..., equation=eq)` and returns its result.
 pub(crate) fn lower_einsum(b: &mut TraceBuilder, eq: &str, values: &[ValueId]) -> Result<ValueId, String> {
     if values.is_empty() {
@@ -256,11 +290,15 @@ pub(crate) fn lower_einsum(b: &mut TraceBuilder, eq: &str, values: &[ValueId]) -
         .inputs
         .iter()
         .zip(values)
-        .map(|(l, &v)| Term {
-            value: v,
-            letters: l.clone(),
+        .enumerate()
+        .map(|(i, (l, &v))| {
+            let t = Term {
+                value: v,
+                letters: l.clone(),
+            };
+            diagonals(b, t, i + 1)
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let needed_after =
         |i: usize, c: char| eq.output.contains(&c) || terms[i + 1..].iter().any(|t| t.letters.contains(&c));
     let mut acc = sum_unneeded(b, terms[0].clone(), &|c| needed_after(0, c))?;
