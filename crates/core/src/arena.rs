@@ -57,6 +57,23 @@ impl OutputBuffer {
         })
     }
 
+    /// Output `k`'s buffer from what the runtime gives a kernel
+    /// ([`crate::executor::Kernel::run_into`]'s `given`), taken where it is
+    /// a host buffer of `dtype` and `shape`; else a new one.
+    pub fn given_or_new(
+        given: &mut [Option<OutputBuffer>],
+        k: usize,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<OutputBuffer> {
+        let fits =
+            |b: &OutputBuffer| b.dtype() == dtype && b.shape() == shape && b.device() == crate::Device::Cpu;
+        match given.get_mut(k).and_then(Option::take).filter(fits) {
+            Some(b) => Ok(b),
+            None => OutputBuffer::new(dtype, shape),
+        }
+    }
+
     /// The buffer of `t` to write again, if `t` holds the only reference to
     /// a whole host buffer of its own (the tensor back otherwise): how a
     /// compiled plan takes back outputs it handed out ([`crate::runtime::CompiledPlan::recycle`]).

@@ -260,11 +260,7 @@ impl Kernel for ConvKernel {
         given: &mut [Option<OutputBuffer>],
         outputs: &mut Vec<Tensor>,
     ) -> Result<()> {
-        let fits = |b: &OutputBuffer| b.dtype() == DType::F32 && b.shape() == self.out_shape.as_slice();
-        let mut buf = match given.first_mut().and_then(Option::take).filter(fits) {
-            Some(b) => b,
-            None => OutputBuffer::new(DType::F32, &self.out_shape)?,
-        };
+        let mut buf = OutputBuffer::given_or_new(given, 0, DType::F32, &self.out_shape)?;
         let held: Vec<std::borrow::Cow<Tensor>> = inputs.iter().map(|t| dense(t)).collect::<Result<_>>()?;
         let data: Vec<&[f32]> = held.iter().map(|t| f32s(t)).collect::<Result<_>>()?;
         let out = buf.slice_mut::<f32>().expect("an f32 buffer");

@@ -264,12 +264,8 @@ impl RnnKernel {
                         let opre = &mut gates[h..2 * h];
                         for j in 0..h {
                             opre[j] += po[j] * cb[j];
-                            if let Some(c) = rec.clip {
-                                let c = c as f32;
-                                // Clipped once, with the peephole in.
-                                opre[j] = opre[j].clamp(-c, c);
-                            }
                         }
+                        clip(opre);
                         activate(f, opre, og);
                         activate(hh, cb, cg);
                         for j in 0..h {
@@ -388,11 +384,7 @@ impl Kernel for RnnKernel {
                 ),
             })
             .collect();
-        let fits = |b: &OutputBuffer| b.dtype() == DType::F32 && b.shape() == shape.as_slice();
-        let mut buf = match given.first_mut().and_then(Option::take).filter(fits) {
-            Some(b) => b,
-            None => OutputBuffer::new(DType::F32, &shape)?,
-        };
+        let mut buf = OutputBuffer::given_or_new(given, 0, DType::F32, &shape)?;
         let out = buf.slice_mut::<f32>().expect("an f32 buffer");
         // [rows, D, N, H]: each direction's [rows, N, H] interleaved.
         for (d, dir) in per_direction.iter().enumerate() {

@@ -68,6 +68,17 @@ impl Executor for RnnExecutor {
         }
     }
 
+    /// Per direction, every step's input product (`[S * N, G * H]`) and
+    /// its rows of the result before they are interleaved
+    /// (`[S + 1 or 2, N, H]`), all directions at once.
+    fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
+        let [op] = region else { return 0 };
+        let Ok(rec) = runs(cx.trace, *op) else { return 0 };
+        let per_direction = rec.steps * rec.batch * rec.cell.gates() * rec.hidden
+            + rec.output_shape()[0] * rec.batch * rec.hidden;
+        rec.directions() * per_direction * DType::F32.size()
+    }
+
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         let fail = |message: String| switchyard_core::Error::Kernel {
             executor: NAME.into(),

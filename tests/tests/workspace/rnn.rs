@@ -92,6 +92,21 @@ fn lengths_past_the_steps_are_errors_naming_the_item() {
     );
 }
 
+#[test]
+fn the_recurrence_s_workspace_is_counted_in_the_memory_plan() {
+    // A bidirectional LSTM, 5 steps, 3 items, hidden 19: per direction the
+    // input products [15, 76] and its rows of the result [7, 3, 19].
+    let t = trace("lstm", 2, (5, 3, 11, 19), ", direction=bidirectional");
+    let plan = plan_on(&t, vec![Arc::new(RnnExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let needs = plan.memory_needs();
+    let step = plan
+        .regions
+        .iter()
+        .position(|r| plan.executor_name(r) == "rnn")
+        .expect("a region on rnn");
+    assert_eq!(needs[step].scratch, 2 * (15 * 76 + 7 * 3 * 19) * 4, "{needs:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
