@@ -62,6 +62,17 @@ fn default_host_link() -> f64 {
 /// work and launch a kernel called by the runtime costs.
 const GPU_GRAPH_LAUNCH_NS: f64 = 1_000.0;
 
+/// The dtype whose peak a profile without one for `d` uses: the narrow
+/// and unsigned integers run as fast as i32 (or i64, for u64), so a
+/// profile need not list them.
+fn peak_stand_in(d: DType) -> Option<DType> {
+    match d {
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 => Some(DType::I32),
+        DType::U64 => Some(DType::I64),
+        _ => None,
+    }
+}
+
 fn gflops(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
@@ -224,6 +235,7 @@ impl DeviceModel {
             match self.gflops.get(d.name()) {
                 Some(&v) if ok(v) => {}
                 Some(v) => return Err(format!("gflops.{d} must be positive, got {v}")),
+                None if peak_stand_in(d).is_some() => {}
                 None => return Err(format!("gflops.{d} is missing")),
             }
         }
@@ -239,7 +251,12 @@ impl DeviceModel {
     }
 
     fn peak(&self, dtype: DType) -> f64 {
-        self.gflops.get(dtype.name()).copied().unwrap_or(1.0)
+        let stand_in = || peak_stand_in(dtype).and_then(|d| self.gflops.get(d.name()));
+        self.gflops
+            .get(dtype.name())
+            .or_else(stand_in)
+            .copied()
+            .unwrap_or(1.0)
     }
 
     /// Time of one kernel that moves `bytes` and does `flops` in `dtype`.

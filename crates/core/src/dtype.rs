@@ -24,11 +24,23 @@ pub enum DType {
     I64,
     /// Boolean, one byte per element.
     Bool,
+    /// 8-bit signed integer.
+    I8,
+    /// 8-bit unsigned integer.
+    U8,
+    /// 16-bit signed integer.
+    I16,
+    /// 16-bit unsigned integer.
+    U16,
+    /// 32-bit unsigned integer.
+    U32,
+    /// 64-bit unsigned integer.
+    U64,
 }
 
 impl DType {
     /// Every dtype, in a fixed order.
-    pub const ALL: [DType; 7] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -36,15 +48,21 @@ impl DType {
         DType::I32,
         DType::I64,
         DType::Bool,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-            DType::F16 | DType::BF16 => 2,
-            DType::Bool => 1,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::Bool | DType::I8 | DType::U8 => 1,
         }
     }
 
@@ -58,6 +76,12 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
         }
     }
 
@@ -71,9 +95,35 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
-    /// True for the signed integer dtypes.
+    /// True for the integer dtypes, signed and unsigned.
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64)
+        self.is_signed_int() || self.is_unsigned_int()
+    }
+
+    /// True for the signed integer dtypes.
+    pub fn is_signed_int(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    }
+
+    /// True for the unsigned integer dtypes.
+    pub fn is_unsigned_int(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    }
+
+    /// The smallest and largest value of an integer dtype, as i128 so that
+    /// u64's top fits; `None` for floats and bool.
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        Some(match self {
+            DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+            DType::U8 => (0, u8::MAX.into()),
+            DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+            DType::U16 => (0, u16::MAX.into()),
+            DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+            DType::U32 => (0, u32::MAX.into()),
+            DType::I64 => (i64::MIN.into(), i64::MAX.into()),
+            DType::U64 => (0, u64::MAX.into()),
+            _ => return None,
+        })
     }
 
     /// True for dtypes that support arithmetic (everything but bool).
@@ -287,6 +337,12 @@ macro_rules! int_element {
 
 int_element!(i32, DType::I32);
 int_element!(i64, DType::I64);
+int_element!(i8, DType::I8);
+int_element!(u8, DType::U8);
+int_element!(i16, DType::I16);
+int_element!(u16, DType::U16);
+int_element!(u32, DType::U32);
+int_element!(u64, DType::U64);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;

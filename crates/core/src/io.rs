@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::ir::Trace;
 use crate::meta::{ShapeDisplay, TensorMeta};
 use crate::rng;
-use crate::tensor::{HostData, Storage, Stored, Tensor};
+use crate::tensor::{Storage, Stored, Tensor};
 use crate::with_storage;
 
 fn to_st(d: DType) -> StDtype {
@@ -23,6 +23,12 @@ fn to_st(d: DType) -> StDtype {
         DType::I32 => StDtype::I32,
         DType::I64 => StDtype::I64,
         DType::Bool => StDtype::BOOL,
+        DType::I8 => StDtype::I8,
+        DType::U8 => StDtype::U8,
+        DType::I16 => StDtype::I16,
+        DType::U16 => StDtype::U16,
+        DType::U32 => StDtype::U32,
+        DType::U64 => StDtype::U64,
     }
 }
 
@@ -35,29 +41,67 @@ fn from_st(d: StDtype) -> Option<DType> {
         StDtype::I32 => DType::I32,
         StDtype::I64 => DType::I64,
         StDtype::BOOL => DType::Bool,
+        StDtype::I8 => DType::I8,
+        StDtype::U8 => DType::U8,
+        StDtype::I16 => DType::I16,
+        StDtype::U16 => DType::U16,
+        StDtype::U32 => DType::U32,
+        StDtype::U64 => DType::U64,
         _ => return None,
     })
 }
 
-fn decode<T: Stored, const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-    bytes
-        .chunks_exact(N)
-        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
-        .collect()
+/// An element's little-endian byte form.
+trait LeBytes: Stored {
+    const N: usize;
+    fn read(b: &[u8]) -> Self;
+    fn write(self, out: &mut Vec<u8>);
+}
+
+macro_rules! le_bytes {
+    ($($t:ty),*) => {$(
+        impl LeBytes for $t {
+            const N: usize = std::mem::size_of::<$t>();
+            fn read(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().expect("chunks_exact yields N bytes"))
+            }
+            fn write(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+        }
+    )*};
+}
+le_bytes!(f32, f64, i8, u8, i16, u16, i32, u32, i64, u64);
+
+macro_rules! le_bits {
+    ($($t:ty),*) => {$(
+        impl LeBytes for $t {
+            const N: usize = 2;
+            fn read(b: &[u8]) -> Self {
+                <$t>::from_bits(u16::read(b))
+            }
+            fn write(self, out: &mut Vec<u8>) {
+                self.to_bits().write(out);
+            }
+        }
+    )*};
+}
+le_bits!(f16, bf16);
+
+impl LeBytes for bool {
+    const N: usize = 1;
+    fn read(b: &[u8]) -> Self {
+        b[0] != 0
+    }
+    fn write(self, out: &mut Vec<u8>) {
+        out.push(u8::from(self));
+    }
 }
 
 /// Elements of `dtype` from their little-endian bytes (a whole number of
 /// elements; a trailing partial one is ignored).
 pub fn storage_from_le_bytes(dtype: DType, bytes: &[u8]) -> Storage {
-    match dtype {
-        DType::F32 => Storage::F32(decode(bytes, f32::from_le_bytes)),
-        DType::F64 => Storage::F64(decode(bytes, f64::from_le_bytes)),
-        DType::F16 => Storage::F16(decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b)))),
-        DType::BF16 => Storage::BF16(decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b)))),
-        DType::I32 => Storage::I32(decode(bytes, i32::from_le_bytes)),
-        DType::I64 => Storage::I64(decode(bytes, i64::from_le_bytes)),
-        DType::Bool => Storage::Bool(bytes.iter().map(|&b| b != 0).collect()),
-    }
+    crate::with_dtype!(dtype, T => T::into_storage(bytes.chunks_exact(T::N).map(T::read).collect()))
 }
 
 /// A tensor's elements in row-major order as little-endian bytes (copied to
@@ -65,19 +109,7 @@ pub fn storage_from_le_bytes(dtype: DType, bytes: &[u8]) -> Storage {
 pub fn le_bytes(t: &Tensor) -> Result<Vec<u8>> {
     let t = crate::device::move_to(t, crate::Device::Cpu)?.contiguous()?;
     let mut out = Vec::with_capacity(t.numel() * t.dtype().size());
-    match t.host()? {
-        HostData::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        HostData::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        HostData::F16(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
-        HostData::BF16(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
-        HostData::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        HostData::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        HostData::Bool(v) => v.iter().for_each(|&x| out.push(u8::from(x))),
-    }
+    with_storage!(t.host()?, v, T => v.iter().for_each(|&x| x.write(&mut out)));
     Ok(out)
 }
 
@@ -196,9 +228,11 @@ pub fn try_random_tensor(meta: &TensorMeta, seed: u64, stream: u64) -> Result<Te
         DType::F64 => fill(n, float),
         DType::F16 => fill(n, |i| f16::from_f64(float(i))),
         DType::BF16 => fill(n, |i| bf16::from_f64(float(i))),
-        DType::I32 => fill(n, |i| (rng::bits(seed, stream, i) % 8) as i32),
-        DType::I64 => fill(n, |i| (rng::bits(seed, stream, i) % 8) as i64),
         DType::Bool => fill(n, |i| rng::bits(seed, stream, i) & 1 == 1),
+        // Integers in [0, 8): valid as indices and small enough for any integer type.
+        int => {
+            crate::with_dtype!(int, T => fill(n, |i| T::from_i64((rng::bits(seed, stream, i) % 8) as i64)))
+        }
     }?;
     Tensor::from_storage(storage, &meta.shape)
 }

@@ -85,6 +85,12 @@ pub fn dl_dtype(d: DType) -> abi::DLDataType {
         DType::I32 => (abi::type_code::INT, 32),
         DType::I64 => (abi::type_code::INT, 64),
         DType::Bool => (abi::type_code::BOOL, 8),
+        DType::I8 => (abi::type_code::INT, 8),
+        DType::I16 => (abi::type_code::INT, 16),
+        DType::U8 => (abi::type_code::UINT, 8),
+        DType::U16 => (abi::type_code::UINT, 16),
+        DType::U32 => (abi::type_code::UINT, 32),
+        DType::U64 => (abi::type_code::UINT, 64),
     };
     abi::DLDataType { code, bits, lanes: 1 }
 }
@@ -98,6 +104,12 @@ pub fn dtype_of(t: abi::DLDataType) -> Option<DType> {
         (abi::type_code::BFLOAT, 16, 1) => DType::BF16,
         (abi::type_code::INT, 32, 1) => DType::I32,
         (abi::type_code::INT, 64, 1) => DType::I64,
+        (abi::type_code::INT, 8, 1) => DType::I8,
+        (abi::type_code::INT, 16, 1) => DType::I16,
+        (abi::type_code::UINT, 8, 1) => DType::U8,
+        (abi::type_code::UINT, 16, 1) => DType::U16,
+        (abi::type_code::UINT, 32, 1) => DType::U32,
+        (abi::type_code::UINT, 64, 1) => DType::U64,
         (abi::type_code::BOOL, 8, 1) => DType::Bool,
         _ => return None,
     })

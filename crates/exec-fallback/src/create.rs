@@ -42,9 +42,8 @@ fn by_dtype(
         DType::F64 => fill(shape, f, dst),
         DType::F16 => fill(shape, |i| f16::from_f64(f(i)), dst),
         DType::BF16 => fill(shape, |i| bf16::from_f64(f(i)), dst),
-        DType::I32 => fill(shape, |i| fi(i) as i32, dst),
-        DType::I64 => fill(shape, fi, dst),
         DType::Bool => fill(shape, |i| fi(i) != 0, dst),
+        int => crate::elementwise::with_int!(int, T => fill(shape, |i| T::from_i64(fi(i)), dst)),
     }
 }
 

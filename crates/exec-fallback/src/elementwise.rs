@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use num_traits::{Float, One, WrappingAdd, WrappingMul, WrappingNeg, WrappingSub, Zero};
 use switchyard_core::ir::{BinaryOp, UnaryOp};
 use switchyard_core::meta::broadcast_strides;
-use switchyard_core::{DType, Element, FloatStored, OutputBuffer, Storage, Stored, Tensor};
+use switchyard_core::{DType, Element, FloatStored, OutputBuffer, Storage, Stored, Tensor, with_dtype};
 
 use switchyard_simd::math as vm;
 
@@ -99,12 +99,27 @@ impl<T: FloatStored<Compute: Real>> FloatLike for T {}
 
 /// A stored integer type.
 pub(crate) trait IntLike:
-    Stored + Ord + WrappingAdd + WrappingSub + WrappingMul + WrappingNeg + num_traits::Zero
+    Stored
+    + Ord
+    + WrappingAdd
+    + WrappingSub
+    + WrappingMul
+    + WrappingNeg
+    + num_traits::Zero
+    + std::ops::BitAnd<Output = Self>
+    + std::ops::BitOr<Output = Self>
+    + std::ops::BitXor<Output = Self>
+    + std::ops::Not<Output = Self>
 {
     /// `self / d` truncated toward zero, wrapping `MIN / -1`; `d` is not 0.
     fn div_trunc(self, d: Self) -> Self;
     /// The remainder of [`IntLike::div_trunc`].
     fn rem_trunc(self, d: Self) -> Self;
+    /// `self << by`; 0 when `by` is negative or not below the width.
+    fn shift_left(self, by: Self) -> Self;
+    /// `self >> by`, arithmetic for signed types; when `by` is negative or
+    /// not below the width, every bit is the sign bit.
+    fn shift_right(self, by: Self) -> Self;
 }
 
 macro_rules! int_like {
@@ -116,11 +131,74 @@ macro_rules! int_like {
             fn rem_trunc(self, d: Self) -> Self {
                 self.wrapping_rem(d)
             }
+            fn shift_left(self, by: Self) -> Self {
+                // A negative amount is out of range too: `try_from` refuses it.
+                u32::try_from(by)
+                    .ok()
+                    .and_then(|b| self.checked_shl(b))
+                    .unwrap_or(0)
+            }
+            fn shift_right(self, by: Self) -> Self {
+                let fill = if self < (0 as $t) { !(0 as $t) } else { 0 };
+                u32::try_from(by)
+                    .ok()
+                    .and_then(|b| self.checked_shr(b))
+                    .unwrap_or(fill)
+            }
         }
     };
 }
+int_like!(i8);
+int_like!(u8);
+int_like!(i16);
+int_like!(u16);
 int_like!(i32);
+int_like!(u32);
 int_like!(i64);
+int_like!(u64);
+
+/// Binds the Rust type of an integer dtype to `$t` and evaluates `$body`;
+/// any other dtype is a caller's mistake.
+macro_rules! with_int {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            switchyard_core::DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            switchyard_core::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            switchyard_core::DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            switchyard_core::DType::U16 => {
+                type $t = u16;
+                $body
+            }
+            switchyard_core::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            switchyard_core::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            switchyard_core::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            switchyard_core::DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            other => unreachable!("{other} is not an integer dtype"),
+        }
+    };
+}
+pub(crate) use with_int;
 
 /// The buffer, strides broadcast to `shape`, and offset of an operand.
 pub(crate) fn operand<'a, T: Stored>(
@@ -198,6 +276,7 @@ fn float_unary<T: FloatLike>(op: UnaryOp, x: &Tensor, shape: &[usize], dst: Dst)
             let _ = one;
             op1!(shape, xs, move |v: T| v.to_compute() == zero, dst.take())
         }
+        UnaryOp::BitNot => Err("bitwise_not is defined for integer dtypes only".into()),
     }
 }
 
@@ -214,6 +293,7 @@ fn int_unary<T: IntLike>(op: UnaryOp, x: &Tensor, shape: &[usize], dst: Dst) -> 
         ),
         UnaryOp::Relu => op1!(shape, xs, move |v: T| v.max(zero), dst.take()),
         UnaryOp::LogicalNot => op1!(shape, xs, move |v: T| v == zero, dst.take()),
+        UnaryOp::BitNot => op1!(shape, xs, |v: T| !v, dst.take()),
         other => Err(format!(
             "{} is defined for floating-point dtypes only",
             other.name()
@@ -267,12 +347,11 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor, dst: Option<OutputBuffer>) -> Resul
         },
         DType::F16 => float_unary::<f16>(op, x, &shape, dst),
         DType::BF16 => float_unary::<bf16>(op, x, &shape, dst),
-        DType::I32 => int_unary::<i32>(op, x, &shape, dst),
-        DType::I64 => int_unary::<i64>(op, x, &shape, dst),
         DType::Bool => match op {
             UnaryOp::LogicalNot => op1!(&shape, operand::<bool>(x, &shape)?, |v: bool| !v, dst.take()),
             other => Err(format!("{} is not defined on bool", other.name())),
         },
+        int => with_int!(int, T => int_unary::<T>(op, x, &shape, dst)),
     }
 }
 
@@ -350,6 +429,11 @@ fn float_binary<T: FloatLike>(
         BinaryOp::LogicalOr => pred(|x, y| x != <T::Compute>::zero() || y != <T::Compute>::zero()),
         BinaryOp::Fmod => arith(|x, y| x % y),
         BinaryOp::Remainder => arith(|x, y| floored(x % y, y, |a, b| a + b)),
+        BinaryOp::BitAnd
+        | BinaryOp::BitOr
+        | BinaryOp::BitXor
+        | BinaryOp::ShiftLeft
+        | BinaryOp::ShiftRight => Err(format!("{} is defined for integer dtypes only", op.name())),
     }
 }
 
@@ -385,6 +469,11 @@ fn int_binary<T: IntLike>(
         BinaryOp::Div => arith(|x, y| x.div_trunc(y)),
         BinaryOp::Fmod => arith(|x, y| x.rem_trunc(y)),
         BinaryOp::Remainder => arith(|x, y| floored(x.rem_trunc(y), y, |a, b| a.wrapping_add(&b))),
+        BinaryOp::BitAnd => arith(|x, y| x & y),
+        BinaryOp::BitOr => arith(|x, y| x | y),
+        BinaryOp::BitXor => arith(|x, y| x ^ y),
+        BinaryOp::ShiftLeft => arith(IntLike::shift_left),
+        BinaryOp::ShiftRight => arith(IntLike::shift_right),
         BinaryOp::Pow => Err(format!("{} is defined for floating-point dtypes only", op.name())),
     }
 }
@@ -398,6 +487,27 @@ fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize], dst: Dst) 
         BinaryOp::Ne => pred(|x, y| x != y),
         BinaryOp::LogicalAnd => pred(|x, y| x && y),
         BinaryOp::LogicalOr => pred(|x, y| x || y),
+        BinaryOp::BitAnd => op2!(
+            shape,
+            av.clone(),
+            bv.clone(),
+            |x: bool, y: bool| x & y,
+            dst.take()
+        ),
+        BinaryOp::BitOr => op2!(
+            shape,
+            av.clone(),
+            bv.clone(),
+            |x: bool, y: bool| x | y,
+            dst.take()
+        ),
+        BinaryOp::BitXor => op2!(
+            shape,
+            av.clone(),
+            bv.clone(),
+            |x: bool, y: bool| x ^ y,
+            dst.take()
+        ),
         other => Err(format!("{} is not defined on bool", other.name())),
     }
 }
@@ -429,9 +539,8 @@ pub(crate) fn binary(
         DType::F64 => float_binary::<f64>(op, a, b, shape, dst),
         DType::F16 => float_binary::<f16>(op, a, b, shape, dst),
         DType::BF16 => float_binary::<bf16>(op, a, b, shape, dst),
-        DType::I32 => int_binary::<i32>(op, a, b, shape, dst),
-        DType::I64 => int_binary::<i64>(op, a, b, shape, dst),
         DType::Bool => bool_binary(op, a, b, shape, dst),
+        int => with_int!(int, T => int_binary::<T>(op, a, b, shape, dst)),
     }
 }
 
@@ -488,15 +597,7 @@ pub(crate) fn select(
     shape: &[usize],
     dst: Option<OutputBuffer>,
 ) -> Result<Tensor, String> {
-    match a.dtype() {
-        DType::F32 => where_t::<f32>(c, a, b, shape, dst),
-        DType::F64 => where_t::<f64>(c, a, b, shape, dst),
-        DType::F16 => where_t::<f16>(c, a, b, shape, dst),
-        DType::BF16 => where_t::<bf16>(c, a, b, shape, dst),
-        DType::I32 => where_t::<i32>(c, a, b, shape, dst),
-        DType::I64 => where_t::<i64>(c, a, b, shape, dst),
-        DType::Bool => where_t::<bool>(c, a, b, shape, dst),
-    }
+    with_dtype!(a.dtype(), T => where_t::<T>(c, a, b, shape, dst))
 }
 
 /// Converts one element; through i64 between integer types so no precision is
@@ -512,30 +613,14 @@ fn convert<S: Element, D: Element>(s: S) -> D {
 fn cast_from<S: Stored>(x: &Tensor, to: DType, dst: Option<OutputBuffer>) -> Result<Tensor, String> {
     let shape = x.shape().to_vec();
     let xs = operand::<S>(x, &shape)?;
-    match to {
-        DType::F32 => op1!(&shape, xs, convert::<S, f32>, dst),
-        DType::F64 => op1!(&shape, xs, convert::<S, f64>, dst),
-        DType::F16 => op1!(&shape, xs, convert::<S, f16>, dst),
-        DType::BF16 => op1!(&shape, xs, convert::<S, bf16>, dst),
-        DType::I32 => op1!(&shape, xs, convert::<S, i32>, dst),
-        DType::I64 => op1!(&shape, xs, convert::<S, i64>, dst),
-        DType::Bool => op1!(&shape, xs, convert::<S, bool>, dst),
-    }
+    with_dtype!(to, D => op1!(&shape, xs, convert::<S, D>, dst))
 }
 
 /// `cast(x, dtype=to)`, into `dst` where it fits (see
 /// [`crate::walk::fill`]). Float to int truncates toward zero and
 /// saturates; NaN becomes 0; any nonzero becomes `true`.
 pub(crate) fn cast(x: &Tensor, to: DType, dst: Option<OutputBuffer>) -> Result<Tensor, String> {
-    match x.dtype() {
-        DType::F32 => cast_from::<f32>(x, to, dst),
-        DType::F64 => cast_from::<f64>(x, to, dst),
-        DType::F16 => cast_from::<f16>(x, to, dst),
-        DType::BF16 => cast_from::<bf16>(x, to, dst),
-        DType::I32 => cast_from::<i32>(x, to, dst),
-        DType::I64 => cast_from::<i64>(x, to, dst),
-        DType::Bool => cast_from::<bool>(x, to, dst),
-    }
+    with_dtype!(x.dtype(), S => cast_from::<S>(x, to, dst))
 }
 
 /// A dense copy of any tensor (for kernels that need contiguous operands).

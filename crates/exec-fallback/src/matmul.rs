@@ -250,9 +250,8 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Stor
             out.extend(v.into_iter().map(bf16::from_f32));
             Ok(Storage::BF16(out))
         }
-        DType::I32 => go_int::<i32>(a, b, &batches(a, b, out_shape)),
-        DType::I64 => go_int::<i64>(a, b, &batches(a, b, out_shape)),
         DType::Bool => Err("matmul is not defined on bool".into()),
+        int => crate::elementwise::with_int!(int, T => go_int::<T>(a, b, &batches(a, b, out_shape))),
     }
 }
 

@@ -17,7 +17,7 @@ use switchyard_core::ir::ReduceOp;
 use switchyard_core::{DType, OutputBuffer, Storage, Stored, Tensor};
 use switchyard_simd::Simd;
 
-use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min};
+use crate::elementwise::{FloatLike, IntLike, Real, nan_max, nan_min, with_int};
 use crate::walk::{as_uninit, collapse, parallel_min};
 
 /// How to fold elements of `T` through an accumulator `A`.
@@ -390,9 +390,8 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage
         DType::F64 => float_reduce::<f64>(op, x, dims, None).map(Storage::F64),
         DType::F16 => float_reduce::<f16>(op, x, dims, None).map(Storage::F16),
         DType::BF16 => float_reduce::<bf16>(op, x, dims, None).map(Storage::BF16),
-        DType::I32 => int_reduce::<i32>(op, x, dims, None).map(Storage::I32),
-        DType::I64 => int_reduce::<i64>(op, x, dims, None).map(Storage::I64),
         DType::Bool => Err(format!("{} is not defined on bool", op.name())),
+        int => with_int!(int, T => int_reduce::<T>(op, x, dims, None).map(T::into_storage)),
     }
 }
 
@@ -401,7 +400,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize]) -> Result<Storage
 pub(crate) fn writes_into(op: ReduceOp, dtype: DType) -> bool {
     match dtype {
         DType::Bool => false,
-        DType::I32 | DType::I64 => op != ReduceOp::Mean,
+        d if d.is_int() => op != ReduceOp::Mean,
         _ => true,
     }
 }
@@ -432,9 +431,8 @@ pub(crate) fn reduce_into(
         DType::F64 => into(out, |d| float_reduce::<f64>(op, x, dims, Some(d))),
         DType::F16 => into(out, |d| float_reduce::<f16>(op, x, dims, Some(d))),
         DType::BF16 => into(out, |d| float_reduce::<bf16>(op, x, dims, Some(d))),
-        DType::I32 => into(out, |d| int_reduce::<i32>(op, x, dims, Some(d))),
-        DType::I64 => into(out, |d| int_reduce::<i64>(op, x, dims, Some(d))),
         DType::Bool => Ok(false),
+        int => with_int!(int, T => into(out, |d| int_reduce::<T>(op, x, dims, Some(d)))),
     }
 }
 

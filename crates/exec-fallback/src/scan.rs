@@ -104,8 +104,10 @@ pub(crate) fn cumsum(x: &Tensor, s: Scan, dst: Option<OutputBuffer>) -> Result<T
         HostData::F64(v) => float::<f64>(v, &shape, s, dst),
         HostData::F16(v) => float::<f16>(v, &shape, s, dst),
         HostData::BF16(v) => float::<bf16>(v, &shape, s, dst),
-        HostData::I32(v) => int::<i32>(v, &shape, s, dst),
-        HostData::I64(v) => int::<i64>(v, &shape, s, dst),
         HostData::Bool(_) => Err("cumsum is not defined on bool".into()),
+        data => crate::elementwise::with_int!(data.dtype(), T => {
+            let v = x.contiguous_data::<T>().ok_or("cumsum's input is not dense")?;
+            int::<T>(v, &shape, s, dst)
+        }),
     }
 }

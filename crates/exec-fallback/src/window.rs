@@ -232,9 +232,10 @@ pub(crate) fn pool(
                 HostData::F64(v) => max_pool(v, &shape, w, &pos, argmax, opts.column_major, dst),
                 HostData::F16(v) => max_pool(v, &shape, w, &pos, argmax, opts.column_major, dst),
                 HostData::BF16(v) => max_pool(v, &shape, w, &pos, argmax, opts.column_major, dst),
-                HostData::I32(v) => max_pool(v, &shape, w, &pos, argmax, opts.column_major, dst),
-                HostData::I64(v) => max_pool(v, &shape, w, &pos, argmax, opts.column_major, dst),
                 HostData::Bool(_) => Err("is not defined on bool".into()),
+                data => {
+                    switchyard_core::with_storage!(data, v, T => max_pool(v, &shape, w, &pos, argmax, opts.column_major, dst))
+                }
             }
         }
     }

@@ -26,6 +26,12 @@ pub fn dtype_from_onnx(data_type: i32) -> Result<DType, String> {
         DataType::Int32 => DType::I32,
         DataType::Int64 => DType::I64,
         DataType::Bool => DType::Bool,
+        DataType::Int8 => DType::I8,
+        DataType::Uint8 => DType::U8,
+        DataType::Int16 => DType::I16,
+        DataType::Uint16 => DType::U16,
+        DataType::Uint32 => DType::U32,
+        DataType::Uint64 => DType::U64,
         other => return Err(format!("element type {} is not supported", other.as_str_name())),
     })
 }
@@ -40,6 +46,12 @@ pub fn onnx_dtype(dtype: DType) -> DataType {
         DType::I32 => DataType::Int32,
         DType::I64 => DataType::Int64,
         DType::Bool => DataType::Bool,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I16 => DataType::Int16,
+        DType::U16 => DataType::Uint16,
+        DType::U32 => DataType::Uint32,
+        DType::U64 => DataType::Uint64,
     }
 }
 
@@ -231,7 +243,38 @@ fn typed_storage(t: &TensorProto, dtype: DType, numel: usize) -> Result<Storage,
             count(t.int32_data.len(), "int32_data")?;
             Storage::BF16(bits16(&t.int32_data)?.into_iter().map(bf16::from_bits).collect())
         }
+        // The small integer types travel one per `int32_data` entry, the
+        // wide unsigned ones in `uint64_data`; a value the type cannot hold
+        // is an error, not a wrapped number.
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 => {
+            count(t.int32_data.len(), "int32_data")?;
+            narrow(&t.int32_data, dtype, "int32_data")?
+        }
+        DType::U32 => {
+            count(t.uint64_data.len(), "uint64_data")?;
+            narrow(&t.uint64_data, dtype, "uint64_data")?
+        }
+        DType::U64 => {
+            count(t.uint64_data.len(), "uint64_data")?;
+            Storage::U64(t.uint64_data.clone())
+        }
     })
+}
+
+/// `values` as `dtype`, each checked to lie in its range.
+fn narrow<V: Copy + Into<i128> + std::fmt::Display>(
+    values: &[V],
+    dtype: DType,
+    field: &str,
+) -> Result<Storage, String> {
+    let (lo, hi) = dtype.int_range().expect("narrow is called for integer dtypes");
+    if let Some(v) = values.iter().find(|&&v| !(lo..=hi).contains(&v.into())) {
+        return Err(format!("`{field}` value {v} does not fit {dtype}"));
+    }
+    Ok(switchyard_core::with_dtype!(dtype, T => {
+        use switchyard_core::{Element, Stored};
+        T::into_storage(values.iter().map(|&v| T::from_i64(v.into() as i64)).collect())
+    }))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use switchyard_core::executor::{
 use switchyard_core::ir::OpId;
 use switchyard_core::meta::Device;
 use switchyard_core::plugin::{LoadedPlugin, Request, dl_dtype};
-use switchyard_core::tensor::{HostData, HostDataMut, Tensor};
+use switchyard_core::tensor::Tensor;
 use switchyard_core::{DType, OutputBuffer};
 use switchyard_plugin_abi as abi;
 
@@ -486,15 +486,7 @@ impl Drop for PluginKernel {
 /// A DLPack view of a host tensor; `dims` keeps its shape and strides.
 fn dl_view(t: &Tensor, dims: &mut Vec<i64>) -> Result<abi::DLTensor> {
     let data = t.host()?;
-    let base: *const u8 = match data {
-        HostData::F32(v) => v.as_ptr().cast(),
-        HostData::F64(v) => v.as_ptr().cast(),
-        HostData::F16(v) => v.as_ptr().cast(),
-        HostData::BF16(v) => v.as_ptr().cast(),
-        HostData::I32(v) => v.as_ptr().cast(),
-        HostData::I64(v) => v.as_ptr().cast(),
-        HostData::Bool(v) => v.as_ptr().cast(),
-    };
+    let base: *const u8 = data.as_ptr();
     dims.clear();
     dims.extend(t.shape().iter().map(|&d| d as i64));
     dims.extend(t.strides().iter().map(|&s| s as i64));
@@ -560,21 +552,13 @@ impl Kernel for PluginKernel {
             .map(|(b, dims)| {
                 let dtype = dl_dtype(b.dtype());
                 // Every buffer here is on the host: made so, or given so.
-                let Some(host) = b.data_mut() else {
+                let Some(mut host) = b.data_mut() else {
                     return Err(fail(format!(
                         "an output buffer on {} is not the host's",
                         b.device()
                     )));
                 };
-                let data: *mut c_void = match host {
-                    HostDataMut::F32(v) => v.as_mut_ptr().cast(),
-                    HostDataMut::F64(v) => v.as_mut_ptr().cast(),
-                    HostDataMut::F16(v) => v.as_mut_ptr().cast(),
-                    HostDataMut::BF16(v) => v.as_mut_ptr().cast(),
-                    HostDataMut::I32(v) => v.as_mut_ptr().cast(),
-                    HostDataMut::I64(v) => v.as_mut_ptr().cast(),
-                    HostDataMut::Bool(v) => v.as_mut_ptr().cast(),
-                };
+                let data: *mut c_void = host.as_mut_ptr().cast();
                 Ok(abi::DLTensor {
                     data,
                     device: abi::DLDevice {

@@ -332,14 +332,13 @@ unsafe fn read(t: &abi::DLTensor) -> Result<Tensor, String> {
     // SAFETY: the offset is within the buffer (the ABI's promise).
     let base = unsafe { t.data.cast::<u8>().cast_const().add(t.byte_offset as usize) };
     let storage = match dtype {
-        DType::F32 => gather::<f32>(base, &shape, &strides, n),
-        DType::F64 => gather::<f64>(base, &shape, &strides, n),
-        DType::F16 => gather::<switchyard_core::half::f16>(base, &shape, &strides, n),
-        DType::BF16 => gather::<switchyard_core::half::bf16>(base, &shape, &strides, n),
-        DType::I32 => gather::<i32>(base, &shape, &strides, n),
-        DType::I64 => gather::<i64>(base, &shape, &strides, n),
-        DType::Bool => gather::<bool>(base, &shape, &strides, n),
-    }?;
+        // A byte other than 0 or 1 is not a valid `bool`: read bytes, then compare.
+        DType::Bool => match gather::<u8>(base, &shape, &strides, n)? {
+            Storage::U8(v) => Storage::Bool(v.into_iter().map(|b| b != 0).collect()),
+            _ => unreachable!("gather::<u8> gives u8 storage"),
+        },
+        d => switchyard_core::with_dtype!(d, T => gather::<T>(base, &shape, &strides, n)?),
+    };
     Tensor::from_storage(storage, &shape).map_err(|e| e.to_string())
 }
 

@@ -25,5 +25,6 @@ mod primitives;
 mod rnn;
 mod runtime;
 mod schedule;
+mod small_ints;
 mod text_format;
 mod verify;

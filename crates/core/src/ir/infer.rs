@@ -266,6 +266,9 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                     x.dtype
                 ));
             }
+            if u.int_only() && !x.dtype.is_int() {
+                return Err(format!("needs an integer operand, got {}", x.dtype));
+            }
             if !u.float_only() && u != crate::ir::UnaryOp::LogicalNot && !x.dtype.is_numeric() {
                 return Err("needs a numeric operand, got bool".into());
             }
@@ -284,6 +287,9 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                 return Err(format!(
                     "needs floating-point operands, got {dt}; cast them first"
                 ));
+            }
+            if b.int_only() && dt.is_float() {
+                return Err(format!("needs integer operands, got {dt}"));
             }
             if dt == DType::Bool && !b.accepts_bool() {
                 return Err("is not defined on bool operands (use logical_and/logical_or)".into());

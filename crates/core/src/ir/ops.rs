@@ -77,6 +77,8 @@ op_enum!(
         Acosh => "acosh",
         /// inverse hyperbolic tangent
         Atanh => "atanh",
+        /// every bit flipped (integers only)
+        BitNot => "bitwise_not",
     }
 );
 
@@ -106,8 +108,13 @@ impl UnaryOp {
     pub fn float_only(self) -> bool {
         !matches!(
             self,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::LogicalNot
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::LogicalNot | UnaryOp::BitNot
         )
+    }
+
+    /// Whether the op is defined only on integer dtypes.
+    pub fn int_only(self) -> bool {
+        self == UnaryOp::BitNot
     }
 }
 
@@ -148,6 +155,19 @@ op_enum!(
         Fmod => "fmod",
         /// remainder of `a / b` floored: the sign of `b` (Python's `%`)
         Remainder => "remainder",
+        /// bitwise and (integers and bools)
+        BitAnd => "bitwise_and",
+        /// bitwise or (integers and bools)
+        BitOr => "bitwise_or",
+        /// bitwise exclusive or (integers and bools)
+        BitXor => "bitwise_xor",
+        /// `a << b` (integers): a shift by the width or more, or by a
+        /// negative amount, gives 0
+        ShiftLeft => "shift_left",
+        /// `a >> b` (integers), arithmetic for signed types: a shift by the
+        /// width or more, or by a negative amount, gives 0 (or -1 for a
+        /// negative signed `a`)
+        ShiftRight => "shift_right",
     }
 );
 
@@ -172,6 +192,19 @@ impl BinaryOp {
         matches!(self, BinaryOp::Pow)
     }
 
+    /// Whether the op is defined only on integer (and, for the bitwise
+    /// logic, bool) dtypes.
+    pub fn int_only(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::BitAnd
+                | BinaryOp::BitOr
+                | BinaryOp::BitXor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRight
+        )
+    }
+
     /// Whether the op divides, so that an integer divisor of zero is an error.
     pub fn divides(self) -> bool {
         matches!(self, BinaryOp::Div | BinaryOp::Fmod | BinaryOp::Remainder)
@@ -181,7 +214,13 @@ impl BinaryOp {
     pub fn accepts_bool(self) -> bool {
         matches!(
             self,
-            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::LogicalAnd | BinaryOp::LogicalOr
+            BinaryOp::Eq
+                | BinaryOp::Ne
+                | BinaryOp::LogicalAnd
+                | BinaryOp::LogicalOr
+                | BinaryOp::BitAnd
+                | BinaryOp::BitOr
+                | BinaryOp::BitXor
         )
     }
 }

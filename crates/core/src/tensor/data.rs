@@ -24,6 +24,18 @@ pub enum Storage {
     I64(Vec<i64>),
     /// bool elements.
     Bool(Vec<bool>),
+    /// i8 elements.
+    I8(Vec<i8>),
+    /// u8 elements.
+    U8(Vec<u8>),
+    /// i16 elements.
+    I16(Vec<i16>),
+    /// u16 elements.
+    U16(Vec<u16>),
+    /// u32 elements.
+    U32(Vec<u32>),
+    /// u64 elements.
+    U64(Vec<u64>),
 }
 
 /// Dispatches on a [`HostData`] with the element type bound to `$t` and the
@@ -67,6 +79,97 @@ macro_rules! with_storage {
                 type $t = bool;
                 $body
             }
+            $crate::tensor::HostData::I8($v) => {
+                #[allow(unused)]
+                type $t = i8;
+                $body
+            }
+            $crate::tensor::HostData::U8($v) => {
+                #[allow(unused)]
+                type $t = u8;
+                $body
+            }
+            $crate::tensor::HostData::I16($v) => {
+                #[allow(unused)]
+                type $t = i16;
+                $body
+            }
+            $crate::tensor::HostData::U16($v) => {
+                #[allow(unused)]
+                type $t = u16;
+                $body
+            }
+            $crate::tensor::HostData::U32($v) => {
+                #[allow(unused)]
+                type $t = u32;
+                $body
+            }
+            $crate::tensor::HostData::U64($v) => {
+                #[allow(unused)]
+                type $t = u64;
+                $body
+            }
+        }
+    };
+}
+
+/// Binds the Rust type that stores `$dtype` to `$t` and evaluates `$body`.
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $t = $crate::half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $t = $crate::half::bf16;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::DType::Bool => {
+                type $t = bool;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            $crate::DType::U16 => {
+                type $t = u16;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $t = u64;
+                $body
+            }
         }
     };
 }
@@ -88,6 +191,18 @@ pub enum HostData<'a> {
     I64(&'a [i64]),
     /// bool elements.
     Bool(&'a [bool]),
+    /// i8 elements.
+    I8(&'a [i8]),
+    /// u8 elements.
+    U8(&'a [u8]),
+    /// i16 elements.
+    I16(&'a [i16]),
+    /// u16 elements.
+    U16(&'a [u16]),
+    /// u32 elements.
+    U32(&'a [u32]),
+    /// u64 elements.
+    U64(&'a [u64]),
 }
 
 impl HostData<'_> {
@@ -102,6 +217,12 @@ impl HostData<'_> {
             HostData::I32(_) => DType::I32,
             HostData::I64(_) => DType::I64,
             HostData::Bool(_) => DType::Bool,
+            HostData::I8(_) => DType::I8,
+            HostData::U8(_) => DType::U8,
+            HostData::I16(_) => DType::I16,
+            HostData::U16(_) => DType::U16,
+            HostData::U32(_) => DType::U32,
+            HostData::U64(_) => DType::U64,
         }
     }
 
@@ -114,6 +235,11 @@ impl HostData<'_> {
     /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The address of the first element.
+    pub fn as_ptr(&self) -> *const u8 {
+        with_storage!(*self, v, T => v.as_ptr().cast())
     }
 
     /// An owned copy.
@@ -139,6 +265,39 @@ pub enum HostDataMut<'a> {
     I64(&'a mut [i64]),
     /// bool elements.
     Bool(&'a mut [bool]),
+    /// i8 elements.
+    I8(&'a mut [i8]),
+    /// u8 elements.
+    U8(&'a mut [u8]),
+    /// i16 elements.
+    I16(&'a mut [i16]),
+    /// u16 elements.
+    U16(&'a mut [u16]),
+    /// u32 elements.
+    U32(&'a mut [u32]),
+    /// u64 elements.
+    U64(&'a mut [u64]),
+}
+
+impl HostDataMut<'_> {
+    /// The address of the first element.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            HostDataMut::F32(v) => v.as_mut_ptr().cast(),
+            HostDataMut::F64(v) => v.as_mut_ptr().cast(),
+            HostDataMut::F16(v) => v.as_mut_ptr().cast(),
+            HostDataMut::BF16(v) => v.as_mut_ptr().cast(),
+            HostDataMut::I32(v) => v.as_mut_ptr().cast(),
+            HostDataMut::I64(v) => v.as_mut_ptr().cast(),
+            HostDataMut::Bool(v) => v.as_mut_ptr().cast(),
+            HostDataMut::I8(v) => v.as_mut_ptr().cast(),
+            HostDataMut::U8(v) => v.as_mut_ptr().cast(),
+            HostDataMut::I16(v) => v.as_mut_ptr().cast(),
+            HostDataMut::U16(v) => v.as_mut_ptr().cast(),
+            HostDataMut::U32(v) => v.as_mut_ptr().cast(),
+            HostDataMut::U64(v) => v.as_mut_ptr().cast(),
+        }
+    }
 }
 
 macro_rules! typed {
@@ -151,6 +310,12 @@ macro_rules! typed {
             DType::I32 => $ctor::I32(std::slice::$from($ptr.cast(), $len)),
             DType::I64 => $ctor::I64(std::slice::$from($ptr.cast(), $len)),
             DType::Bool => $ctor::Bool(std::slice::$from($ptr.cast(), $len)),
+            DType::I8 => $ctor::I8(std::slice::$from($ptr.cast(), $len)),
+            DType::U8 => $ctor::U8(std::slice::$from($ptr.cast(), $len)),
+            DType::I16 => $ctor::I16(std::slice::$from($ptr.cast(), $len)),
+            DType::U16 => $ctor::U16(std::slice::$from($ptr.cast(), $len)),
+            DType::U32 => $ctor::U32(std::slice::$from($ptr.cast(), $len)),
+            DType::U64 => $ctor::U64(std::slice::$from($ptr.cast(), $len)),
         }
     };
 }
@@ -193,6 +358,12 @@ impl Storage {
             Storage::I32(_) => DType::I32,
             Storage::I64(_) => DType::I64,
             Storage::Bool(_) => DType::Bool,
+            Storage::I8(_) => DType::I8,
+            Storage::U8(_) => DType::U8,
+            Storage::I16(_) => DType::I16,
+            Storage::U16(_) => DType::U16,
+            Storage::U32(_) => DType::U32,
+            Storage::U64(_) => DType::U64,
         }
     }
 
@@ -213,6 +384,12 @@ impl Storage {
             Storage::I32(v) => HostData::I32(v),
             Storage::I64(v) => HostData::I64(v),
             Storage::Bool(v) => HostData::Bool(v),
+            Storage::I8(v) => HostData::I8(v),
+            Storage::U8(v) => HostData::U8(v),
+            Storage::I16(v) => HostData::I16(v),
+            Storage::U16(v) => HostData::U16(v),
+            Storage::U32(v) => HostData::U32(v),
+            Storage::U64(v) => HostData::U64(v),
         }
     }
 
@@ -236,6 +413,12 @@ impl Storage {
             DType::I32 => Storage::I32(vec![0; n]),
             DType::I64 => Storage::I64(vec![0; n]),
             DType::Bool => Storage::Bool(vec![false; n]),
+            DType::I8 => Storage::I8(vec![0; n]),
+            DType::U8 => Storage::U8(vec![0; n]),
+            DType::I16 => Storage::I16(vec![0; n]),
+            DType::U16 => Storage::U16(vec![0; n]),
+            DType::U32 => Storage::U32(vec![0; n]),
+            DType::U64 => Storage::U64(vec![0; n]),
         }
     }
 }
@@ -279,6 +462,12 @@ stored!(bf16, BF16);
 stored!(i32, I32);
 stored!(i64, I64);
 stored!(bool, Bool);
+stored!(i8, I8);
+stored!(u8, U8);
+stored!(i16, I16);
+stored!(u16, U16);
+stored!(u32, U32);
+stored!(u64, U64);
 
 /// A float storage type and the type its arithmetic runs in: f32 for f16,
 /// bf16 and f32, f64 for f64, so half-precision values round once per result.

@@ -126,15 +126,7 @@ impl Tensor {
         fn typed<T: Stored + Element>(values: &[f64], shape: &[usize]) -> Result<Tensor> {
             Tensor::from_vec(values.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>(), shape)
         }
-        match dtype {
-            DType::F32 => typed::<f32>(values, shape),
-            DType::F64 => typed::<f64>(values, shape),
-            DType::F16 => typed::<half::f16>(values, shape),
-            DType::BF16 => typed::<half::bf16>(values, shape),
-            DType::I32 => typed::<i32>(values, shape),
-            DType::I64 => typed::<i64>(values, shape),
-            DType::Bool => typed::<bool>(values, shape),
-        }
+        crate::with_dtype!(dtype, T => typed::<T>(values, shape))
     }
 
     /// A scalar (rank-0) tensor.
@@ -355,6 +347,12 @@ impl Tensor {
     /// must be copied to the host first).
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         Ok(with_storage!(self.host()?, data, T => self.offsets().map(|o| data[o].to_f64()).collect()))
+    }
+
+    /// The elements as i64, in logical order: exact for integers and bools
+    /// (a u64 above `i64::MAX` wraps), floats truncated toward zero.
+    pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
+        Ok(with_storage!(self.host()?, data, T => self.offsets().map(|o| data[o].to_i64()).collect()))
     }
 
     /// The bits of the elements as f64, in logical order, every NaN as one:

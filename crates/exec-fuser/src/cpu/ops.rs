@@ -80,6 +80,7 @@ pub(super) fn unary<C: Arith>(op: UnaryOp, a: &[C], dst: &mut [C]) {
         UnaryOp::Asinh => map(a, dst, |x| x.asinh()),
         UnaryOp::Acosh => map(a, dst, |x| x.acosh()),
         UnaryOp::Atanh => map(a, dst, |x| x.atanh()),
+        UnaryOp::BitNot => unreachable!("integer ops are refused by lower::unsupported"),
     }
 }
 
@@ -117,7 +118,13 @@ pub(super) fn binary<C: Arith>(op: BinaryOp, a: impl Operand<C>, b: impl Operand
         BinaryOp::Gt => zip(a, b, dst, |x, y| truth(x > y)),
         BinaryOp::Ge => zip(a, b, dst, |x, y| truth(x >= y)),
         BinaryOp::LogicalAnd => zip(a, b, dst, |x, y| truth(x != zero && y != zero)),
-        BinaryOp::LogicalOr => zip(a, b, dst, |x, y| truth(x != zero || y != zero)),
+        BinaryOp::LogicalOr | BinaryOp::BitOr => zip(a, b, dst, |x, y| truth(x != zero || y != zero)),
+        // Only bools reach here (0 or 1): the bitwise ops are the logical ones.
+        BinaryOp::BitAnd => zip(a, b, dst, |x, y| truth(x != zero && y != zero)),
+        BinaryOp::BitXor => zip(a, b, dst, |x, y| truth((x != zero) != (y != zero))),
+        BinaryOp::ShiftLeft | BinaryOp::ShiftRight => {
+            unreachable!("integer ops are refused by lower::unsupported")
+        }
         BinaryOp::Fmod => zip(a, b, dst, |x, y| x % y),
         // The truncated remainder moved to the divisor's sign.
         BinaryOp::Remainder => zip(a, b, dst, |x, y| {

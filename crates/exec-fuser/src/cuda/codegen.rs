@@ -89,6 +89,12 @@ pub(crate) fn stored(dtype: DType) -> &'static str {
         DType::Bool => "unsigned char",
         DType::I32 => "int",
         DType::I64 => "long long",
+        DType::I8 => "signed char",
+        DType::U8 => "unsigned char",
+        DType::I16 => "short",
+        DType::U16 => "unsigned short",
+        DType::U32 => "unsigned int",
+        DType::U64 => "unsigned long long",
     }
 }
 
@@ -158,6 +164,7 @@ fn unary(op: UnaryOp, a: &str, c: &str) -> String {
         UnaryOp::Asinh => format!("asinh{f}({a})"),
         UnaryOp::Acosh => format!("acosh{f}({a})"),
         UnaryOp::Atanh => format!("atanh{f}({a})"),
+        UnaryOp::BitNot => unreachable!("integer ops are refused by lower::unsupported"),
     }
 }
 
@@ -179,7 +186,13 @@ fn binary(op: BinaryOp, a: &str, b: &str, c: &str) -> String {
         BinaryOp::Gt => truth(format!("{a} > {b}")),
         BinaryOp::Ge => truth(format!("{a} >= {b}")),
         BinaryOp::LogicalAnd => truth(format!("{a} != ({c})0 && {b} != ({c})0")),
-        BinaryOp::LogicalOr => truth(format!("{a} != ({c})0 || {b} != ({c})0")),
+        BinaryOp::LogicalOr | BinaryOp::BitOr => truth(format!("{a} != ({c})0 || {b} != ({c})0")),
+        // Only bools reach here (0 or 1): the bitwise ops are the logical ones.
+        BinaryOp::BitAnd => truth(format!("{a} != ({c})0 && {b} != ({c})0")),
+        BinaryOp::BitXor => truth(format!("({a} != ({c})0) != ({b} != ({c})0)")),
+        BinaryOp::ShiftLeft | BinaryOp::ShiftRight => {
+            unreachable!("integer ops are refused by lower::unsupported")
+        }
         BinaryOp::Fmod => format!("fmod{f}({a}, {b})"),
         BinaryOp::Remainder => format!("sy_remainder({a}, {b})"),
     }

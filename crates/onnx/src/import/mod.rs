@@ -647,8 +647,9 @@ pub(crate) fn scalar_of(t: &Tensor, other_rank: usize) -> Option<Operand> {
     let v = t.contiguous().ok()?;
     let s = match v.dtype() {
         DType::Bool => Scalar::Bool(v.to_vec::<bool>()?[0]),
-        DType::I32 => Scalar::Int(i64::from(v.to_vec::<i32>()?[0])),
-        DType::I64 => Scalar::Int(v.to_vec::<i64>()?[0]),
+        // A u64 beyond i64's range has no inline form.
+        DType::U64 if v.to_vec::<u64>()?[0] > i64::MAX as u64 => return None,
+        d if d.is_int() => Scalar::Int(v.to_i64_vec().ok()?[0]),
         _ => Scalar::Float(v.to_f64_vec().ok()?[0]),
     };
     Some(Operand::Scalar(s))

@@ -51,7 +51,7 @@ fn constant_of_shape(n: &mut Node) -> Result<Vec<Out>, String> {
     let dt = value.dtype();
     let v = value.to_f64_vec().map_err(err)?[0];
     let scalar = match dt {
-        DType::I64 | DType::I32 => Scalar::Int(ints_of(&value)?[0]),
+        d if d.is_int() => Scalar::Int(ints_of(&value)?[0]),
         _ => scalar_for(dt, v),
     };
     one(n
@@ -106,10 +106,10 @@ fn range(n: &mut Node) -> Result<Vec<Out>, String> {
         let count = count.max(0) as usize;
         range_fits(count)?;
         let v: Vec<i64> = (0..count as i64).map(|i| s + i * d).collect();
-        match dt {
-            DType::I32 => Storage::I32(v.into_iter().map(|x| x as i32).collect()),
-            _ => Storage::I64(v),
-        }
+        switchyard_core::with_dtype!(dt, T => {
+            use switchyard_core::{Element, Stored};
+            T::into_storage(v.into_iter().map(T::from_i64).collect())
+        })
     } else {
         let f = |t: &Tensor| t.to_f64_vec().map(|v| v[0]).map_err(err);
         let (s, l, d) = (f(&s)?, f(&l)?, f(&d)?);

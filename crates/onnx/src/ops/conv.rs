@@ -117,9 +117,25 @@ fn check_positive(name: &str, v: &[i64]) -> Result<(), String> {
 
 fn conv(n: &mut Node, transposed: bool) -> Result<Vec<Out>, String> {
     n.arity(2, 3)?;
+    let attrs = conv_attrs(n, 1, transposed)?;
+    let mut operands = vec![n.value(0)?.into(), n.value(1)?.into()];
+    if n.has(2) {
+        operands.push(n.value(2)?.into());
+    }
+    let kind = if transposed {
+        OpKind::ConvTranspose
+    } else {
+        OpKind::Conv
+    };
+    one(n.b.op(kind, &operands, attrs).map_err(err)?)
+}
+
+/// The attributes of switchyard's conv (or conv_transpose) for a node whose
+/// input 0 is the image and input `weight` the weight.
+pub(super) fn conv_attrs(n: &Node, weight: usize, transposed: bool) -> Result<Attrs, String> {
     let rank = spatial_rank(n)?;
     let xs = n.shape(0)?;
-    let ws = n.shape(1)?;
+    let ws = n.shape(weight)?;
     if ws.len() != xs.len() {
         return Err(format!(
             "the weight {} must have the input's rank {}",
@@ -193,17 +209,7 @@ fn conv(n: &mut Node, transposed: bool) -> Result<Vec<Out>, String> {
     } else {
         explicit_pads(n, spatial, &k, &stride, &dilation)?
     };
-    attrs = attrs.with("pad", pads);
-    let mut operands = vec![n.value(0)?.into(), n.value(1)?.into()];
-    if n.has(2) {
-        operands.push(n.value(2)?.into());
-    }
-    let kind = if transposed {
-        OpKind::ConvTranspose
-    } else {
-        OpKind::Conv
-    };
-    one(n.b.op(kind, &operands, attrs).map_err(err)?)
+    Ok(attrs.with("pad", pads))
 }
 
 /// The window attributes of a pool node, as switchyard's pools take them.

@@ -48,6 +48,11 @@ pub(super) const OPS: &[(&str, LowerFn)] = &[
     ("And", |n| binary(n, BinaryOp::LogicalAnd)),
     ("Or", |n| binary(n, BinaryOp::LogicalOr)),
     ("Xor", |n| binary(n, BinaryOp::Ne)),
+    ("BitwiseAnd", |n| binary(n, BinaryOp::BitAnd)),
+    ("BitwiseOr", |n| binary(n, BinaryOp::BitOr)),
+    ("BitwiseXor", |n| binary(n, BinaryOp::BitXor)),
+    ("BitwiseNot", |n| unary(n, UnaryOp::BitNot)),
+    ("BitShift", bit_shift),
     ("Max", |n| variadic(n, BinaryOp::Maximum, false)),
     ("Min", |n| variadic(n, BinaryOp::Minimum, false)),
     ("Sum", |n| variadic(n, BinaryOp::Add, false)),
@@ -103,6 +108,16 @@ fn binary(n: &mut Node, op: BinaryOp) -> Result<Vec<Out>, String> {
     n.arity(2, 2)?;
     let (a, b) = operands(n, 0, 1)?;
     one(n.b.binary(op, a, b).map_err(err)?)
+}
+
+fn bit_shift(n: &mut Node) -> Result<Vec<Out>, String> {
+    let op = match n.string("direction", "")?.as_str() {
+        "LEFT" => BinaryOp::ShiftLeft,
+        "RIGHT" => BinaryOp::ShiftRight,
+        "" => return Err("attribute `direction` (LEFT or RIGHT) is required".into()),
+        other => return Err(format!("attribute `direction` is `{other}`, not LEFT or RIGHT")),
+    };
+    binary(n, op)
 }
 
 fn modulo(n: &mut Node) -> Result<Vec<Out>, String> {

@@ -13,6 +13,7 @@ mod elementwise;
 mod indexing;
 mod nn;
 mod norm;
+mod quantize;
 mod recurrent;
 mod reduce;
 mod resize;
@@ -54,7 +55,7 @@ pub(crate) type Sink<'s> =
     dyn FnMut(&mut TraceBuilder, Option<usize>, Tensor) -> Result<ValueId, String> + 's;
 
 /// The op tables, one per family.
-const FAMILIES: [&[(&str, LowerFn)]; 11] = [
+const FAMILIES: [&[(&str, LowerFn)]; 12] = [
     elementwise::OPS,
     nn::OPS,
     conv::OPS,
@@ -65,6 +66,7 @@ const FAMILIES: [&[(&str, LowerFn)]; 11] = [
     select::OPS,
     indexing::OPS,
     recurrent::OPS,
+    quantize::OPS,
     constant::OPS,
 ];
 
@@ -297,15 +299,8 @@ impl<'a, 's> Node<'a, 's> {
 
 /// An integer tensor's values.
 pub(crate) fn ints_of(t: &Tensor) -> Result<Vec<i64>, String> {
-    let t = t.contiguous().map_err(err)?;
     match t.dtype() {
-        DType::I64 => Ok(t.to_vec::<i64>().expect("an i64 tensor")),
-        DType::I32 => Ok(t
-            .to_vec::<i32>()
-            .expect("an i32 tensor")
-            .into_iter()
-            .map(i64::from)
-            .collect()),
+        d if d.is_int() => t.to_i64_vec().map_err(err),
         d => Err(format!("must be an integer tensor, got {d}")),
     }
 }
