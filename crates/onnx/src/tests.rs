@@ -177,7 +177,7 @@ fn malformed_graphs_name_the_node_or_value() {
     let mut b = base();
     b.node("Loop", &["x"], &["y"], vec![])
         .output("y", DType::F32, &d(&[2]));
-    check(&b, "Loop (control flow): 1 node(s)");
+    check(&b, "node `Loop_1` (Loop): attribute `body` (a graph) is missing");
     let mut b = base();
     b.node("Relu", &["x"], &["y"], vec![])
         .output("z", DType::F32, &d(&[2]));
@@ -919,4 +919,114 @@ fn an_if_on_a_fixed_input_takes_one_branch_when_both_cannot_run() {
     );
     let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     assert_eq!(f32s(&run(&imported, &feeds)[0]), vec![-4., 5., -6., 1., -2., 3.]);
+}
+
+/// `y = Loop(m, cond) { y + x }` from y0 = 0 over x [2], the trip count
+/// and the condition given by `setup` (which defines `m` and `c`, either
+/// may be empty names).
+fn loop_model(opset: i64, m: &str, c: &str, setup: impl FnOnce(&mut ModelBuilder)) -> ModelBuilder {
+    use crate::builder::attr_graph;
+    let mut body = ModelBuilder::new("body", opset);
+    body.input("i", DType::I64, &d(&[]))
+        .input("c_in", DType::Bool, &d(&[]))
+        .input("y_in", DType::F32, &d(&[2]))
+        .node("Add", &["y_in", "x"], &["y_out"], vec![])
+        .node("Identity", &["c_in"], &["c_out"], vec![])
+        .output("c_out", DType::Bool, &d(&[]))
+        .output("y_out", DType::F32, &d(&[2]));
+    let body = body.build().graph.unwrap();
+    let mut b = ModelBuilder::new("loop", opset);
+    b.input("x", DType::F32, &d(&[2]))
+        .initializer("y0", &Tensor::from_vec(vec![0f32, 0.], &[2]).unwrap())
+        .unwrap();
+    setup(&mut b);
+    b.node("Loop", &[m, c, "y0"], &["y"], vec![attr_graph("body", body)])
+        .output("y", DType::F32, &d(&[2]));
+    b
+}
+
+#[test]
+fn a_loop_unrolls_when_its_trip_count_is_known_and_says_what_it_needs_otherwise() {
+    let x = || Tensor::from_vec(vec![1.5f32, -2.], &[2]).unwrap();
+    // A constant trip count: three adds, nothing else.
+    let b = loop_model(17, "m", "", |b| {
+        b.initializer("m", &Tensor::from_vec(vec![3i64], &[]).unwrap())
+            .unwrap();
+    });
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    assert_eq!(m.trace.ops.len(), 3, "{}", m.trace);
+    assert_eq!(f32s(&run(&m, &[("x", x())])[0]), vec![4.5, -6.]);
+    // A trip count from an input: the import names it, and a run given the
+    // inputs fixes it.
+    let b = loop_model(17, "m", "", |b| {
+        b.input("m", DType::I64, &d(&[]));
+    });
+    let mm = model(b.build());
+    let e = import(&mm, &ImportOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::NeedsValue { ref value, .. } if value == "m"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("trip count comes from data"), "{e}");
+    let feeds: HashMap<String, Tensor> =
+        [("x".to_string(), x()), ("m".to_string(), Tensor::scalar(2i64))].into();
+    let (imported, fixed) = import_for(&mm, &feeds).unwrap();
+    assert_eq!(fixed, vec!["m".to_string()]);
+    assert_eq!(
+        f32s(&run(&imported, &[("x", x()), ("m", Tensor::scalar(2i64))])[0]),
+        vec![3., -4.]
+    );
+    // No trip count and a condition from data: a runtime loop, refused.
+    let b = loop_model(17, "", "c", |b| {
+        b.input("c", DType::Bool, &d(&[]));
+    });
+    let e = import(&model(b.build()), &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a loop the runtime would have to decide"), "{e}");
+    // Too many iterations to unroll.
+    let b = loop_model(17, "m", "", |b| {
+        b.initializer("m", &Tensor::from_vec(vec![1_000_000i64], &[]).unwrap())
+            .unwrap();
+    });
+    let e = import(&model(b.build()), &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("more than 4096 iterations"), "{e}");
+    // A condition that is false from the start: no iteration, y0 itself.
+    let b = loop_model(17, "m", "c", |b| {
+        b.initializer("m", &Tensor::from_vec(vec![3i64], &[]).unwrap())
+            .unwrap()
+            .initializer("c", &Tensor::scalar(false))
+            .unwrap();
+    });
+    let m = import(&model(b.build()), &ImportOptions::default()).unwrap();
+    assert_eq!(f32s(&run(&m, &[("x", x())])[0]), vec![0., 0.]);
+}
+
+#[test]
+fn a_scan_before_opset_9_is_refused_by_name() {
+    use crate::builder::{attr_graph, attr_int};
+    let mut body = ModelBuilder::new("body", 8);
+    body.input("s_in", DType::F32, &d(&[2]))
+        .input("a", DType::F32, &d(&[2]))
+        .node("Add", &["s_in", "a"], &["s_out"], vec![])
+        .output("s_out", DType::F32, &d(&[2]));
+    let mut b = ModelBuilder::new("scan", 8);
+    b.input("s0", DType::F32, &d(&[1, 2]))
+        .input("xs", DType::F32, &d(&[1, 3, 2]))
+        .node(
+            "Scan",
+            &["", "s0", "xs"],
+            &["s"],
+            vec![
+                attr_graph("body", body.build().graph.unwrap()),
+                attr_int("num_scan_inputs", 1),
+            ],
+        )
+        .output("s", DType::F32, &d(&[1, 2]));
+    let e = import(&model(b.build()), &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Scan before opset 9"), "{e}");
 }

@@ -26,7 +26,7 @@ fn relative_error(got: &switchyard_core::Tensor, want: &switchyard_core::Tensor)
 /// Op types of models in the shared corpus that the importer does not read
 /// yet (control flow, shapes that depend on data): a model refused for these
 /// alone is skipped, saying so; refused for anything else, it fails.
-const NOT_YET_IMPORTED: &[&str] = &["Loop", "Scan", "NonZero"];
+const NOT_YET_IMPORTED: &[&str] = &["NonZero"];
 
 /// Each model folder in `dir` (model.onnx, inputs.safetensors,
 /// expected.safetensors) imported and run on the default executors and on
@@ -125,6 +125,14 @@ fn recurrent_nets_with_every_option_match_onnx_runtime() {
     // per-item lengths, clip, input_forget, peepholes, linear_before_reset,
     // other activations with their alpha and beta (make.py in the folder).
     models_match_their_expected_outputs(&repo_path("tests/data/onnx-recurrent"), 6, false);
+}
+
+#[test]
+fn control_flow_and_quantized_models_match_onnx_runtime() {
+    // Scans and Loops unrolled at import (a fixed trip count, a condition
+    // from data run masked, a carried value that grows), and a dynamically
+    // quantized linear layer (make.py in the folder).
+    models_match_their_expected_outputs(&repo_path("tests/data/onnx-control"), 5, false);
 }
 
 #[test]

@@ -178,7 +178,7 @@ pub(super) fn check_graph(g: &GraphProto, outer: &dyn Fn(&str) -> bool) -> Resul
 fn collect_nodes<'g>(g: &'g GraphProto, into: &mut Vec<&'g NodeProto>) {
     for n in &g.node {
         into.push(n);
-        if n.op_type() == "If" {
+        if matches!(n.op_type(), "If" | "Loop" | "Scan") {
             for a in &n.attribute {
                 for sub in a.g.iter().chain(&a.graphs) {
                     collect_nodes(sub, into);
@@ -196,10 +196,8 @@ pub(super) fn check_supported(g: &GraphProto) -> Result<()> {
     collect_nodes(g, &mut nodes);
     for n in nodes {
         let why = match (n.domain(), n.op_type()) {
-            ("" | "ai.onnx", "If") => None,
-            ("" | "ai.onnx", "Loop" | "Scan" | "SequenceMap") => {
-                Some(format!("{} (control flow)", n.op_type()))
-            }
+            ("" | "ai.onnx", "If" | "Loop" | "Scan") => None,
+            ("" | "ai.onnx", "SequenceMap") => Some(format!("{} (control flow)", n.op_type())),
             ("" | "ai.onnx", op) if ops::lookup(op).is_none() => Some(op.to_string()),
             ("" | "ai.onnx", _) => n
                 .attribute

@@ -1,4 +1,4 @@
-//! Control flow at import: If.
+//! Control flow at import: If (Loop and Scan are in `loops`).
 //!
 //! - An If whose condition is known at import (a constant, something
 //!   computed from shapes, or an input fixed by `--inputs`) is replaced by
@@ -100,7 +100,22 @@ impl Importer {
     /// Imports a branch's nodes where the If is and returns its outputs;
     /// the names it defines go out of scope after it.
     fn branch(&mut self, g: &GraphProto) -> Result<Vec<Known>> {
+        self.subgraph(g, Vec::new())
+    }
+
+    /// Imports a subgraph's nodes where its node is, with `binds` giving
+    /// its inputs (a loop body's), and returns its outputs; the names it
+    /// defines go out of scope after it.
+    pub(super) fn subgraph(&mut self, g: &GraphProto, binds: Vec<(String, Known)>) -> Result<Vec<Known>> {
         let saved = self.env.clone();
+        let own: HashSet<&str> = g
+            .input
+            .iter()
+            .map(|v| v.name())
+            .chain(g.initializer.iter().map(|t| t.name()))
+            .chain(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)))
+            .collect();
+        self.env.extend(binds);
         let mut external = ExternalData::default();
         for t in &g.initializer {
             let tensor = tensor_from_proto(t, &mut external)?;
@@ -125,14 +140,18 @@ impl Importer {
                 })
                 .collect::<Result<Vec<_>>>()
         });
-        // Back to the If's scope, keeping the trace values that outer
-        // constants were given inside the branch (so they are not added
-        // twice); a branch value that shadowed an outer name gives it back.
+        // Back to the node's scope, keeping the trace values that outer
+        // constants were given inside (so they are not added twice); a
+        // name the subgraph defines itself gives the outer value back.
         let mut inner = std::mem::take(&mut self.env);
         self.env = saved
             .into_iter()
             .map(|(k, old)| match inner.remove(&k) {
-                Some(cur) if cur.meta == old.meta && cur.constant.is_some() == old.constant.is_some() => {
+                Some(cur)
+                    if !own.contains(k.as_str())
+                        && cur.meta == old.meta
+                        && cur.constant.is_some() == old.constant.is_some() =>
+                {
                     (k, cur)
                 }
                 _ => (k, old),
@@ -207,7 +226,7 @@ impl Importer {
     }
 
     /// A branch output as a trace value: a constant becomes a weight.
-    fn materialize(&mut self, name: &str, k: Known) -> Result<ValueId, String> {
+    pub(super) fn materialize(&mut self, name: &str, k: Known) -> Result<ValueId, String> {
         match (k.value, k.constant) {
             (Some(v), _) => Ok(v),
             (None, Some(t)) => add_weight(&mut self.b, &mut self.names, &mut self.weights, name, t),
@@ -218,7 +237,7 @@ impl Importer {
     /// Errors on the first op from `first_op` on that can fail on the data
     /// it reads: an index that is not a weight, an integer division, a
     /// recurrence's lengths.
-    fn refuse_ops_that_can_fail(&self, first_op: usize) -> Result<(), String> {
+    pub(super) fn refuse_ops_that_can_fail(&self, first_op: usize) -> Result<(), String> {
         let weights: HashSet<ValueId> = self.weights.iter().map(|(v, _)| *v).collect();
         let trace = self.b.trace();
         for (i, op) in trace.ops.iter().enumerate().skip(first_op) {

@@ -35,6 +35,7 @@ use switchyard_exec_fallback::FallbackExecutor;
 mod check;
 mod control;
 mod fold;
+mod loops;
 
 pub(crate) use check::node_label;
 use check::{check_declared_output, check_graph, check_opsets, check_supported, input_meta};
@@ -393,8 +394,13 @@ impl Importer {
             op_type: n.op_type().to_string(),
             message,
         };
-        if n.op_type() == "If" && matches!(n.domain(), "" | "ai.onnx") {
-            return self.if_node(n);
+        if matches!(n.domain(), "" | "ai.onnx") {
+            match n.op_type() {
+                "If" => return self.if_node(n),
+                "Loop" => return self.loop_node(n),
+                "Scan" => return self.scan_node(n),
+                _ => {}
+            }
         }
         let lower = ops::lookup(n.op_type()).expect("checked by check_supported");
         let mut known = Vec::with_capacity(n.input.len());
