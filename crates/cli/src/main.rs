@@ -15,6 +15,7 @@ mod model;
 mod onnx;
 mod planning;
 mod plugin_check;
+mod staged;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -177,7 +178,30 @@ fn run(args: RunArgs) -> Result<()> {
     } else {
         Some(read_feeds(&args.inputs)?)
     };
-    let program = args.planning.program(&args.trace, &config, feeds.as_ref())?;
+    let opts = RunOptions {
+        // `--json` reports each region's time, which needs every kernel
+        // called: no graph is replayed then.
+        profile: args.json,
+        allocate_per_call: args.no_arena,
+        no_graphs: args.no_graphs,
+    };
+    let program = match args.planning.program(&args.trace, &config, feeds.as_ref()) {
+        Ok(p) => p,
+        // A value computed from data decides shapes: run a stage at a time.
+        Err(e) if model::is_model(&args.trace) && staged::needs_stages(&e) => {
+            return staged::run(
+                &args.trace,
+                &args.planning,
+                &config,
+                feeds,
+                args.repeat,
+                opts,
+                args.outputs.as_deref(),
+                args.json,
+            );
+        }
+        Err(e) => return Err(e),
+    };
     let (planner, plugins) = args.planning.planner(&config, false)?;
     let cache = KernelCache::new(config.cache.capacity);
     let (compiled, set_aside) = planner.compile(&program.trace, &cache, &plugins)?;
@@ -194,13 +218,6 @@ fn run(args: RunArgs) -> Result<()> {
             switchyard_core::io::take_inputs(trace, feeds, &files.join(", "))?
         }
         (None, None) => try_random_inputs(trace, args.seed)?,
-    };
-    let opts = RunOptions {
-        // `--json` reports each region's time, which needs every kernel
-        // called: no graph is replayed then.
-        profile: args.json,
-        allocate_per_call: args.no_arena,
-        no_graphs: args.no_graphs,
     };
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
@@ -265,7 +282,17 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn plan(args: PlanArgs) -> Result<()> {
     let config = args.planning.config()?;
-    let trace = args.planning.program(&args.trace, &config, None)?.trace;
+    let trace = match args.planning.program(&args.trace, &config, None) {
+        Ok(p) => p.trace,
+        Err(e) if model::is_model(&args.trace) && staged::needs_stages(&e) => {
+            let shapes = switchyard_onnx::ImportOptions {
+                input_shapes: args.planning.model.shapes()?,
+                ..Default::default()
+            };
+            return staged::plan(&args.trace, &args.planning, &config, shapes, args.explain).map_err(|_| e);
+        }
+        Err(e) => return Err(e),
+    };
     let plan = args.planning.planner(&config, true)?.0.plan(&trace)?;
     // A plan for this machine that it cannot hold is worth knowing before
     // `run` refuses it.

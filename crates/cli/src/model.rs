@@ -19,7 +19,7 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
+    pub(crate) fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
         let mut out = BTreeMap::new();
         for s in &self.input_shape {
             let (name, dims) = s

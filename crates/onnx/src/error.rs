@@ -70,6 +70,9 @@ pub enum Error {
     /// support, all of them at once.
     #[error("the model uses what switchyard cannot import:\n{0}")]
     Unsupported(String),
+    /// A stage of a staged run failed to compile or run.
+    #[error("running a stage: {0}")]
+    Run(String),
     /// An error of switchyard's core (a trace that does not validate, a run
     /// of the fallback that fails while folding constants).
     #[error(transparent)]

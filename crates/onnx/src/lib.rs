@@ -45,7 +45,10 @@ mod ops;
 pub mod tensor;
 
 pub use error::{Error, Result};
-pub use import::{ImportOptions, Imported, import, import_file, import_for};
+pub use import::{
+    Cut, CutTaken, ImportOptions, Imported, MAX_CUTS, Resume, Staged, StagedRun, StagedRunner, import,
+    import_file, import_for, import_stage,
+};
 pub use model::Model;
 pub use ops::supported_op_types;
 

@@ -1030,3 +1030,55 @@ fn a_scan_before_opset_9_is_refused_by_name() {
         .to_string();
     assert!(e.contains("Scan before opset 9"), "{e}");
 }
+
+/// `y = x[nonzero(relu(x))]` and its count: the NonZero's input comes from
+/// data, so the program is cut before it.
+fn nonzero_model() -> ModelBuilder {
+    let mut b = ModelBuilder::new("nz", 17);
+    b.input("x", DType::F32, &d(&[6]))
+        .initializer("flat", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .node("Relu", &["x"], &["r"], vec![])
+        .node("NonZero", &["r"], &["nz"], vec![])
+        .node("Reshape", &["nz", "flat"], &["idx"], vec![])
+        .node("Gather", &["x", "idx"], &["y"], vec![])
+        .node("Shape", &["idx"], &["count"], vec![])
+        .output("y", DType::F32, &[Dim::Symbol("k".into())])
+        .output("count", DType::I64, &d(&[1]));
+    b
+}
+
+#[test]
+fn a_nonzero_on_data_cuts_the_program_and_a_repeated_run_compiles_nothing() {
+    use crate::import::{Staged, StagedRunner, import_stage};
+    let m = model(nonzero_model().build());
+    // The import stops before the NonZero, carrying what the rest reads.
+    let staged = import_stage(&m, &ImportOptions::default(), &Default::default()).unwrap();
+    let Staged::Cut { before, cut } = staged else {
+        panic!("expected a cut")
+    };
+    assert_eq!((cut.op_type.as_str(), cut.value.as_str()), ("NonZero", "r"));
+    assert_eq!(before.output_names(), vec!["r".to_string()]);
+    assert!(import(&m, &ImportOptions::default()).is_err());
+    let mut runner: StagedRunner<()> = StagedRunner::new(4);
+    let mut compile = |_: &Imported| Ok(());
+    let mut exec = |imp: &Imported, _: &(), inputs: Vec<Tensor>| {
+        run_fallback(&imp.trace, &inputs).map_err(|e| e.to_string())
+    };
+    let mut go = |runner: &mut StagedRunner<()>, x: Vec<f32>| {
+        let feeds: HashMap<String, Tensor> = [("x".to_string(), Tensor::from_vec(x, &[6]).unwrap())].into();
+        runner.run(&m, &feeds, &mut compile, &mut exec).unwrap()
+    };
+    let r = go(&mut runner, vec![1.5, -2., 0., 4., -1., 0.5]);
+    assert_eq!(f32s(&r.outputs[0].1), vec![1.5, 4., 0.5]);
+    assert_eq!(r.outputs[1].1.to_vec::<i64>().unwrap(), vec![3]);
+    assert_eq!((r.cuts.len(), r.compiled), (1, 2));
+    // The same data again: both stages from the cache.
+    let again = go(&mut runner, vec![1.5, -2., 0., 4., -1., 0.5]);
+    assert_eq!(f32s(&again.outputs[0].1), vec![1.5, 4., 0.5]);
+    assert_eq!(again.compiled, 0);
+    // Other data, another count: the rest is planned for it.
+    let other = go(&mut runner, vec![-1., 2., 3., 4., 5., 6.]);
+    assert_eq!(f32s(&other.outputs[0].1), vec![2., 3., 4., 5., 6.]);
+    assert_eq!(other.compiled, 1, "the stage before the cut is kept");
+}

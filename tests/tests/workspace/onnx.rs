@@ -26,7 +26,7 @@ fn relative_error(got: &switchyard_core::Tensor, want: &switchyard_core::Tensor)
 /// Op types of models in the shared corpus that the importer does not read
 /// yet (control flow, shapes that depend on data): a model refused for these
 /// alone is skipped, saying so; refused for anything else, it fails.
-const NOT_YET_IMPORTED: &[&str] = &["NonZero"];
+const NOT_YET_IMPORTED: &[&str] = &[];
 
 /// Each model folder in `dir` (model.onnx, inputs.safetensors,
 /// expected.safetensors) imported and run on the default executors and on

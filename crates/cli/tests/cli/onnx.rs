@@ -114,6 +114,49 @@ fn symbolic_dims_are_bound_with_input_shape() {
 }
 
 #[test]
+fn a_model_whose_shapes_depend_on_data_runs_in_stages_and_plan_shows_the_cut() {
+    // y = x[nonzero(relu(x))]: how many elements y has depends on x.
+    let mut b = ModelBuilder::new("nz", 17);
+    b.input("x", DType::F32, &[Dim::Fixed(6)])
+        .initializer("flat", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .node("Relu", &["x"], &["r"], vec![])
+        .node("NonZero", &["r"], &["nz"], vec![])
+        .node("Reshape", &["nz", "flat"], &["idx"], vec![])
+        .node("Gather", &["x", "idx"], &["y"], vec![])
+        .output("y", DType::F32, &[Dim::from("k")]);
+    let path = scratch("nonzero.onnx");
+    Model::save(&b.build(), &path).unwrap();
+    let inputs = scratch("nonzero-in.safetensors");
+    let x = Tensor::from_vec(vec![1.5f32, -2., 0., 4., -1., 0.5], &[6]).unwrap();
+    write_safetensors(&inputs, &[("x".into(), x)]).unwrap();
+    let outputs = scratch("nonzero-out.safetensors");
+    let s = ok(sw!(
+        "run",
+        &path,
+        "--inputs",
+        &inputs,
+        "--outputs",
+        &outputs,
+        "--repeat",
+        "3"
+    ));
+    assert!(s.contains("run in 2 stage(s)"), "{s}");
+    assert!(
+        s.contains("cut before node `NonZero_2` (NonZero): it needs the values of `r`"),
+        "{s}"
+    );
+    assert!(s.contains("2 in the first run, 0 in the 2 later run(s)"), "{s}");
+    let out = read_safetensors(&outputs).unwrap();
+    assert_eq!(out["y"].to_vec::<f32>().unwrap(), vec![1.5, 4., 0.5]);
+    let p = ok(sw!("plan", &path, "--explain"));
+    assert!(p.contains("stage 1 of"), "{p}");
+    assert!(p.contains("cut before node `NonZero_2` (NonZero)"), "{p}");
+    let e = fails(sw!("run", &path));
+    assert!(e.contains("give them with --inputs"), "{e}");
+}
+
+#[test]
 fn a_file_that_is_not_a_model_is_an_error_naming_it() {
     let path = scratch("not-a-model.onnx");
     std::fs::write(&path, "hello, I am text\n").unwrap();

@@ -20,7 +20,7 @@
 //!    constant weights (a BatchNormalization, a Mul or Add by constants)
 //!    fold into its weight and bias ([`fold`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use switchyard_core::cost::DeviceModel;
@@ -36,9 +36,11 @@ mod check;
 mod control;
 mod fold;
 mod loops;
+mod staged;
 
 pub(crate) use check::node_label;
 use check::{check_declared_output, check_graph, check_opsets, check_supported, input_meta};
+pub use staged::{CutTaken, MAX_CUTS, StagedRun, StagedRunner};
 
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -213,6 +215,67 @@ pub(crate) struct Known {
 
 /// Imports a model.
 pub fn import(model: &Model, options: &ImportOptions) -> Result<Imported> {
+    match import_stage(model, options, &Resume::default())? {
+        Staged::Done(imported) => Ok(imported),
+        Staged::Cut { cut, .. } => Err(Error::NeedsValue {
+            node: cut.node,
+            op_type: cut.op_type,
+            value: cut.value,
+            message: cut.message,
+        }),
+    }
+}
+
+/// Where a staged import resumes: after the first `at` nodes of the
+/// graph (in import order), with what the stages before computed.
+#[derive(Clone, Debug, Default)]
+pub struct Resume {
+    /// How many of the graph's nodes, in import order, the stages before ran.
+    pub at: usize,
+    /// Values the stages before computed that the rest reads: inputs of
+    /// this stage, fed by name like the graph's inputs.
+    pub carried: Vec<(String, TensorMeta)>,
+    /// Values known at import from here on: constants of the stages before
+    /// and the values the cuts needed.
+    pub constants: Vec<(String, Tensor)>,
+}
+
+/// Where a staged import stopped: a node needs the value of something the
+/// program computes from data (a NonZero's input, a TopK's `k`, an If's
+/// condition whose branches differ in shape).
+#[derive(Clone, Debug)]
+pub struct Cut {
+    /// The node that needs the value.
+    pub node: String,
+    /// Its op type.
+    pub op_type: String,
+    /// The ONNX value whose contents it needs: an output of the stage before.
+    pub value: String,
+    /// Why it needs it.
+    pub message: String,
+    /// How the next stage resumes; the driver adds `value` to its constants.
+    pub resume: Resume,
+}
+
+/// A stage of a model: the whole rest, or the part before a cut.
+#[derive(Clone, Debug)]
+pub enum Staged {
+    /// The model from the resume point to its outputs.
+    Done(Imported),
+    /// The part before a cut: its outputs are the values the rest reads,
+    /// the cut's value among them.
+    Cut {
+        /// The program before the cut.
+        before: Imported,
+        /// The cut.
+        cut: Cut,
+    },
+}
+
+/// Imports a model from `resume` on (the whole model from the default),
+/// stopping at the first node that needs the value of something computed
+/// from data (see [`Staged`]).
+pub fn import_stage(model: &Model, options: &ImportOptions, resume: &Resume) -> Result<Staged> {
     let opset = check_opsets(model)?;
     let graph = model
         .proto
@@ -301,8 +364,55 @@ pub fn import(model: &Model, options: &ImportOptions) -> Result<Imported> {
             },
         );
     }
-    for &i in &order {
-        imp.node(&graph.node[i])?;
+    // What the stages before computed: inputs of this stage, or constants.
+    for (name, meta) in &resume.carried {
+        let unique = imp.names.unique(name, &imp.b);
+        let id = imp.b.input_meta(&unique, meta.clone())?;
+        imp.env.insert(
+            name.clone(),
+            Known {
+                meta: meta.clone(),
+                constant: None,
+                value: Some(id),
+            },
+        );
+        inputs.push((name.clone(), id));
+    }
+    for (name, t) in &resume.constants {
+        imp.env.insert(
+            name.clone(),
+            Known {
+                meta: TensorMeta::new(t.dtype(), t.shape().to_vec()),
+                constant: Some(t.contiguous()?),
+                value: None,
+            },
+        );
+    }
+    let graph_inputs: HashSet<&str> = given.difference(&initializers).copied().collect();
+    for (pos, &i) in order.iter().enumerate().skip(resume.at) {
+        match imp.node(&graph.node[i]) {
+            // A value computed from data: the program is cut before this
+            // node (a value inside a subgraph, or a graph input, which
+            // `import_for` fixes, cannot be).
+            Err(Error::NeedsValue {
+                node,
+                op_type,
+                value,
+                message,
+            }) if !graph_inputs.contains(value.as_str())
+                && imp.env.get(&value).is_some_and(|k| k.constant.is_none()) =>
+            {
+                let cut = Cut {
+                    node,
+                    op_type,
+                    value,
+                    message,
+                    resume: Resume::default(),
+                };
+                return imp.cut(graph, &order, pos, &graph_inputs, cut, inputs, opset);
+            }
+            r => r?,
+        }
     }
     let mut outputs = Vec::new();
     for vo in &graph.output {
@@ -323,6 +433,7 @@ pub fn import(model: &Model, options: &ImportOptions) -> Result<Imported> {
         opset,
         folded_nodes: imp.folded,
     })
+    .map(Staged::Done)
 }
 
 /// Unique trace value names for ONNX names, which may hold any character.
@@ -373,6 +484,64 @@ struct Importer {
 }
 
 impl Importer {
+    /// The program so far as a stage whose outputs are every value the
+    /// nodes from `pos` on (and the graph's outputs) read.
+    #[allow(clippy::too_many_arguments)]
+    fn cut(
+        mut self,
+        graph: &crate::proto::GraphProto,
+        order: &[usize],
+        pos: usize,
+        graph_inputs: &HashSet<&str>,
+        mut cut: Cut,
+        inputs: Vec<(String, ValueId)>,
+        opset: i64,
+    ) -> Result<Staged> {
+        let mut later: BTreeSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
+        for &i in &order[pos..] {
+            let n = &graph.node[i];
+            later.extend(n.input.iter().filter(|x| !x.is_empty()).cloned());
+            later.extend(check::node_outer_refs(n));
+        }
+        later.insert(cut.value.clone());
+        self.b.set_name_prefix(None);
+        self.b.set_origin(None);
+        let mut carried = Vec::new();
+        let mut constants = Vec::new();
+        let mut outputs = Vec::new();
+        for name in &later {
+            let Some(k) = self.env.get(name).cloned() else {
+                continue;
+            };
+            match k.constant {
+                Some(t) => constants.push((name.clone(), t)),
+                None if graph_inputs.contains(name.as_str()) => {}
+                None => {
+                    let id = self.traced(name).map_err(Error::Model)?;
+                    carried.push((name.clone(), k.meta.clone()));
+                    outputs.push((name.clone(), id));
+                }
+            }
+        }
+        let ids: Vec<ValueId> = outputs.iter().map(|(_, v)| *v).collect();
+        self.b.output(&ids);
+        let trace = self.b.finish()?;
+        cut.resume = Resume {
+            at: pos,
+            carried,
+            constants,
+        };
+        let before = fold::fold_affine_into_conv(Imported {
+            trace,
+            weights: self.weights,
+            inputs,
+            outputs,
+            opset,
+            folded_nodes: self.folded,
+        })?;
+        Ok(Staged::Cut { before, cut })
+    }
+
     /// The trace value for an ONNX value, a constant becoming a weight input.
     fn traced(&mut self, name: &str) -> Result<ValueId, String> {
         let k = self

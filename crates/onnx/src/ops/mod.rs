@@ -7,6 +7,7 @@
 //! semantics (attributes that became inputs) are handled inside each
 //! function.
 
+mod by_data;
 mod constant;
 mod conv;
 mod elementwise;
@@ -55,7 +56,7 @@ pub(crate) type Sink<'s> =
     dyn FnMut(&mut TraceBuilder, Option<usize>, Tensor) -> Result<ValueId, String> + 's;
 
 /// The op tables, one per family.
-const FAMILIES: [&[(&str, LowerFn)]; 12] = [
+const FAMILIES: [&[(&str, LowerFn)]; 13] = [
     elementwise::OPS,
     nn::OPS,
     conv::OPS,
@@ -67,6 +68,7 @@ const FAMILIES: [&[(&str, LowerFn)]; 12] = [
     indexing::OPS,
     recurrent::OPS,
     quantize::OPS,
+    by_data::OPS,
     constant::OPS,
 ];
 
