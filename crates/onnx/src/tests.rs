@@ -1058,6 +1058,7 @@ fn a_nonzero_on_data_cuts_the_program_and_a_repeated_run_compiles_nothing() {
         panic!("expected a cut")
     };
     assert_eq!((cut.op_type.as_str(), cut.value.as_str()), ("NonZero", "r"));
+    assert!(cut.host, "a NonZero runs between the stages");
     assert_eq!(before.output_names(), vec!["r".to_string()]);
     assert!(import(&m, &ImportOptions::default()).is_err());
     let mut runner: StagedRunner<()> = StagedRunner::new(4);
@@ -1077,8 +1078,76 @@ fn a_nonzero_on_data_cuts_the_program_and_a_repeated_run_compiles_nothing() {
     let again = go(&mut runner, vec![1.5, -2., 0., 4., -1., 0.5]);
     assert_eq!(f32s(&again.outputs[0].1), vec![1.5, 4., 0.5]);
     assert_eq!(again.compiled, 0);
-    // Other data, another count: the rest is planned for it.
+    // Other data with as many positive elements: the NonZero runs between
+    // the stages, and the rest depends on its output's shape alone.
+    let same_count = go(&mut runner, vec![-3., 7., 0., -1., 2., 9.]);
+    assert_eq!(f32s(&same_count.outputs[0].1), vec![7., 2., 9.]);
+    assert_eq!(same_count.compiled, 0);
+    // Another count: the rest is planned for it.
     let other = go(&mut runner, vec![-1., 2., 3., 4., 5., 6.]);
     assert_eq!(f32s(&other.outputs[0].1), vec![2., 3., 4., 5., 6.]);
     assert_eq!(other.compiled, 1, "the stage before the cut is kept");
+}
+
+#[test]
+fn an_if_on_data_whose_branches_differ_in_shape_is_cut_at_its_condition() {
+    use crate::builder::attr_graph;
+    use crate::import::StagedRunner;
+    // then: the first two elements; else: all four.
+    let then_g = branch(
+        |b| {
+            b.initializer("s", &Tensor::from_vec(vec![0i64], &[1]).unwrap())
+                .unwrap()
+                .initializer("e", &Tensor::from_vec(vec![2i64], &[1]).unwrap())
+                .unwrap()
+                .node("Slice", &["x", "s", "e"], &["t"], vec![]);
+        },
+        "t",
+        &[2],
+    );
+    let else_g = branch(
+        |b| {
+            b.node("Neg", &["x"], &["f"], vec![]);
+        },
+        "f",
+        &[4],
+    );
+    let mut b = ModelBuilder::new("ifshape", 17);
+    b.input("x", DType::F32, &d(&[4]))
+        .initializer("zero", &Tensor::scalar(0f32))
+        .unwrap()
+        .node(
+            "ReduceSum",
+            &["x"],
+            &["total"],
+            vec![crate::builder::attr_int("keepdims", 0)],
+        )
+        .node("Greater", &["total", "zero"], &["c"], vec![])
+        .node(
+            "If",
+            &["c"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", then_g),
+                attr_graph("else_branch", else_g),
+            ],
+        )
+        .output("y", DType::F32, &[Dim::Symbol("n".into())]);
+    let m = model(b.build());
+    let mut runner: StagedRunner<()> = StagedRunner::new(4);
+    let mut compile = |_: &Imported| Ok(());
+    let mut exec = |imp: &Imported, _: &(), inputs: Vec<Tensor>| {
+        run_fallback(&imp.trace, &inputs).map_err(|e| e.to_string())
+    };
+    let mut go = |x: Vec<f32>| {
+        let feeds: HashMap<String, Tensor> = [("x".to_string(), Tensor::from_vec(x, &[4]).unwrap())].into();
+        runner.run(&m, &feeds, &mut compile, &mut exec).unwrap()
+    };
+    let pos = go(vec![1., 2., 3., -1.]);
+    assert_eq!(f32s(&pos.outputs[0].1), vec![1., 2.]);
+    assert_eq!((pos.cuts.len(), pos.cuts[0].value.as_str()), (1, "c"));
+    let neg = go(vec![-1., 2., -3., -1.]);
+    assert_eq!(f32s(&neg.outputs[0].1), vec![1., -2., 3., 1.]);
+    assert_eq!(neg.compiled, 1, "the other branch, planned once");
+    assert_eq!(go(vec![5., 0., 0., 0.]).compiled, 0, "the taken branch again");
 }

@@ -49,6 +49,18 @@ enum Running {
     Data(ValueId),
 }
 
+impl Running {
+    /// Whether a known condition lets the next iteration run.
+    fn of(cond: &Tensor) -> Result<Running, String> {
+        let v = cond.to_f64_vec().map_err(|e| e.to_string())?;
+        Ok(if v.first().is_some_and(|&c| c != 0.0) {
+            Running::Yes
+        } else {
+            Running::No
+        })
+    }
+}
+
 fn constant(t: Tensor) -> Known {
     Known {
         meta: TensorMeta::new(t.dtype(), t.shape().to_vec()),
@@ -150,17 +162,7 @@ impl Importer {
             None => Running::Yes,
             Some(Known {
                 constant: Some(t), ..
-            }) => {
-                if t.to_f64_vec()
-                    .map_err(|e| fail(e.to_string()))?
-                    .first()
-                    .is_some_and(|&c| c != 0.0)
-                {
-                    Running::Yes
-                } else {
-                    Running::No
-                }
-            }
+            }) => Running::of(&t).map_err(fail)?,
             Some(k) => Running::Data(self.condition(n, "cond", k).map_err(fail)?),
         };
         let mut carried = Vec::with_capacity(carried_n);
@@ -217,17 +219,7 @@ impl Importer {
                         scans[j].push(s.clone());
                     }
                     running = match &cond_out.constant {
-                        Some(t) => {
-                            if t.to_f64_vec()
-                                .map_err(|e| fail(e.to_string()))?
-                                .first()
-                                .is_some_and(|&c| c != 0.0)
-                            {
-                                Running::Yes
-                            } else {
-                                Running::No
-                            }
-                        }
+                        Some(t) => Running::of(t).map_err(fail)?,
                         None => Running::Data(
                             self.condition(n, "the body's condition", cond_out)
                                 .map_err(fail)?,

@@ -253,8 +253,76 @@ pub struct Cut {
     pub value: String,
     /// Why it needs it.
     pub message: String,
-    /// How the next stage resumes; the driver adds `value` to its constants.
+    /// Whether the node itself runs between the stages ([`run_host_node`]),
+    /// its outputs becoming inputs of the next stage, which then depends
+    /// on their shapes only; otherwise the next stage takes `value` as a
+    /// constant.
+    pub host: bool,
+    /// How the next stage resumes.
     pub resume: Resume,
+}
+
+/// The ops a staged run computes between stages when their input comes from
+/// data: what they give depends on every element of it, so that keying the
+/// next stage by their outputs' shapes, not by their input's values, lets
+/// runs on other data reuse it.
+const HOST_OPS: &[&str] = &["NonZero", "Unique"];
+
+/// Runs node `at` (in import order) of the model's graph on the host, its
+/// inputs taken from `values` by name; its outputs by name.
+pub fn run_host_node(
+    model: &Model,
+    at: usize,
+    values: &HashMap<String, Tensor>,
+) -> Result<Vec<(String, Tensor)>> {
+    let opset = check_opsets(model)?;
+    let graph = model
+        .proto
+        .graph
+        .as_ref()
+        .ok_or_else(|| Error::Model("the model holds no graph".into()))?;
+    let order = check_graph(graph, &|_| false)?;
+    let n = order
+        .get(at)
+        .map(|&i| &graph.node[i])
+        .ok_or_else(|| Error::Model(format!("the graph has no node {at}")))?;
+    let mut imp = Importer {
+        b: TraceBuilder::new(),
+        env: HashMap::new(),
+        weights: Vec::new(),
+        names: Names::default(),
+        opset,
+        folded: 0,
+        needs_value: None,
+    };
+    for x in n.input.iter().filter(|x| !x.is_empty()) {
+        let t = values.get(x).ok_or_else(|| {
+            Error::Model(format!(
+                "node `{}`: its input `{x}` was not computed",
+                node_label(n)
+            ))
+        })?;
+        imp.env.insert(
+            x.clone(),
+            Known {
+                meta: TensorMeta::new(t.dtype(), t.shape().to_vec()),
+                constant: Some(t.contiguous()?),
+                value: None,
+            },
+        );
+    }
+    imp.node(n)?;
+    n.output
+        .iter()
+        .filter(|o| !o.is_empty())
+        .map(|o| match imp.env.get(o).and_then(|k| k.constant.clone()) {
+            Some(t) => Ok((o.clone(), t)),
+            None => Err(Error::Model(format!(
+                "node `{}`: output `{o}` was not computed",
+                node_label(n)
+            ))),
+        })
+        .collect()
 }
 
 /// A stage of a model: the whole rest, or the part before a cut.
@@ -402,11 +470,13 @@ pub fn import_stage(model: &Model, options: &ImportOptions, resume: &Resume) -> 
             }) if !graph_inputs.contains(value.as_str())
                 && imp.env.get(&value).is_some_and(|k| k.constant.is_none()) =>
             {
+                let top = &graph.node[i];
                 let cut = Cut {
                     node,
                     op_type,
                     value,
                     message,
+                    host: matches!(top.domain(), "" | "ai.onnx") && HOST_OPS.contains(&top.op_type()),
                     resume: Resume::default(),
                 };
                 return imp.cut(graph, &order, pos, &graph_inputs, cut, inputs, opset);

@@ -6,10 +6,14 @@
 //! different shapes), [`import_stage`] cuts the program before that node.
 //! [`StagedRunner::run`] runs the part before, reads the value, and imports,
 //! plans and compiles the rest with it known: a straight program again,
-//! whose shapes follow from the value. Each stage's compiled program is
-//! cached under the values its cuts read (and the inputs' shapes), least
-//! recently used out past the capacity, so that a run whose cuts read the
-//! values of an earlier one imports, plans and compiles nothing.
+//! whose shapes follow from the value. A NonZero or Unique over data runs
+//! itself between the stages, and the next stage takes its outputs as
+//! inputs, so that it depends on their shapes only. Each stage's compiled
+//! program is cached under the inputs' shapes and what its cuts passed on
+//! (the values read, or the shapes of the nodes run between stages), least
+//! recently used out past the capacity: a run whose cuts pass on the same
+//! (a NonZero finding as many elements as before) imports, plans and
+//! compiles nothing.
 //!
 //! Before cutting, as [`crate::import_for`] does, the runner fixes the
 //! model's integer inputs to their values, since shapes and conditions are
@@ -21,7 +25,7 @@ use std::sync::Arc;
 
 use switchyard_core::Tensor;
 
-use super::{ImportOptions, Imported, Resume, Staged, import_stage};
+use super::{ImportOptions, Imported, Resume, Staged, import_stage, run_host_node};
 use crate::error::{Error, Result};
 use crate::model::Model;
 
@@ -62,7 +66,7 @@ pub struct StagedRun {
 struct Stage<P> {
     imported: Imported,
     /// The cut after this stage, if it is not the last.
-    cut: Option<(CutTaken, Resume)>,
+    cut: Option<(CutTaken, Resume, bool)>,
     program: P,
 }
 
@@ -73,13 +77,21 @@ pub struct StagedRunner<P> {
     cache: Vec<(Vec<u8>, Arc<Stage<P>>)>,
 }
 
+/// What a cut passed on to the stages after it.
+enum Read {
+    /// A value, as a constant.
+    Value(String, Tensor),
+    /// A node run between the stages: its outputs' shapes.
+    Shapes(String, Vec<Vec<usize>>),
+}
+
 /// The bytes that decide a stage: the inputs' shapes, the values fixed at
-/// import, and the values the cuts before it read.
+/// import, and what the cuts before it passed on.
 fn stage_key(
     stage: usize,
     feeds: &HashMap<String, Tensor>,
     options: &ImportOptions,
-    read: &[(String, Tensor)],
+    read: &[Read],
 ) -> Result<Vec<u8>> {
     let mut key = Vec::new();
     let mut put = |b: &[u8]| {
@@ -93,14 +105,23 @@ fn stage_key(
         put(n.as_bytes());
         put(format!("{:?}", feeds[n].shape()).as_bytes());
     }
-    let valued = options
-        .input_values
-        .iter()
-        .chain(read.iter().map(|(n, t)| (n, t)));
-    for (n, t) in valued {
+    let value = |put: &mut dyn FnMut(&[u8]), n: &str, t: &Tensor| -> Result<()> {
         put(n.as_bytes());
         put(format!("{}{:?}", t.dtype(), t.shape()).as_bytes());
         put(&switchyard_core::io::le_bytes(t)?);
+        Ok(())
+    };
+    for (n, t) in &options.input_values {
+        value(&mut put, n, t)?;
+    }
+    for r in read {
+        match r {
+            Read::Value(n, t) => value(&mut put, n, t)?,
+            Read::Shapes(n, shapes) => {
+                put(n.as_bytes());
+                put(format!("{shapes:?}").as_bytes());
+            }
+        }
     }
     Ok(key)
 }
@@ -154,7 +175,7 @@ impl<P> StagedRunner<P> {
         // Restarts (with more inputs fixed) until a pass runs through.
         'restart: loop {
             let mut values = feeds.clone();
-            let mut read: Vec<(String, Tensor)> = Vec::new();
+            let mut read: Vec<Read> = Vec::new();
             let mut resume = Resume::default();
             let mut cuts = Vec::new();
             let mut compiled = 0;
@@ -199,7 +220,7 @@ impl<P> StagedRunner<P> {
                                     value: cut.value,
                                     message: cut.message,
                                 };
-                                (before, Some((taken, cut.resume)))
+                                (before, Some((taken, cut.resume, cut.host)))
                             }
                         };
                         let program = compile(&imported).map_err(Error::Run)?;
@@ -222,7 +243,7 @@ impl<P> StagedRunner<P> {
                     .map(|(n, _)| n.clone())
                     .zip(outs)
                     .collect();
-                let Some((taken, next)) = &stage.cut else {
+                let Some((taken, next, host)) = &stage.cut else {
                     return Ok(StagedRun {
                         outputs: named,
                         cuts,
@@ -231,13 +252,27 @@ impl<P> StagedRunner<P> {
                     });
                 };
                 values.extend(named);
-                let needed = values.get(&taken.value).cloned().ok_or_else(|| {
-                    Error::Model(format!("the cut's value `{}` was not computed", taken.value))
-                })?;
                 let mut next = next.clone();
-                next.carried.retain(|(n, _)| n != &taken.value);
-                next.constants.push((taken.value.clone(), needed.clone()));
-                read.push((taken.value.clone(), needed));
+                if *host {
+                    // The node runs here; the next stage starts after it
+                    // and takes its outputs as inputs.
+                    let outs = run_host_node(model, next.at, &values)?;
+                    next.at += 1;
+                    let shapes = outs.iter().map(|(_, t)| t.shape().to_vec()).collect();
+                    read.push(Read::Shapes(taken.node.clone(), shapes));
+                    for (name, t) in outs {
+                        let meta = switchyard_core::TensorMeta::new(t.dtype(), t.shape().to_vec());
+                        next.carried.push((name.clone(), meta));
+                        values.insert(name, t);
+                    }
+                } else {
+                    let needed = values.get(&taken.value).cloned().ok_or_else(|| {
+                        Error::Model(format!("the cut's value `{}` was not computed", taken.value))
+                    })?;
+                    next.carried.retain(|(n, _)| n != &taken.value);
+                    next.constants.push((taken.value.clone(), needed.clone()));
+                    read.push(Read::Value(taken.value.clone(), needed));
+                }
                 resume = next;
                 cuts.push(taken.clone());
             }
