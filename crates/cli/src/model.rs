@@ -91,9 +91,43 @@ pub fn load(path: &Path, args: &ModelArgs, feeds: Option<&HashMap<String, Tensor
     })
 }
 
+/// The same file, symlinks followed: two paths that do not both exist are
+/// not the same file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Refuses a command whose output would overwrite one of its inputs, or
+/// another of its outputs, naming both.
+pub fn refuse_overwrite(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Result<()> {
+    for (k, (what, out)) in outputs.iter().enumerate() {
+        for (input, path) in inputs {
+            if same_file(out, path) {
+                bail!(
+                    "{what} {} is {input} itself: writing it would destroy what is being read",
+                    out.display()
+                );
+            }
+        }
+        for (other, path) in &outputs[..k] {
+            if out == path || same_file(out, path) {
+                bail!(
+                    "{what} {} is also {other}: both would be written to one file",
+                    out.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads a trace: the text format, or JSON when the name ends in `.json`.
 pub fn read_trace(path: &Path) -> Result<Trace> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = switchyard_core::io::read_regular_text(path, switchyard_core::io::MAX_TRACE_FILE_BYTES)
+        .with_context(|| format!("reading {}", path.display()))?;
     let name = path.display().to_string();
     let trace = if path.extension().is_some_and(|e| e == "json") {
         Trace::from_json(&text).with_context(|| format!("in {name}"))?

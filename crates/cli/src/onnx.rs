@@ -51,6 +51,10 @@ pub fn import_command(args: ImportArgs) -> Result<()> {
     let weights_path = args
         .weights
         .unwrap_or_else(|| args.model.with_extension("weights.safetensors"));
+    model::refuse_overwrite(
+        &[("the model", &args.model)],
+        &[("-o", &output), ("--weights", &weights_path)],
+    )?;
     let header = format!(
         "# Imported from {} (ai.onnx opset {}); weights in {}.\n",
         args.model.display(),

@@ -326,10 +326,13 @@ impl Config {
 
     /// Reads a config file.
     pub fn from_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::io::read_regular_text(path, crate::io::MAX_CONFIG_FILE_BYTES).map_err(|source| {
+                Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let mut c = Config::parse(&text, &path.display().to_string())?;
         c.dir = path.parent().map(Path::to_path_buf);
         Ok(c)

@@ -182,7 +182,7 @@ impl DeviceModel {
             return Ok(m);
         }
         let path = Path::new(name_or_path);
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Config {
+        let text = crate::io::read_regular_text(path, crate::io::MAX_CONFIG_FILE_BYTES).map_err(|source| Error::Config {
             key: "cost.profile".into(),
             message: format!(
                 "`{name_or_path}` is neither a built-in device model ({}) nor a readable profile file: {source}",

@@ -113,9 +113,63 @@ pub fn le_bytes(t: &Tensor) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The most bytes a tensors file may hold: past it, reading is refused
+/// before any memory is taken.
+pub const MAX_TENSORS_FILE_BYTES: u64 = 64 << 30;
+
+/// Whether `path` (its symlinks followed) is a regular file, with its
+/// size: a FIFO, a device (`/dev/zero`) or a folder is an error, so that a
+/// read can neither block forever nor run without end.
+pub fn regular_file_len(path: &Path) -> std::io::Result<u64> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, a device or a folder)",
+        ));
+    }
+    Ok(meta.len())
+}
+
+/// The bytes of a regular file of at most `limit` bytes (see
+/// [`regular_file_len`]); a file that grows past its size while it is read
+/// is cut at the size it had.
+pub fn read_regular_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let len = regular_file_len(path)?;
+    if len > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it holds {len} bytes, more than the {limit} read from such a file"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len as usize).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!("{len} bytes could not be allocated"),
+        )
+    })?;
+    std::fs::File::open(path)?.take(len).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The most bytes a config or device profile may hold.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
+
+/// The most bytes a trace file may hold.
+pub const MAX_TRACE_FILE_BYTES: u64 = 1 << 30;
+
+/// The text of a regular file of at most `limit` bytes (see
+/// [`read_regular_file`]); bytes that are not UTF-8 are an error.
+pub fn read_regular_text(path: &Path, limit: u64) -> std::io::Result<String> {
+    String::from_utf8(read_regular_file(path, limit)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Reads every tensor of a safetensors file.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+    let bytes = read_regular_file(path, MAX_TENSORS_FILE_BYTES).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;

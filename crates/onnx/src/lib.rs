@@ -8,8 +8,9 @@
 //!
 //! - [`model`] decodes the protobuf (types generated from the vendored
 //!   `onnx.proto` by `prost`, with `protox` as the proto compiler, so no
-//!   `protoc` is needed). Model files are memory-mapped and tensor bytes
-//!   stay slices of the map until each tensor is copied out once.
+//!   `protoc` is needed). Model files are read whole (regular files only)
+//!   and tensor bytes stay slices of that buffer until each tensor is
+//!   copied out once.
 //! - [`tensor`] turns `TensorProto`s into tensors, checking declared sizes
 //!   before allocating, and reads external data only from inside the
 //!   model's folder.

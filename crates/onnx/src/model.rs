@@ -7,7 +7,7 @@ use prost::Message;
 
 use crate::error::{Error, Result};
 use crate::proto::{ModelProto, TensorProto};
-use crate::tensor::{ExternalData, map_file};
+use crate::tensor::{ExternalData, read_model_file};
 
 /// An ONNX model as read, with the folder its external data is relative to.
 #[derive(Debug, Clone)]
@@ -21,10 +21,9 @@ pub struct Model {
 }
 
 impl Model {
-    /// Reads a model file. The file is memory-mapped, so tensor data is read
-    /// from it once, when the importer copies it out.
+    /// Reads a model file (a regular file; see [`crate::tensor::MAX_MODEL_FILE_BYTES`]).
     pub fn load(path: &Path) -> Result<Model> {
-        let bytes = map_file(path).map_err(|source| Error::Io {
+        let bytes = read_model_file(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -92,11 +91,11 @@ impl Model {
 
 /// Reads one serialized `TensorProto` (a conformance test's `input_0.pb`).
 pub fn read_tensor_proto(path: &Path) -> Result<TensorProto> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+    let bytes = read_model_file(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    TensorProto::decode(bytes.as_slice()).map_err(|e| Error::Decode {
+    TensorProto::decode(bytes).map_err(|e| Error::Decode {
         what: path.display().to_string(),
         message_kind: "TensorProto",
         message: e.to_string(),

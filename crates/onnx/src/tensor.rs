@@ -82,7 +82,8 @@ fn declared_shape(t: &TensorProto, dtype: DType) -> Result<Vec<usize>, String> {
 #[derive(Debug, Default)]
 pub struct ExternalData {
     base: Option<PathBuf>,
-    files: HashMap<PathBuf, Bytes>,
+    /// Each file opened once, with its length when opened.
+    files: HashMap<PathBuf, (std::fs::File, u64)>,
 }
 
 impl ExternalData {
@@ -130,39 +131,70 @@ impl ExternalData {
             format!("external data `{location}` needs the model's folder, but the model was read from memory")
         })?;
         let path = base.join(rel);
+        let ext = |e: String| format!("external data `{location}`: {e}");
         if !self.files.contains_key(&path) {
-            let bytes = map_file(&path).map_err(|e| format!("external data `{location}`: {e}"))?;
-            self.files.insert(path.clone(), bytes);
+            // Symlinks followed, the file must still be in the model's
+            // folder, and a regular file (not a FIFO or device).
+            let (real, real_base) = (
+                path.canonicalize().map_err(|e| ext(e.to_string()))?,
+                base.canonicalize().map_err(|e| ext(e.to_string()))?,
+            );
+            if !real.starts_with(&real_base) {
+                return Err(ext(format!(
+                    "it resolves to {}, outside the model's folder {}",
+                    real.display(),
+                    real_base.display()
+                )));
+            }
+            let len = switchyard_core::io::regular_file_len(&real).map_err(|e| ext(e.to_string()))?;
+            let file = std::fs::File::open(&real).map_err(|e| ext(e.to_string()))?;
+            self.files.insert(path.clone(), (file, len));
         }
-        let file = &self.files[&path];
+        let (file, len) = &self.files[&path];
         let end = match length {
             Some(l) => offset.checked_add(l),
-            None => Some(file.len() as u64),
+            None => Some(*len),
         };
-        match end {
-            Some(end) if offset <= end && end <= file.len() as u64 => {
-                Ok(file.slice(offset as usize..end as usize))
+        let end = match end {
+            Some(end) if offset <= end && end <= *len => end,
+            _ => {
+                return Err(ext(format!(
+                    "offset {offset} and length {} lie outside the file's {len} bytes",
+                    length.map_or("(rest)".to_string(), |l| l.to_string()),
+                )));
             }
-            _ => Err(format!(
-                "external data `{location}`: offset {offset} and length {} lie outside the file's {} bytes",
-                length.map_or("(rest)".to_string(), |l| l.to_string()),
-                file.len()
-            )),
+        };
+        // Each tensor's range read on its own, a copy the size it declares:
+        // a file cut short while it is read is an error, not a fault.
+        use std::io::{Read, Seek, SeekFrom};
+        let want = end - offset;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(want as usize)
+            .map_err(|_| ext(format!("{want} bytes could not be allocated")))?;
+        let mut f = file;
+        f.seek(SeekFrom::Start(offset)).map_err(|e| ext(e.to_string()))?;
+        f.take(want)
+            .read_to_end(&mut bytes)
+            .map_err(|e| ext(e.to_string()))?;
+        if (bytes.len() as u64) < want {
+            return Err(ext(format!(
+                "the file ended {} bytes into the {want} at offset {offset} (was it cut short while being read?)",
+                bytes.len()
+            )));
         }
+        Ok(Bytes::from(bytes))
     }
 }
 
-/// The bytes of a file, memory-mapped when it is not empty.
-pub(crate) fn map_file(path: &Path) -> std::io::Result<Bytes> {
-    let file = std::fs::File::open(path)?;
-    if file.metadata()?.len() == 0 {
-        return Ok(Bytes::new());
-    }
-    // SAFETY: the mapping is read-only. A model file changed by another
-    // process while mapped would change what is read; the importer copies
-    // each tensor out once, and models are not written while they are read.
-    let map = unsafe { memmap2::Mmap::map(&file)? };
-    Ok(Bytes::from_owner(map))
+/// The most bytes a model file may hold (protobuf's own limit is 2 GiB).
+pub const MAX_MODEL_FILE_BYTES: u64 = 4 << 30;
+
+/// The bytes of a model file: a regular file, read whole (a copy, not a
+/// memory map, so that a file cut short while it is read is an error
+/// rather than a fault).
+pub(crate) fn read_model_file(path: &Path) -> std::io::Result<Bytes> {
+    switchyard_core::io::read_regular_file(path, MAX_MODEL_FILE_BYTES).map(Bytes::from)
 }
 
 /// A `TensorProto`'s values as a switchyard tensor. `external` reads

@@ -388,6 +388,40 @@ fn weights_in_an_external_file_are_read_from_the_models_folder() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("tensor `w`") && e.contains("read from memory"), "{e}");
+    // Cut short: an error naming the file, not a fault.
+    std::fs::write(dir.join("weights/w.bin"), &data[..20]).unwrap();
+    let e = crate::import_file(&path, &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("external data `weights/w.bin`") && e.contains("lie outside the file's 20 bytes"),
+        "{e}"
+    );
+    // A symlink out of the model's folder is refused, saying where it leads.
+    let outside = std::env::temp_dir().join(format!("switchyard-onnx-outside-{}.bin", std::process::id()));
+    std::fs::write(&outside, &data).unwrap();
+    std::fs::remove_file(dir.join("weights/w.bin")).unwrap();
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&outside, dir.join("weights/w.bin")).unwrap();
+        let e = crate::import_file(&path, &ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside the model's folder"), "{e}");
+        std::fs::remove_file(dir.join("weights/w.bin")).unwrap();
+        // A FIFO is not read (it would block until a writer came).
+        let fifo = dir.join("weights/w.bin");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = crate::import_file(&path, &ImportOptions::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+            let e = Model::load(&fifo).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+    }
+    std::fs::remove_file(&outside).ok();
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -157,6 +157,24 @@ fn a_model_whose_shapes_depend_on_data_runs_in_stages_and_plan_shows_the_cut() {
 }
 
 #[test]
+fn import_never_overwrites_its_model_and_inputs_must_be_regular_files() {
+    let model = scratch("keep.onnx");
+    std::fs::copy(example_model(), &model).unwrap();
+    let before = std::fs::read(&model).unwrap();
+    let e = fails(sw!("import", &model, "-o", &model));
+    assert!(e.contains("is the model itself"), "{e}");
+    let e = fails(sw!("import", &model, "--weights", &model));
+    assert!(e.contains("is the model itself"), "{e}");
+    let out = scratch("keep-out.trace");
+    let e = fails(sw!("import", &model, "-o", &out, "--weights", &out));
+    assert!(e.contains("both would be written to one file"), "{e}");
+    assert_eq!(std::fs::read(&model).unwrap(), before, "the model is untouched");
+    // A device would be read without end, a FIFO would block: both refused.
+    let e = fails(sw!("run", &model, "--inputs", "/dev/zero"));
+    assert!(e.contains("not a regular file"), "{e}");
+}
+
+#[test]
 fn a_file_that_is_not_a_model_is_an_error_naming_it() {
     let path = scratch("not-a-model.onnx");
     std::fs::write(&path, "hello, I am text\n").unwrap();

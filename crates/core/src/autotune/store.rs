@@ -104,12 +104,17 @@ impl Store {
             entries,
         };
         let text = serde_json::to_string_pretty(&file).map_err(std::io::Error::other)?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, path)?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        std::fs::create_dir_all(dir)?;
+        // A temp file created exclusively (a random name, `O_EXCL`) beside
+        // the store, then renamed over it: a file planted at a name it
+        // might take cannot redirect the write.
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+        tmp.persist(path).map_err(|e| e.error)?;
         // What others added is known from now on too.
         let n = file.entries.len();
         for (k, e) in file.entries {
@@ -192,6 +197,27 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from(FILE)]);
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A symlink planted where a predictable temp name would be (this
+    /// process's id) is not followed: the file it points at is untouched.
+    #[cfg(unix)]
+    #[test]
+    fn saving_does_not_follow_a_planted_temp_file() {
+        let d = dir("planted");
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join(FILE);
+        let victim = d.join("victim.txt");
+        std::fs::write(&victim, "keep me").unwrap();
+        let planted = path.with_extension(format!("json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let (mut s, _) = Store::open(path.clone());
+        s.entries.insert("k".into(), entry(1.0));
+        s.added.push("k".into());
+        assert_eq!(s.save().unwrap(), 1);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        assert_eq!(read(&path).unwrap().len(), 1);
         std::fs::remove_dir_all(&d).ok();
     }
 
