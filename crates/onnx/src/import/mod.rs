@@ -286,15 +286,7 @@ pub fn run_host_node(
         .get(at)
         .map(|&i| &graph.node[i])
         .ok_or_else(|| Error::Model(format!("the graph has no node {at}")))?;
-    let mut imp = Importer {
-        b: TraceBuilder::new(),
-        env: HashMap::new(),
-        weights: Vec::new(),
-        names: Names::default(),
-        opset,
-        folded: 0,
-        needs_value: None,
-    };
+    let mut imp = Importer::new(opset);
     for x in n.input.iter().filter(|x| !x.is_empty()) {
         let t = values.get(x).ok_or_else(|| {
             Error::Model(format!(
@@ -352,15 +344,7 @@ pub fn import_stage(model: &Model, options: &ImportOptions, resume: &Resume) -> 
         .ok_or_else(|| Error::Model("the model holds no graph".into()))?;
     let order = check_graph(graph, &|_| false)?;
     check_supported(graph)?;
-    let mut imp = Importer {
-        b: TraceBuilder::new(),
-        env: HashMap::new(),
-        weights: Vec::new(),
-        names: Names::default(),
-        opset,
-        folded: 0,
-        needs_value: None,
-    };
+    let mut imp = Importer::new(opset);
     let mut inputs = Vec::new();
     let initializers: HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let given: HashSet<&str> = graph.input.iter().map(|v| v.name()).collect();
@@ -554,6 +538,19 @@ struct Importer {
 }
 
 impl Importer {
+    /// An importer with nothing known yet.
+    fn new(opset: i64) -> Importer {
+        Importer {
+            b: TraceBuilder::new(),
+            env: HashMap::new(),
+            weights: Vec::new(),
+            names: Names::default(),
+            opset,
+            folded: 0,
+            needs_value: None,
+        }
+    }
+
     /// The program so far as a stage whose outputs are every value the
     /// nodes from `pos` on (and the graph's outputs) read.
     #[allow(clippy::too_many_arguments)]
