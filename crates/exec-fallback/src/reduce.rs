@@ -2,16 +2,19 @@
 //!
 //! Two strategies, picked by layout: when the reduced dims include the
 //! innermost one in memory, each output folds its own block with eight
-//! independent accumulators (vectorisable, and more accurate than one running
-//! sum); when the innermost dim is kept, whole rows are accumulated at once so
+//! independent accumulators (vectorisable); when the innermost dim is kept, whole rows are accumulated at once so
 //! memory is read in order. Outputs are split across threads; where they
 //! are too few for that (a sum over dim 0 of a matrix), the reduced points
 //! are, each part into partials of its own, combined in a fixed order.
+//!
+//! This is the oracle other executors are checked against, so float sums
+//! are accurate at any length: narrow floats accumulate in f64, f64 in a
+//! compensated sum ([`Compensated`]).
 
 use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
-use num_traits::{Float, One, Zero};
+use num_traits::Float;
 use rayon::prelude::*;
 use switchyard_core::ir::ReduceOp;
 use switchyard_core::{DType, OutputBuffer, Storage, Stored, Tensor};
@@ -306,40 +309,92 @@ where
     Ok(own)
 }
 
+/// A running f64 sum with Neumaier's compensation: the rounding error of
+/// each addition is carried apart and added back at the end, so a sum of
+/// any length is within a few ulp of the exact sum's f64 value (where a
+/// plain f64 sum of n terms drifts by up to n ulp). Used for f64 data, and
+/// for the scans of every float dtype.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Compensated {
+    sum: f64,
+    carry: f64,
+}
+
+impl Compensated {
+    /// The sum of one term.
+    pub(crate) fn of(v: f64) -> Self {
+        Self { sum: v, carry: 0.0 }
+    }
+
+    /// The sum of both sums' terms.
+    #[inline(always)]
+    pub(crate) fn add(self, o: Self) -> Self {
+        let t = self.sum + o.sum;
+        let err = if self.sum.abs() >= o.sum.abs() {
+            (self.sum - t) + o.sum
+        } else {
+            (o.sum - t) + self.sum
+        };
+        Self {
+            sum: t,
+            carry: self.carry + o.carry + err,
+        }
+    }
+
+    /// The sum, rounded once. An infinite or NaN running sum is the result
+    /// as it stands (its carry holds the NaN of `inf - inf`).
+    pub(crate) fn value(self) -> f64 {
+        if self.sum.is_finite() {
+            self.sum + self.carry
+        } else {
+            self.sum
+        }
+    }
+}
+
+/// `v` widened to f64 (exact for every float dtype).
+pub(crate) fn wide<T: FloatLike>(v: T) -> f64 {
+    num_traits::ToPrimitive::to_f64(&v.to_compute()).unwrap_or(f64::NAN)
+}
+
+/// `v` rounded to `T`.
+pub(crate) fn narrow<T: FloatLike>(v: f64) -> T {
+    T::from_compute(<T::Compute as Real>::from_f64(v))
+}
+
 /// A float reduction, into `out` where given (see [`reduce_with`]).
+///
+/// Sums, means and products of f32, f16 and bf16 accumulate in f64, whose
+/// 29 extra bits keep a sum of 1e8 terms exact to f32's rounding; f64 sums
+/// are compensated ([`Compensated`]). Results are rounded once, at the end.
 fn float_reduce<T: FloatLike>(
     op: ReduceOp,
     x: &Tensor,
     dims: &[usize],
     out: Option<&mut [T]>,
 ) -> Result<Vec<T>, String> {
-    let count: usize = dims.iter().map(|&d| x.shape()[d]).product();
-    let inv = <T::Compute>::one() / <T::Compute as Real>::from_f64(count as f64);
+    let count = dims.iter().map(|&d| x.shape()[d]).product::<usize>() as f64;
+    let scale = if op == ReduceOp::Mean { count } else { 1.0 };
     let to = |v: T| v.to_compute();
     match op {
-        ReduceOp::Sum => reduce_with(
-            x,
-            dims,
-            fold(<T::Compute>::zero(), to, |a, b| a + b, T::from_compute),
-            out,
-        ),
-        ReduceOp::Mean => reduce_with(
+        ReduceOp::Sum | ReduceOp::Mean if x.dtype() == DType::F64 => reduce_with(
             x,
             dims,
             fold(
-                <T::Compute>::zero(),
-                to,
-                |a, b| a + b,
-                move |a| T::from_compute(a * inv),
+                Compensated::default(),
+                |v: T| Compensated::of(wide(v)),
+                Compensated::add,
+                move |a| narrow(a.value() / scale),
             ),
             out,
         ),
-        ReduceOp::Prod => reduce_with(
+        ReduceOp::Sum | ReduceOp::Mean => reduce_with(
             x,
             dims,
-            fold(<T::Compute>::one(), to, |a, b| a * b, T::from_compute),
+            fold(0f64, wide, |a, b| a + b, move |a| narrow(a / scale)),
             out,
         ),
+        ReduceOp::Prod => reduce_with(x, dims, fold(1f64, wide, |a, b| a * b, narrow), out),
         ReduceOp::Amax => reduce_with(
             x,
             dims,

@@ -1,11 +1,14 @@
 //! `cumsum`: running sums along one dim, inclusive or exclusive, forward or
-//! reversed. Floats accumulate in their compute type (f32 for f16 and bf16,
-//! rounded once per element); integers wrap.
+//! reversed. Floats accumulate in a compensated f64 sum (each output rounded
+//! once from it, so a long scan does not drift); integers wrap.
 
 use half::{bf16, f16};
 use num_traits::WrappingAdd;
 use std::mem::MaybeUninit;
-use switchyard_core::{FloatStored, HostData, OutputBuffer, Stored, Tensor};
+use switchyard_core::{HostData, OutputBuffer, Stored, Tensor};
+
+use crate::elementwise::FloatLike;
+use crate::reduce::{Compensated, narrow, wide};
 
 use crate::walk;
 
@@ -58,21 +61,20 @@ fn scan<T: Stored, A: Copy>(
     })
 }
 
-fn float<T: FloatStored + Stored>(
+fn float<T: FloatLike>(
     v: &[T],
     shape: &[usize],
     s: Scan,
     dst: Option<OutputBuffer>,
 ) -> Result<Tensor, String> {
-    let zero = <T::Compute as num_traits::Zero>::zero();
     scan(
         v,
         shape,
         s,
-        zero,
-        T::to_compute,
-        |a, b| a + b,
-        T::from_compute,
+        Compensated::default(),
+        |x| Compensated::of(wide(x)),
+        Compensated::add,
+        |a| narrow(a.value()),
         dst,
     )
 }

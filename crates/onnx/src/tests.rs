@@ -1185,3 +1185,35 @@ fn an_if_on_data_whose_branches_differ_in_shape_is_cut_at_its_condition() {
     assert_eq!(neg.compiled, 1, "the other branch, planned once");
     assert_eq!(go(vec![5., 0., 0., 0.]).compiled, 0, "the taken branch again");
 }
+
+/// A ReduceSum over a constant of `n` tenths, with no graph input.
+fn sum_of_tenths(n: usize) -> Model {
+    let mut b = ModelBuilder::new("sum", 18);
+    b.initializer("c", &Tensor::from_vec(vec![0.1f32; n], &[n]).unwrap())
+        .unwrap()
+        .node("ReduceSum", &["c"], &["s"], vec![attr_int("keepdims", 0)])
+        .output("s", DType::F32, &[]);
+    model(b.build())
+}
+
+/// Folding at import runs the fallback, so it sums as accurately as a run
+/// does (a running f32 sum of 1e7 tenths folded to 1010791.9 where the
+/// exact sum rounds to 1000000.0); a fold over constants larger than its
+/// limit is left to run time, and then gives the same.
+#[test]
+fn folds_sum_accurately_and_leave_large_constants_to_run_time() {
+    let want = |n: usize| (0.1f32 as f64 * n as f64) as f32;
+    let n = 10_000_000;
+    let m = import(&sum_of_tenths(n), &ImportOptions::default()).unwrap();
+    assert!(m.trace.ops.is_empty(), "folded: {:?}", m.trace.ops);
+    assert_eq!(f32s(&run(&m, &[])[0]), vec![want(n)]);
+    let n = 20_000_000;
+    let m = import(&sum_of_tenths(n), &ImportOptions::default()).unwrap();
+    let kinds: Vec<OpKind> = m.trace.ops.iter().map(|o| o.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![OpKind::Reduce(switchyard_core::ir::ReduceOp::Sum)],
+        "80 MB of constant input is not folded"
+    );
+    assert_eq!(f32s(&run(&m, &[])[0]), vec![want(n)]);
+}

@@ -679,3 +679,17 @@ fn ops_that_read_one_value_twice_match_the_fallback() {
     let sdpa = "input q: f32[2, 4, 8]\ny = sdpa(q, q, q, causal=true)\noutput y\n";
     check(&parse(sdpa).unwrap(), 9);
 }
+
+/// Long sums: the fuser's blocked accumulation and the fallback's f64 one
+/// agree to f32's tolerance over ten million elements, in rows and whole.
+#[test]
+fn long_sums_agree_with_the_fallback() {
+    for src in [
+        "input x: f32[10000000]\ny = mul(x, 0.5)\ns = sum(y, dims=[0])\noutput s\n",
+        "input x: f32[4, 2500000]\ny = add(x, 1.0)\ns = mean(y, dims=[1])\noutput s\n",
+    ] {
+        let t = parse(src).unwrap();
+        assert_eq!(regions(&t), (1, 0), "{src}");
+        check(&t, 31);
+    }
+}

@@ -56,6 +56,12 @@ pub const MAX_OPSET: i64 = 22;
 /// so that, say, an Expand to a large shape stays a broadcast view.
 const FOLD_LIMIT_BYTES: usize = 16 << 20;
 
+/// A fold whose constant inputs, or whose lowering's computed values
+/// together, exceed this is left to run time as well, so that the import
+/// neither spends unbounded time on large constants nor holds unbounded
+/// scratch outside the planner's memory check.
+const FOLD_WORK_LIMIT_BYTES: usize = 64 << 20;
+
 /// What the importer needs besides the model.
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
@@ -830,7 +836,18 @@ fn fold(
             Out::Const(_) => 0,
         })
         .sum();
-    if bytes > FOLD_LIMIT_BYTES {
+    let trace = b.trace();
+    let inputs_bytes: usize = trace.inputs.iter().map(|&v| b.meta(v).bytes()).sum();
+    let computed_bytes: usize = trace
+        .ops
+        .iter()
+        .flat_map(|o| &o.outputs)
+        .map(|&v| b.meta(v).bytes())
+        .sum();
+    if bytes > FOLD_LIMIT_BYTES
+        || inputs_bytes > FOLD_WORK_LIMIT_BYTES
+        || computed_bytes > FOLD_WORK_LIMIT_BYTES
+    {
         return Ok(None);
     }
     let inputs = b.trace().inputs.clone();
