@@ -54,6 +54,16 @@ pub fn configure(configured: Option<usize>) -> Result<usize> {
             message: "must be at least 1; leave it out for one thread per core".into(),
         });
     }
+    let max = max_threads();
+    if n > max {
+        return Err(Error::Config {
+            key: "threads".into(),
+            message: format!(
+                "{n} is more than {max}, four per core of this machine's {} (or 64): more threads than that only contend; leave it out for one per core",
+                cores()
+            ),
+        });
+    }
     match rayon::ThreadPoolBuilder::new().num_threads(n).build_global() {
         Ok(()) => Ok(n),
         // Made already (by an earlier call or a first parallel kernel).
@@ -66,6 +76,18 @@ pub fn configure(configured: Option<usize>) -> Result<usize> {
             ),
         }),
     }
+}
+
+/// The cores this process may run on (1 where the system does not say).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The most threads [`configure`] accepts: four per core, or 64 where
+/// that is more, so that a typo (`100000`) is an error rather than a
+/// hundred thousand threads.
+pub fn max_threads() -> usize {
+    (4 * cores()).max(64)
 }
 
 /// A thread count as `SWITCHYARD_THREADS` gives it.
@@ -91,6 +113,10 @@ mod tests {
         }
         let e = configure(Some(0)).unwrap_err().to_string();
         assert!(e.contains("`threads`: must be at least 1"), "{e}");
+        // A typo's hundred thousand threads are refused before any starts.
+        let e = configure(Some(100_000)).unwrap_err().to_string();
+        assert!(e.contains("100000 is more than"), "{e}");
+        assert!(max_threads() >= 64);
     }
 
     #[test]

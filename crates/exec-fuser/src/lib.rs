@@ -242,6 +242,20 @@ impl Executor for FuserExecutor {
         }
     }
 
+    /// On the CPU, a streamed row's partial results and chunks (bounded
+    /// whatever the row's length). Generated CUDA kernels take none beyond
+    /// their outputs.
+    fn scratch_bytes(&self, region: &[OpId], cx: &Context) -> usize {
+        let lowered = lowered(region, cx);
+        let device = lowered.outputs.first().map(|&v| cx.trace.meta(v).device);
+        match (&lowered.program, device) {
+            (Ok(p), Some(Device::Cpu)) => {
+                cpu::CpuKernel::new(p.clone()).scratch_bytes(rayon::current_num_threads())
+            }
+            _ => 0,
+        }
+    }
+
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
         let fail = |message: String| Error::Kernel {
             executor: NAME.into(),

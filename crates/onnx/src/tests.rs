@@ -193,6 +193,28 @@ fn malformed_graphs_name_the_node_or_value() {
         &b,
         "node `Reshape_1` (Reshape): input 1 (shape) must be known at import",
     );
+    // An empty name for a required input is named as such, not counted.
+    let mut b = base();
+    b.node("Add", &["x", ""], &["y"], vec![])
+        .output("y", DType::F32, &d(&[2]));
+    check(&b, "node `Add_1` (Add): input 1 is empty, but it is required");
+    // Sizes are shown as given.
+    let mut b = base();
+    b.initializer("s", &Tensor::from_vec(vec![20i64, -4], &[2]).unwrap())
+        .unwrap()
+        .node("Split", &["x", "s"], &["p", "q"], vec![])
+        .output("p", DType::F32, &d(&[2]));
+    check(&b, "split sizes [20, -4] hold a negative size -4");
+    // Pads that remove more than the axis holds (ONNX's reference refuses).
+    let mut b = base();
+    b.initializer("p", &Tensor::from_vec(vec![-2i64, -1], &[2]).unwrap())
+        .unwrap()
+        .node("Pad", &["x", "p"], &["y"], vec![])
+        .output("y", DType::F32, &d(&[0]));
+    check(
+        &b,
+        "node `Pad_1` (Pad): pads -2 and -1 on axis 0 remove 3 elements of its 2",
+    );
     let mut other = base();
     other
         .node("Relu", &["x"], &["y"], vec![])

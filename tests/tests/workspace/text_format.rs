@@ -428,6 +428,16 @@ fn hostile_inputs_are_errors() {
         "{:?}",
         parse(huge)
     );
+    // A created tensor too large to address is named with its own dtype
+    // (2^61 f32 elements; 2^60 of them are addressable, 4 EiB, and left to
+    // the memory check, where 2^60 f64 ones were named "f64" here).
+    let e = parse("f = full(shape=[2305843009213693952], value=1.0)\noutput f\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a f32[2305843009213693952] tensor is too large"),
+        "{e}"
+    );
+    assert!(parse("f = full(shape=[1152921504606846976], value=1.0)\noutput f\n").is_ok());
     let slice = "input x: f32[4]\ny = slice(x, start=[0], end=[4], step=[9223372036854775807])\noutput y\n";
     let t = parse(slice).unwrap();
     assert_eq!(t.meta(t.outputs[0]).shape, vec![1]);

@@ -241,9 +241,11 @@ pub fn slice_params(attrs: &Attrs, shape: &[usize]) -> Result<Vec<(usize, usize,
     Ok(out)
 }
 
-fn creation_shape(attrs: &Attrs) -> Result<Vec<usize>, String> {
+/// The `shape` attribute of an op that creates a tensor of `dtype`,
+/// checked addressable at that dtype's size.
+fn creation_shape(attrs: &Attrs, dtype: DType) -> Result<Vec<usize>, String> {
     let shape = attrs.shape("shape")?;
-    check_size(&shape, DType::F64)?;
+    check_size(&shape, dtype)?;
     Ok(shape)
 }
 
@@ -698,9 +700,9 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
         OpKind::Full => {
             attrs.check_keys(&["shape", "value", "dtype", "device"])?;
             expect_count(ops, 0)?;
-            let shape = creation_shape(attrs)?;
-            let value = attrs.scalar_opt("value")?.ok_or("missing attribute `value`")?;
             let dt = attrs.dtype_or("dtype", DType::F32)?;
+            let shape = creation_shape(attrs, dt)?;
+            let value = attrs.scalar_opt("value")?.ok_or("missing attribute `value`")?;
             if !value.fits(dt) {
                 return Err(format!("attribute `value` {value} does not fit dtype {dt}"));
             }
@@ -709,12 +711,12 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
         OpKind::Iota => {
             attrs.check_keys(&["shape", "dim", "start", "step", "dtype", "device"])?;
             expect_count(ops, 0)?;
-            let shape = creation_shape(attrs)?;
+            let dt = attrs.dtype_or("dtype", DType::I64)?;
+            let shape = creation_shape(attrs, dt)?;
             normalize_dim(attrs.int_or("dim", 0)?, shape.len())
                 .ok_or_else(|| format!("attribute `dim` is out of range for rank {}", shape.len()))?;
             attrs.int_or("start", 0)?;
             attrs.int_or("step", 1)?;
-            let dt = attrs.dtype_or("dtype", DType::I64)?;
             if !dt.is_numeric() {
                 return Err("attribute `dtype` must be numeric".into());
             }
@@ -728,11 +730,11 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
             };
             attrs.check_keys(&["shape", "seed", "dtype", a, b, "device"])?;
             expect_count(ops, 0)?;
-            let shape = creation_shape(attrs)?;
+            let dt = attrs.dtype_or("dtype", DType::F32)?;
+            let shape = creation_shape(attrs, dt)?;
             attrs.int_or("seed", 0)?;
             attrs.float_or(a, 0.0)?;
             attrs.float_or(b, 1.0)?;
-            let dt = attrs.dtype_or("dtype", DType::F32)?;
             if !dt.is_float() {
                 return Err(format!(
                     "attribute `dtype` must be a floating-point dtype, got {dt}"

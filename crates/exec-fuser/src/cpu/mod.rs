@@ -227,6 +227,23 @@ impl CpuKernel {
         }
     }
 
+    /// The bytes a run of the kernel takes beyond its outputs, on
+    /// `threads` threads: for rows streamed in chunks, their partial
+    /// results, and each thread's chunk of slots. The tiles of a program
+    /// without streamed rows come from a cache each thread keeps (at most
+    /// its largest kernel's slots, a few hundred KiB), which is not counted,
+    /// as thread stacks are not.
+    pub(crate) fn scratch_bytes(&self, threads: usize) -> usize {
+        let elem = match self.program.compute {
+            DType::F64 => 8,
+            _ => 4,
+        };
+        self.stream.as_ref().map_or(0, |s| {
+            (s.scratch_elems(self.rows, self.row_len, threads) + threads * self.nslots * CHUNK)
+                .saturating_mul(elem)
+        })
+    }
+
     /// Runs the program on `inputs`, storing output `k` into `given[k]`
     /// where there is one (missing entries allocate), and pushing the
     /// outputs onto `outputs`.

@@ -10,6 +10,10 @@ use super::math::Arith;
 use super::{CHUNK, CpuKernel, Home, Stores, Tile, ops};
 use crate::program::{Action, Instr, Passes, Program, Space};
 
+/// The most partial results a streamed row's reduction keeps (see
+/// [`CpuKernel::run_streamed`]).
+const MAX_PARTS: usize = 1024;
+
 /// How a program whose rows are longer than a tile runs: its [`Passes`],
 /// each over every row in chunks, with the row registers kept per call.
 #[derive(Debug)]
@@ -35,6 +39,19 @@ impl Stream {
             row_slot,
             rows_regs,
         }
+    }
+}
+
+impl Stream {
+    /// The most elements a run of a streamed program holds beyond its
+    /// tiles, for `rows` rows of `row_len`: the row registers, each phase's
+    /// partials and, on each of `threads`, one group's chunk results.
+    pub(super) fn scratch_elems(&self, rows: usize, row_len: usize, threads: usize) -> usize {
+        let chunks = row_len.div_ceil(CHUNK);
+        let per = chunks.div_ceil(MAX_PARTS).max(1);
+        let parts = chunks.div_ceil(per);
+        let nred = self.passes.phases.iter().map(|(_, r)| r.len()).max().unwrap_or(0);
+        self.rows_regs * rows + rows * parts * nred + threads * per * nred
     }
 }
 
@@ -119,25 +136,82 @@ impl CpuKernel {
             }
         };
         let par = rows * row_len >= switchyard_core::threads::parallel_min();
+        // Each row's chunks fold into at most MAX_PARTS partials, each over
+        // `per` consecutive chunks in order, so the scratch stays bounded
+        // however long the row (one partial per chunk held 40 bytes per
+        // 4096 elements: a gigabyte for a sum over 1e11 generated values).
+        // The grouping depends on the sizes only, so the bits do not depend
+        // on the number of threads.
+        let per = chunks.div_ceil(MAX_PARTS);
+        let parts = chunks.div_ceil(per);
         for (ph, (actions, reduces)) in stream.passes.phases.iter().enumerate() {
             run_rows(&stream.passes.row_instrs[ph], &mut rowvals);
-            let partial = |item: usize| chunk(item, actions, &rowvals, reduces);
-            let partials: Vec<Vec<C>> = if par {
-                (0..items).into_par_iter().map(partial).collect()
-            } else {
-                (0..items).map(partial).collect()
+            let nred = reduces.len();
+            if nred == 0 {
+                let each = |item: usize| {
+                    chunk(item, actions, &rowvals, reduces);
+                };
+                if par {
+                    (0..items).into_par_iter().for_each(each);
+                } else {
+                    (0..items).for_each(each);
+                }
+                continue;
+            }
+            // Partial sums of a mean add up; the division comes once.
+            let combine: Vec<ReduceOp> = reduces
+                .iter()
+                .map(|&i| match p.instrs[i] {
+                    Instr::Reduce {
+                        op: ReduceOp::Mean, ..
+                    } => ReduceOp::Sum,
+                    Instr::Reduce { op, .. } => op,
+                    _ => ReduceOp::Sum,
+                })
+                .collect();
+            // Partials of unit `u` (row `u / parts`, group `u % parts`) at
+            // `[u * nred, (u + 1) * nred)`.
+            let fill = |u: usize, out: &mut [C]| {
+                let (row, g) = (u / parts, u % parts);
+                let (c0, c1) = (g * per, ((g + 1) * per).min(chunks));
+                let n = c1 - c0;
+                let mut local = vec![C::zero(); n * nred];
+                for (k, c) in (c0..c1).enumerate() {
+                    for (j, v) in chunk(row * chunks + c, actions, &rowvals, reduces)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        local[j * n + k] = v;
+                    }
+                }
+                for (j, o) in out.iter_mut().enumerate() {
+                    let mut v = [C::zero()];
+                    ops::reduce(simd, combine[j], &local[j * n..(j + 1) * n], n, &mut v);
+                    *o = v[0];
+                }
             };
+            let mut partials = vec![C::zero(); rows * parts * nred];
+            if par {
+                partials
+                    .par_chunks_mut(nred)
+                    .enumerate()
+                    .for_each(|(u, out)| fill(u, out));
+            } else {
+                for (u, out) in partials.chunks_mut(nred).enumerate() {
+                    fill(u, out);
+                }
+            }
             for (j, &i) in reduces.iter().enumerate() {
                 let Instr::Reduce { op, dst, .. } = p.instrs[i] else {
                     continue;
                 };
-                // Partial sums of a mean add up; the division comes once.
-                let combine = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
                 let inv = C::one() / C::from_f64(row_len as f64);
                 for row in 0..rows {
-                    let parts: Vec<C> = (0..chunks).map(|c| partials[row * chunks + c][j]).collect();
+                    let vals: Vec<C> = (0..parts)
+                        .map(|g| partials[(row * parts + g) * nred + j])
+                        .collect();
                     let mut v = [C::zero()];
-                    ops::reduce(simd, combine, &parts, chunks, &mut v);
+                    ops::reduce(simd, combine[j], &vals, parts, &mut v);
                     rowvals[at(dst) + row] = if op == ReduceOp::Mean { v[0] * inv } else { v[0] };
                 }
             }

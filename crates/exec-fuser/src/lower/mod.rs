@@ -419,10 +419,14 @@ pub(crate) fn lower(
     // Backwards: the maps each value is needed under.
     let mut need: HashMap<ValueId, Vec<IndexMap>> = HashMap::with_capacity(inputs.len() + ops.len());
     let mut rows_needed: HashSet<ValueId> = HashSet::new();
-    let add = |need: &mut HashMap<ValueId, Vec<IndexMap>>, v: ValueId, m: IndexMap| {
-        let e = need.entry(v).or_default();
-        if !e.contains(&m) {
-            e.push(m);
+    // The maps already in `need`, hashed: a value read under many maps (one
+    // operand of a cat of 100 000 parts) is checked in constant time, not
+    // against every map so far.
+    let mut needed: HashSet<(ValueId, IndexMap)> = HashSet::new();
+    let mut add = |need: &mut HashMap<ValueId, Vec<IndexMap>>, v: ValueId, m: IndexMap| {
+        switchyard_core::work::add(1);
+        if needed.insert((v, m.clone())) {
+            need.entry(v).or_default().push(m);
         }
     };
     let ident = identity(&shape);

@@ -288,7 +288,17 @@ impl<'a, 's> Node<'a, 's> {
     /// Checks the node has at least `min` and at most `max` inputs.
     pub fn arity(&self, min: usize, max: usize) -> Result<(), String> {
         let given = self.args.len();
-        if given < min || given > max || (0..min).any(|i| !self.has(i)) {
+        if let Some(i) = (0..min.min(given)).find(|&i| !self.has(i)) {
+            return Err(format!(
+                "input {i} is empty, but it is required (this op takes {} input(s))",
+                if min == max {
+                    min.to_string()
+                } else {
+                    format!("{min} to {max}")
+                }
+            ));
+        }
+        if given < min || given > max {
             return Err(if min == max {
                 format!("takes {min} input(s), got {given}")
             } else {

@@ -130,17 +130,16 @@ fn split(n: &mut Node) -> Result<Vec<Out>, String> {
     let s = n.shape(0)?;
     let a = axis(n.int("axis", 0), s.len())?;
     let outputs = n.proto.output.len();
+    let given = |sizes: Vec<i64>| -> Result<Vec<usize>, String> {
+        match sizes.iter().find(|&&v| v < 0) {
+            Some(v) => Err(format!("split sizes {sizes:?} hold a negative size {v}")),
+            None => Ok(sizes.iter().map(|&v| v as usize).collect()),
+        }
+    };
     let sizes: Vec<usize> = if n.opset >= 13 && n.has(1) {
-        n.const_ints(1, "split")?
-            .iter()
-            .map(|&v| v.max(0) as usize)
-            .collect()
+        given(n.const_ints(1, "split")?)?
     } else if n.opset < 13 && n.has_attr("split") {
-        n.ints("split")
-            .unwrap_or_default()
-            .iter()
-            .map(|&v| v.max(0) as usize)
-            .collect()
+        given(n.ints("split").unwrap_or_default())?
     } else if n.opset >= 18 && n.has_attr("num_outputs") {
         let k = n.int("num_outputs", 1).max(1) as usize;
         let chunk = s[a].div_ceil(k);
@@ -402,8 +401,15 @@ fn pad(n: &mut Node) -> Result<Vec<Out>, String> {
             continue;
         }
         let size = n.b.meta(y).shape[a] as i64;
-        // Negative pads crop.
+        // Negative pads crop, at most the whole axis (ONNX's reference
+        // refuses more).
         let (lo, hi) = (before.min(0).abs(), after.min(0).abs());
+        if lo + hi > size {
+            return Err(format!(
+                "pads {before} and {after} on axis {a} remove {} elements of its {size}",
+                lo + hi
+            ));
+        }
         if lo > 0 || hi > 0 {
             let shape = n.b.meta(y).shape.clone();
             let mut start = vec![0i64; r];
