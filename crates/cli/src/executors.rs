@@ -14,9 +14,9 @@ use crate::planning::{load_config, plugins_not_loaded};
 /// with what it is and whether it is available here; then the plugins that
 /// could not be loaded, and why; then CUDA's state. A plugin asked for and
 /// not loaded (not marked optional) makes it fail, after the listing.
-pub(crate) fn list(config: Option<PathBuf>, plugins: Vec<PathBuf>) -> Result<()> {
+pub(crate) fn list(config: Option<PathBuf>, plugins: Vec<PathBuf>, isolated: bool) -> Result<()> {
     let config = load_config(config.as_deref(), false)?;
-    let (loaded, failed) = switchyard_plugin_host::load_configured(&config, &plugins);
+    let (loaded, failed) = switchyard_plugin_host::load_configured_with(&config, &plugins, isolated);
     println!(
         "{:<14} {:<9} {:<9} {:<10} {:<4} availability",
         "name", "version", "kind", "devices", "abi"

@@ -72,6 +72,10 @@ enum Command {
         /// Load this executor plugin (a shared library); may be repeated.
         #[arg(long, value_name = "PATH")]
         plugin: Vec<PathBuf>,
+        /// Load the `--plugin`s in processes of their own (see
+        /// docs/plugins.md).
+        #[arg(long)]
+        plugin_isolated: bool,
     },
     /// Measure this CPU (bandwidth, FLOP/s per dtype, per-call overheads) and
     /// write a cost-model profile that `[cost] profile = "FILE"` can name.
@@ -113,6 +117,13 @@ enum Command {
     /// set of ops and regions (every dtype, strided, broadcast, empty and
     /// repeated operands), comparing its results with the fallback's.
     PluginCheck(plugin_check::PluginCheckArgs),
+    /// Serve one plugin to the switchyard that started this process (how
+    /// isolated plugins run; not for people).
+    #[command(hide = true)]
+    PluginWorker {
+        /// The plugin (a shared library).
+        path: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -155,7 +166,15 @@ struct RunArgs {
     /// Seed of the random inputs used when --inputs is not given.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Run this many times; the reported time is the median.
+    /// Also run each region that is not on the fallback alone, on the
+    /// fallback's values of its inputs, and compare its outputs with the
+    /// fallback's: every region that differs beyond its dtype's tolerance
+    /// is reported, and the command fails. Checks any executor or plugin on
+    /// your own model.
+    #[arg(long)]
+    check: bool,
+    /// Run this many times after a first run, which warms what runs keep
+    /// and is timed apart; the reported time is the median of these.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// Print the run report as one JSON object.
@@ -172,6 +191,21 @@ struct RunArgs {
 }
 
 fn run(args: RunArgs) -> Result<()> {
+    // Where the outputs go is checked before anything runs, not after.
+    if let Some(path) = &args.outputs {
+        let folder = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        if !folder.is_dir() {
+            bail!(
+                "--outputs {}: the folder {} does not exist",
+                path.display(),
+                folder.display()
+            );
+        }
+    }
+    args.planning.targeting.check_runnable()?;
     let config = args.planning.config()?;
     let feeds = if args.inputs.is_empty() {
         None
@@ -221,7 +255,12 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
-    let mut last: Option<switchyard_core::runtime::RunResult> = None;
+    // A first run warms what runs keep (thread pools, the arena, caches):
+    // timed apart, so that the reported time is the steady state's.
+    let t0 = std::time::Instant::now();
+    let first = compiled.run(&inputs, opts)?;
+    let first_run_ns = t0.elapsed().as_nanos() as u64;
+    let mut last: Option<switchyard_core::runtime::RunResult> = Some(first);
     for _ in 0..args.repeat {
         // The outputs of the run before are done with: the plan writes
         // this run's into them, as a caller running it in a loop would.
@@ -264,18 +303,69 @@ fn run(args: RunArgs) -> Result<()> {
             .collect();
         write_safetensors(path, &named)?;
     }
-    let report = RunReport::new(&compiled, &result, times, &region_times, &out_names);
+    let mut report = RunReport::new(&compiled, &result, times, &region_times, &out_names);
+    report.first_run_ns = Some(first_run_ns);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    } else {
+        let previews: Vec<String> = host_outputs.iter().map(|t| preview(t, 6)).collect();
+        print!(
+            "{}",
+            render_run(&report, &args.trace.display().to_string(), &previews)
+        );
+        if let Some(path) = &args.outputs {
+            println!("outputs written to {}", path.display());
+        }
     }
-    let previews: Vec<String> = host_outputs.iter().map(|t| preview(t, 6)).collect();
-    print!(
-        "{}",
-        render_run(&report, &args.trace.display().to_string(), &previews)
-    );
-    if let Some(path) = &args.outputs {
-        println!("outputs written to {}", path.display());
+    if args.check {
+        check_against_fallback(plan, &inputs, args.json)?;
+    }
+    Ok(())
+}
+
+/// `run --check`: each region not on the fallback against it (on stdout,
+/// or stderr beside `--json`); an error when one differs.
+fn check_against_fallback(
+    plan: &switchyard_core::plan::Plan,
+    inputs: &[switchyard_core::Tensor],
+    json: bool,
+) -> Result<()> {
+    let fallback: std::sync::Arc<dyn switchyard_core::executor::Executor> =
+        std::sync::Arc::new(switchyard_exec_fallback::FallbackExecutor);
+    let found = switchyard_core::check::check_regions(plan, inputs, fallback)?;
+    let say = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    let differ: Vec<_> = found.iter().filter(|c| c.difference.is_some()).collect();
+    say(format!(
+        "check: {} region(s) not on the fallback, run alone on its inputs: {} equal to the fallback, {} not",
+        found.len(),
+        found.len() - differ.len(),
+        differ.len()
+    ));
+    for c in &differ {
+        let region = &plan.regions[c.region];
+        let first = region
+            .ops
+            .first()
+            .map(|&op| plan.trace.describe_op(op))
+            .unwrap_or_default();
+        say(format!(
+            "  region {} on {} ({first}): {}",
+            c.region,
+            c.executor,
+            c.difference.as_deref().unwrap_or_default()
+        ));
+    }
+    if !differ.is_empty() {
+        bail!(
+            "{} region(s) differ from the fallback (listed above)",
+            differ.len()
+        );
     }
     Ok(())
 }
@@ -304,10 +394,12 @@ fn plan(args: PlanArgs) -> Result<()> {
     }
     if let Some(path) = &args.dot {
         std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote the plan's graph (Graphviz dot) to {}", path.display());
     }
     if let Some(path) = &args.memory_timeline {
         std::fs::write(path, memory_timeline_svg(&plan))
             .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote the memory timeline (SVG) to {}", path.display());
     }
     if args.json {
         println!(
@@ -335,15 +427,36 @@ fn die_on_closed_pipe() {
 fn main() -> ExitCode {
     die_on_closed_pipe();
     link_builtin_executors();
+    // Warnings show unless SWITCHYARD_LOG says otherwise; colours only on
+    // a terminal, never into a pipe or a file.
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("SWITCHYARD_LOG"))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::builder()
+                .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+                .with_env_var("SWITCHYARD_LOG")
+                .from_env_lossy(),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Isolated plugins run in this same executable.
+    if let Ok(exe) = std::env::current_exe() {
+        switchyard_plugin_host::isolate::set_worker_executable(exe);
+    }
     let result = match cli.command {
+        Command::PluginWorker { path } => {
+            let code = switchyard_plugin_host::isolate::worker_main(&path);
+            return ExitCode::from(code.clamp(0, 255) as u8);
+        }
         Command::Run(args) => run(args),
         Command::Plan(args) => plan(args),
-        Command::Executors { config, plugin } => executors::list(config, plugin),
+        Command::Executors {
+            config,
+            plugin,
+            plugin_isolated,
+        } => executors::list(config, plugin, plugin_isolated),
         Command::Calibrate { output, quick } => calibrate::measure(quick).and_then(|m| {
             match output {
                 Some(path) => {

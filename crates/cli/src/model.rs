@@ -66,6 +66,21 @@ pub fn load(path: &Path, args: &ModelArgs, feeds: Option<&HashMap<String, Tensor
     let shapes = args.shapes()?;
     let imported = match feeds {
         Some(feeds) => {
+            // The inputs given fix the shapes; one also given otherwise
+            // must agree, rather than be ignored.
+            for (name, dims) in &shapes {
+                match feeds.get(name) {
+                    Some(t) if t.shape() == dims.as_slice() => {}
+                    Some(t) => bail!(
+                        "--input-shape {name}={} conflicts with --inputs, whose `{name}` is {:?}",
+                        dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+                        t.shape()
+                    ),
+                    None => bail!(
+                        "--input-shape names `{name}`, which --inputs does not hold (with --inputs, the shapes are the tensors')"
+                    ),
+                }
+            }
             let (imported, fixed) = switchyard_onnx::import_for(&model, feeds)
                 .with_context(|| format!("importing {}", path.display()))?;
             if !fixed.is_empty() {

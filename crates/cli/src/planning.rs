@@ -30,6 +30,10 @@ pub(crate) struct Planning {
     /// may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    /// Run the `--plugin`s in processes of their own: a crash, abort, exit
+    /// or hang in one is then an error naming it (see docs/plugins.md).
+    #[arg(long)]
+    plugin_isolated: bool,
     /// Let float32 matrix products run on TF32 tensor cores (the config's
     /// `allow_tf32`; an executor's `tf32` option still overrides it).
     /// Without it, f32 is computed as IEEE f32.
@@ -49,8 +53,16 @@ pub(crate) struct Autotune {
     /// Measure the candidates of each decision made by cost and keep the
     /// fastest, with the measurements cached on disk: `measure` (the
     /// default when the flag is given alone), `cached` (measurements already
-    /// in the cache only) or `off`. Replaces the config's `[autotune] mode`.
-    #[arg(long, value_name = "MODE", num_args = 0..=1, default_missing_value = "measure")]
+    /// in the cache only) or `off`, given as `--autotune=MODE` (so that the
+    /// word after a bare `--autotune` is never taken for its mode).
+    /// Replaces the config's `[autotune] mode`.
+    #[arg(
+        long,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "measure"
+    )]
     autotune: Option<String>,
 }
 
@@ -93,6 +105,20 @@ impl Targeting {
             );
         }
         trace.retarget(target);
+        Ok(())
+    }
+
+    /// Refuses, first, a `--target` this machine cannot run on (a GPU
+    /// without a driver or device), before anything is loaded or planned:
+    /// `run` and `bench` need the device, `plan` does not.
+    pub(crate) fn check_runnable(&self) -> Result<()> {
+        if let Some(target @ Device::Cuda(_)) = self.device()?
+            && let Err(why) = &switchyard_cuda::probe().driver
+        {
+            anyhow::bail!(
+                "--target {target}: this machine cannot run on it: {why} (`plan --target {target}` plans for it without one)"
+            );
+        }
         Ok(())
     }
 
@@ -139,7 +165,7 @@ impl Planning {
     /// [`Planner::compile`]). A plan made for `--target` alone
     /// (`plan_only`) may use executors this machine lacks.
     pub(crate) fn planner(&self, config: &Config, plan_only: bool) -> Result<(Planner, Vec<String>)> {
-        let plugins = load_plugins(config, &self.plugin)?;
+        let plugins = load_plugins(config, &self.plugin, self.plugin_isolated)?;
         let names = plugins.iter().map(|p| p.executor.info().name).collect();
         let strategy = match &self.schedule {
             Some(name) => Some(
@@ -178,8 +204,8 @@ pub(crate) fn load_config(path: Option<&Path>, allow_tf32: bool) -> Result<Confi
 /// The config's plugins and `extra`. One that cannot be loaded is an
 /// error naming it and the cause, unless the config marked it optional:
 /// then a warning, and skipped.
-pub(crate) fn load_plugins(config: &Config, extra: &[PathBuf]) -> Result<Vec<LoadedPlugin>> {
-    let (loaded, failed) = switchyard_plugin_host::load_configured(config, extra);
+pub(crate) fn load_plugins(config: &Config, extra: &[PathBuf], isolated: bool) -> Result<Vec<LoadedPlugin>> {
+    let (loaded, failed) = switchyard_plugin_host::load_configured_with(config, extra, isolated);
     let (optional, required): (Vec<_>, Vec<_>) = failed.into_iter().partition(|f| f.optional);
     for f in optional {
         eprintln!("warning: {} (optional: skipped)", f.error);

@@ -12,7 +12,8 @@
 //! fallback's. A finding is anything that would hurt a user: a hook that
 //! panics or fails, a cost that is not a finite number of ns, a kernel
 //! that fails, returns the wrong number, dtype or shape of outputs, or
-//! values the fallback does not compute.
+//! values the fallback does not compute. The plugin runs in a process of
+//! its own, so that a crash, `exit` or hang in it is a finding too.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -42,6 +43,10 @@ pub(crate) struct PluginCheckArgs {
     /// List every case, the rejected ones with the plugin's reason.
     #[arg(long)]
     verbose: bool,
+    /// Seconds the plugin has to answer one call; one that takes longer
+    /// is killed, and that is a finding.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    timeout: f64,
 }
 
 /// One case: a small trace whose ops are offered together.
@@ -304,7 +309,15 @@ fn check(plugin: &dyn Executor, name: &str, options: &toml::Table, case: &Case) 
 /// findings; fails when there are any.
 pub(crate) fn command(args: PluginCheckArgs) -> Result<()> {
     let config = load_config(args.config.as_deref(), false)?;
-    let plugin: LoadedPlugin = switchyard_plugin_host::load(&args.plugin)?;
+    if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout < 1e9) {
+        bail!("--timeout {} is not a positive number of seconds", args.timeout);
+    }
+    // Always in a process of its own: a plugin that crashes, exits or hangs
+    // is then a finding, not the end of the check.
+    let plugin: LoadedPlugin = switchyard_plugin_host::load_isolated(
+        &args.plugin,
+        std::time::Duration::from_secs_f64(args.timeout),
+    )?;
     let e = plugin.executor.clone();
     let info = e.info();
     let kind = format!("{:?}", info.kind).to_lowercase();
@@ -350,6 +363,10 @@ pub(crate) fn command(args: PluginCheckArgs) -> Result<()> {
             Outcome::Finding(why) => {
                 println!("  FINDING   {}: {why}", case.name);
                 findings.push(case.name);
+                if why.contains(switchyard_plugin_host::isolate::GONE) {
+                    println!("  (its process is gone: the remaining cases were not run)");
+                    break;
+                }
             }
             Outcome::NotApplicable => skipped += 1,
         }

@@ -241,6 +241,9 @@ impl std::str::FromStr for ByteSize {
         let split = t
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(t.len());
+        if t.starts_with('-') {
+            return Err(format!("`{s}` is negative: a size counts bytes, from 0"));
+        }
         let (number, unit) = (&t[..split], t[split..].trim());
         let scale: u64 = match unit {
             "" | "B" => 1,
@@ -280,6 +283,16 @@ pub struct PluginConfig {
     /// error.
     #[serde(default)]
     pub optional: bool,
+    /// Whether it runs in a process of its own, where a crash, abort, exit
+    /// or endless loop in it is an error naming it rather than the end of
+    /// this process (see docs/plugins.md). Off by default: calls in process
+    /// cost nothing extra.
+    #[serde(default)]
+    pub isolate: bool,
+    /// With `isolate`, the seconds it has to answer one call before its
+    /// process is killed (default 60).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
 }
 
 /// Choices that replace the config's, as a command line makes them.
@@ -348,7 +361,7 @@ impl Config {
                     Some(d) if p.path.is_relative() => d.join(&p.path),
                     _ => p.path.clone(),
                 },
-                optional: p.optional,
+                ..p.clone()
             })
             .collect()
     }
@@ -570,6 +583,17 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse(text, "t.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn sizes_parse_and_a_negative_one_says_so() {
+        assert_eq!("16 GiB".parse::<ByteSize>(), Ok(ByteSize(16 << 30)));
+        assert_eq!("1.5 KB".parse::<ByteSize>(), Ok(ByteSize(1500)));
+        let e = "-5 GiB".parse::<ByteSize>().unwrap_err();
+        assert!(e.contains("is negative"), "{e}");
+        let e = "5 GB/s".parse::<ByteSize>().unwrap_err();
+        assert!(e.contains("unknown unit `GB/s`"), "{e}");
+        assert!(err("memory_limit = \"-5 GiB\"\n").contains("is negative"));
     }
 
     #[test]

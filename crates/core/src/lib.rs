@@ -27,6 +27,7 @@ pub mod autotune;
 pub mod buffer;
 pub mod cache;
 pub mod capacity;
+pub mod check;
 pub mod config;
 pub mod cost;
 pub mod device;

@@ -4,10 +4,17 @@
 //!
 //! A plugin that cannot be loaded (no file, not a shared library, no entry
 //! symbol, another ABI version, malformed info) is an error naming its path
-//! and the cause; callers stop, unless the config marked it optional. A loaded plugin that panics or fails is
-//! never allowed to take the host down: a failed claim is a rejection with
-//! the reason, a failed cost an infinite cost, a failed compile or run an
-//! error naming the plugin.
+//! and the cause; callers stop, unless the config marked it optional. A
+//! failed claim is a rejection with the reason, a failed cost an infinite
+//! cost, a failed compile or run an error naming the plugin.
+//!
+//! Loaded in process ([`load`]), a plugin's panics and errors are contained,
+//! but not what kills a process: a segfault, an abort, `exit`, a stack
+//! overflow or an endless loop in a hook end or hang the host, and the
+//! library's initialisers run when it is loaded, before anything is
+//! checked. Loaded isolated ([`load_isolated`], [`isolate`]), it runs in a
+//! process of its own, and each of those becomes an error naming the plugin
+//! and the hook.
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -24,6 +31,8 @@ use switchyard_core::plugin::{LoadedPlugin, Request, dl_dtype};
 use switchyard_core::tensor::Tensor;
 use switchyard_core::{DType, OutputBuffer};
 use switchyard_plugin_abi as abi;
+
+pub mod isolate;
 
 /// The functions of a plugin's table this host knows, read once at load:
 /// the required ones checked present, the optional ones `None` where the
@@ -132,11 +141,10 @@ pub unsafe fn read_table(table: *const abi::PluginTable) -> std::result::Result<
 }
 
 /// The library and its hooks, kept alive by every executor and kernel of it.
-struct Library {
-    hooks: Hooks,
+pub(crate) struct Library {
+    pub(crate) hooks: Hooks,
     // Dropped last: the hooks point into it.
     _lib: libloading::Library,
-    name: String,
 }
 
 // SAFETY: the ABI requires a plugin's functions to be callable from any
@@ -145,6 +153,73 @@ struct Library {
 unsafe impl Send for Library {}
 // SAFETY: as above.
 unsafe impl Sync for Library {}
+
+impl Library {
+    /// Loads the library at `path` and reads its table; the reason where
+    /// it is not a plugin this host can use.
+    pub(crate) fn open(path: &Path) -> std::result::Result<Library, String> {
+        if !path.exists() {
+            return Err("no such file".into());
+        }
+        check_complete(path)?;
+        // SAFETY: loading a library runs its initialisers; a plugin is code
+        // the user chose to run, as any executable is.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot be loaded as a shared library: {e}"))?;
+        // SAFETY: the symbol, if present, has the ABI's entry type.
+        let entry: abi::EntryFn = unsafe {
+            *lib.get::<abi::EntryFn>(abi::ENTRY_SYMBOL).map_err(|e| {
+                format!("has no entry symbol `switchyard_plugin_entry` ({e}): not a switchyard plugin")
+            })?
+        };
+        // SAFETY: calling the plugin's entry as the ABI defines it; the
+        // table it returns is read as the ABI's versions lay it out.
+        let hooks = unsafe { read_table(entry()) }?;
+        Ok(Library { hooks, _lib: lib })
+    }
+}
+
+/// Checks that `path` is a whole ELF shared library before it is mapped: a
+/// file cut short maps, then faults (SIGBUS) when the loader touches what is
+/// missing. Its section headers are the last thing an ELF file holds, so a
+/// file that holds them whole is complete.
+fn check_complete(path: &Path) -> std::result::Result<(), String> {
+    let len = switchyard_core::io::regular_file_len(path).map_err(|e| e.to_string())?;
+    let mut head = [0u8; 64];
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    use std::io::Read;
+    let n = f.read(&mut head).map_err(|e| format!("cannot be read: {e}"))?;
+    if n < 64 || &head[..4] != b"\x7fELF" {
+        return Err("is not an ELF shared library".into());
+    }
+    let (end, why) = match head[4] {
+        // 64-bit: e_shoff at 40 (8 bytes), e_shentsize at 58, e_shnum at 60.
+        2 => {
+            let u = |a: usize, n: usize| {
+                let mut v = 0u64;
+                for i in (0..n).rev() {
+                    v = (v << 8) | head[a + i] as u64;
+                }
+                v
+            };
+            if head[5] != 1 {
+                return Err("is a big-endian ELF file, which this host cannot load".into());
+            }
+            let (shoff, shentsize, shnum) = (u(40, 8), u(58, 2), u(60, 2));
+            (
+                shoff.saturating_add(shentsize.saturating_mul(shnum)),
+                "its section headers",
+            )
+        }
+        _ => return Err("is not a 64-bit ELF shared library".into()),
+    };
+    if end > len {
+        return Err(format!(
+            "is cut short: {why} end at byte {end}, but the file holds {len} bytes"
+        ));
+    }
+    Ok(())
+}
 
 const MSG_CAP: usize = 4096;
 
@@ -182,7 +257,12 @@ fn with_msg(f: impl FnOnce(*mut abi::OutBuf) -> i32) -> (i32, String) {
     })
 }
 
-/// Calls `f` for an answer of any length, growing the buffer once if needed.
+/// The longest answer (info, refinement) the host takes from a plugin.
+const MAX_ANSWER: usize = 64 << 20;
+
+/// Calls `f` for an answer of any length up to [`MAX_ANSWER`], growing the
+/// buffer once if needed; a longer answer is an error, not an allocation
+/// of whatever length the plugin claims.
 fn with_answer(mut f: impl FnMut(*mut abi::OutBuf) -> i32) -> (i32, Vec<u8>) {
     let mut cap = MSG_CAP;
     loop {
@@ -190,6 +270,14 @@ fn with_answer(mut f: impl FnMut(*mut abi::OutBuf) -> i32) -> (i32, Vec<u8>) {
         let mut out = abi::OutBuf::new(buf.as_mut_ptr(), cap);
         let status = f(&mut out);
         if status == abi::status::OK && out.len > cap && cap == MSG_CAP {
+            if out.len > MAX_ANSWER {
+                let why = format!(
+                    "claims an answer of {} bytes, more than the {} MiB the host takes",
+                    out.len,
+                    MAX_ANSWER >> 20
+                );
+                return (abi::status::ERROR, why.into_bytes());
+            }
             cap = out.len;
             continue;
         }
@@ -232,8 +320,169 @@ pub fn parse_refinement(json: &[u8], region: &[OpId]) -> std::result::Result<Vec
         .collect())
 }
 
-/// Loads the plugin at `path`.
+/// A plugin's hooks as the host calls them, whether its library is loaded
+/// in this process ([`Library`]) or served by a worker process
+/// ([`isolate`]): each call answers with the ABI's status and what the hook
+/// wrote. Optional hooks the plugin lacks answer `None`; a kernel is a
+/// handle the plugin gave at compile.
+pub(crate) trait Calls: Send + Sync {
+    /// `info`: its JSON.
+    fn info(&self) -> (i32, Vec<u8>);
+    /// `availability`: a reason where it is not available.
+    fn availability(&self) -> Option<(i32, String)>;
+    /// `check_options` of a JSON table.
+    fn check_options(&self, json: &[u8]) -> Option<(i32, String)>;
+    /// `claim` of a request: a cost or a reason.
+    fn claim(&self, request: &[u8]) -> (i32, f64, String);
+    /// `cost` of a request.
+    fn cost(&self, request: &[u8]) -> Option<(i32, f64, String)>;
+    /// `refine` of a request: its JSON answer or a reason.
+    fn refine(&self, request: &[u8]) -> Option<(i32, Vec<u8>)>;
+    /// `compile` of a request: a kernel handle (0 where none) or a reason.
+    fn compile(&self, request: &[u8]) -> (i32, u64, String);
+    /// `run` of a kernel on host tensors, writing `outputs`.
+    fn run(&self, kernel: u64, inputs: &[&Tensor], outputs: &mut [OutputBuffer]) -> (i32, String);
+    /// `drop_kernel`.
+    fn drop_kernel(&self, kernel: u64);
+}
+
+impl Calls for Library {
+    fn info(&self) -> (i32, Vec<u8>) {
+        let h = &self.hooks;
+        // SAFETY: the table's function with its own state and a valid buffer.
+        with_answer(|out| unsafe { (h.info)(h.plugin, out) })
+    }
+
+    fn availability(&self) -> Option<(i32, String)> {
+        let h = &self.hooks;
+        let f = h.availability?;
+        // SAFETY: as in `info`.
+        Some(with_msg(|out| unsafe { f(h.plugin, out) }))
+    }
+
+    fn check_options(&self, json: &[u8]) -> Option<(i32, String)> {
+        let h = &self.hooks;
+        let f = h.check_options?;
+        // SAFETY: as in `info`, with a request the plugin may read for the call.
+        Some(with_msg(|out| unsafe { f(h.plugin, abi::Bytes::of(json), out) }))
+    }
+
+    fn claim(&self, request: &[u8]) -> (i32, f64, String) {
+        let h = &self.hooks;
+        let mut cost = f64::NAN;
+        // SAFETY: as in `check_options`, with a cost it may write.
+        let (s, m) = with_msg(|out| unsafe { (h.claim)(h.plugin, abi::Bytes::of(request), &mut cost, out) });
+        (s, cost, m)
+    }
+
+    fn cost(&self, request: &[u8]) -> Option<(i32, f64, String)> {
+        let h = &self.hooks;
+        let f = h.cost?;
+        let mut cost = f64::NAN;
+        // SAFETY: as in `claim`.
+        let (s, m) = with_msg(|out| unsafe { f(h.plugin, abi::Bytes::of(request), &mut cost, out) });
+        Some((s, cost, m))
+    }
+
+    fn refine(&self, request: &[u8]) -> Option<(i32, Vec<u8>)> {
+        let h = &self.hooks;
+        let f = h.refine?;
+        // SAFETY: as in `check_options`.
+        Some(with_answer(|out| unsafe {
+            f(h.plugin, abi::Bytes::of(request), out)
+        }))
+    }
+
+    fn compile(&self, request: &[u8]) -> (i32, u64, String) {
+        let h = &self.hooks;
+        let mut kernel: *mut c_void = std::ptr::null_mut();
+        // SAFETY: as in `check_options`, with a handle it may write.
+        let (s, m) =
+            with_msg(|out| unsafe { (h.compile)(h.plugin, abi::Bytes::of(request), &mut kernel, out) });
+        (s, kernel as usize as u64, m)
+    }
+
+    fn run(&self, kernel: u64, inputs: &[&Tensor], outputs: &mut [OutputBuffer]) -> (i32, String) {
+        let mut in_dims: Vec<Vec<i64>> = vec![Vec::new(); inputs.len()];
+        let dl_in = match inputs
+            .iter()
+            .zip(in_dims.iter_mut())
+            .map(|(t, d)| dl_view(t, d))
+            .collect::<Result<Vec<_>>>()
+        {
+            Ok(v) => v,
+            Err(e) => return (abi::status::ERROR, e.to_string()),
+        };
+        let mut out_dims: Vec<Vec<i64>> = outputs
+            .iter()
+            .map(|b| b.shape().iter().map(|&d| d as i64).collect())
+            .collect();
+        let mut dl_out = Vec::with_capacity(outputs.len());
+        for (b, dims) in outputs.iter_mut().zip(out_dims.iter_mut()) {
+            let dtype = dl_dtype(b.dtype());
+            let Some(mut host) = b.data_mut() else {
+                return (
+                    abi::status::ERROR,
+                    format!("an output buffer on {} is not the host's", b.device()),
+                );
+            };
+            dl_out.push(abi::DLTensor {
+                data: host.as_mut_ptr().cast(),
+                device: abi::DLDevice {
+                    device_type: abi::device_type::CPU,
+                    device_id: 0,
+                },
+                ndim: dims.len() as i32,
+                dtype,
+                shape: dims.as_mut_ptr(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            });
+        }
+        let h = &self.hooks;
+        // SAFETY: the kernel's run with views of live host buffers (inputs
+        // borrowed for the call, outputs owned by the caller, which nothing
+        // else refers to) whose shapes and strides `in_dims`/`out_dims` keep
+        // alive; the handle came from this plugin's compile.
+        with_msg(|out| unsafe {
+            (h.run)(
+                kernel as usize as *mut c_void,
+                dl_in.as_ptr(),
+                dl_in.len(),
+                dl_out.as_ptr(),
+                dl_out.len(),
+                out,
+            )
+        })
+    }
+
+    fn drop_kernel(&self, kernel: u64) {
+        // SAFETY: the handle came from this plugin's compile and is freed once.
+        unsafe { (self.hooks.drop_kernel)(kernel as usize as *mut c_void) };
+    }
+}
+
+/// Loads the plugin at `path` into this process.
 pub fn load(path: &Path) -> Result<LoadedPlugin> {
+    let bad = |message: String| Error::Plugin {
+        path: path.to_path_buf(),
+        message,
+    };
+    let library = Library::open(path).map_err(bad)?;
+    let table_size = library.hooks.table_size;
+    let defaulted = library
+        .hooks
+        .optional()
+        .into_iter()
+        .filter(|&(_, present)| !present)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    loaded(path, Arc::new(library), table_size, defaulted)
+}
+
+/// Loads the plugin at `path` into a worker process of its own, each call
+/// allowed `timeout` (see [`isolate`]).
+pub fn load_isolated(path: &Path, timeout: std::time::Duration) -> Result<LoadedPlugin> {
     let bad = |message: String| Error::Plugin {
         path: path.to_path_buf(),
         message,
@@ -241,29 +490,23 @@ pub fn load(path: &Path) -> Result<LoadedPlugin> {
     if !path.exists() {
         return Err(bad("no such file".into()));
     }
-    // SAFETY: loading a library runs its initialisers; a plugin is code the
-    // user chose to run, as any executable is.
-    let lib = unsafe { libloading::Library::new(path) }
-        .map_err(|e| bad(format!("cannot be loaded as a shared library: {e}")))?;
-    // SAFETY: the symbol, if present, has the ABI's entry type.
-    let entry: abi::EntryFn = unsafe {
-        *lib.get::<abi::EntryFn>(abi::ENTRY_SYMBOL).map_err(|e| {
-            bad(format!(
-                "has no entry symbol `switchyard_plugin_entry` ({e}): not a switchyard plugin"
-            ))
-        })?
+    let worker = isolate::Worker::start(path, timeout).map_err(bad)?;
+    let (table_size, defaulted) = (worker.table_size, worker.missing.clone());
+    loaded(path, Arc::new(worker), table_size, defaulted)
+}
+
+/// A plugin whose table was read: its info asked for and checked.
+fn loaded(
+    path: &Path,
+    calls: Arc<dyn Calls>,
+    table_size: usize,
+    defaulted: Vec<String>,
+) -> Result<LoadedPlugin> {
+    let bad = |message: String| Error::Plugin {
+        path: path.to_path_buf(),
+        message,
     };
-    // SAFETY: calling the plugin's entry as the ABI defines it; the table
-    // it returns is read as the ABI's versions lay it out.
-    let hooks = unsafe { read_table(entry()) }.map_err(bad)?;
-    let mut library = Library {
-        hooks,
-        _lib: lib,
-        name: path.display().to_string(),
-    };
-    let h = library.hooks;
-    // SAFETY: the table's function with its own state and a valid buffer.
-    let (status, json) = with_answer(|out| unsafe { (h.info)(h.plugin, out) });
+    let (status, json) = calls.info();
     if status != abi::status::OK {
         return Err(bad(format!(
             "its info failed: {}",
@@ -271,20 +514,15 @@ pub fn load(path: &Path) -> Result<LoadedPlugin> {
         )));
     }
     let (info, kind) = parse_info(&json).map_err(bad)?;
-    library.name = info.name.clone();
+    let defaulted = abi_hooks_named(&defaulted);
     Ok(LoadedPlugin {
         path: path.to_path_buf(),
         abi_version: abi::ABI_VERSION,
-        table_size: h.table_size,
-        defaulted: h
-            .optional()
-            .into_iter()
-            .filter(|&(_, present)| !present)
-            .map(|(name, _)| name)
-            .collect(),
+        table_size,
+        defaulted,
         default_rank: info.default_rank,
         executor: Arc::new(PluginExecutor {
-            lib: Arc::new(library),
+            calls,
             info: ExecutorInfo {
                 name: info.name,
                 version: info.version,
@@ -295,25 +533,24 @@ pub fn load(path: &Path) -> Result<LoadedPlugin> {
     })
 }
 
+/// The optional hooks named in `names`, as the static names `LoadedPlugin`
+/// lists.
+fn abi_hooks_named(names: &[String]) -> Vec<&'static str> {
+    ["availability", "check_options", "refine", "cost"]
+        .into_iter()
+        .filter(|h| names.iter().any(|n| n == h))
+        .collect()
+}
+
 /// An executor whose hooks call into a plugin.
 struct PluginExecutor {
-    lib: Arc<Library>,
+    calls: Arc<dyn Calls>,
     info: ExecutorInfo,
 }
 
 impl PluginExecutor {
-    fn hooks(&self) -> &Hooks {
-        &self.lib.hooks
-    }
-
-    /// Asks for a cost (claim or region cost) with a request.
-    fn ask_cost(&self, request: &Request, f: abi::CostFn) -> std::result::Result<f64, (i32, String)> {
-        let bytes = request.to_bytes();
-        let mut cost = f64::NAN;
-        let t = self.hooks();
-        // SAFETY: the plugin's function with its state, a request it may read
-        // for the call, and buffers it may write.
-        let (status, msg) = with_msg(|out| unsafe { f(t.plugin, abi::Bytes::of(&bytes), &mut cost, out) });
+    /// A cost answer (claim or region cost) checked.
+    fn checked_cost((status, cost, msg): (i32, f64, String)) -> std::result::Result<f64, (i32, String)> {
         if status != abi::status::OK {
             return Err((status, msg));
         }
@@ -333,42 +570,34 @@ impl Executor for PluginExecutor {
     }
 
     fn availability(&self) -> Availability {
-        let t = self.hooks();
-        let Some(availability) = t.availability else {
-            return Availability::Available;
-        };
-        // SAFETY: as in `ask_cost`.
-        let (status, msg) = with_msg(|out| unsafe { availability(t.plugin, out) });
-        match status {
-            abi::status::OK => Availability::Available,
-            abi::status::NO => Availability::Unavailable(msg),
-            s => Availability::Unavailable(format!("its availability check {}", failure(s, &msg))),
+        match self.calls.availability() {
+            None | Some((abi::status::OK, _)) => Availability::Available,
+            Some((abi::status::NO, msg)) => Availability::Unavailable(msg),
+            Some((s, msg)) => {
+                Availability::Unavailable(format!("its availability check {}", failure(s, &msg)))
+            }
         }
     }
 
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
-        let t = self.hooks();
-        let Some(check) = t.check_options else {
+        let json = serde_json::to_vec(options).map_err(|e| e.to_string())?;
+        match self.calls.check_options(&json) {
             // A plugin that cannot check options takes none, rather than
             // ignore what the user set.
-            return match options.keys().next() {
+            None => match options.keys().next() {
                 None => Ok(()),
                 Some(key) => Err(format!(
                     "takes no options (its plugin has no options check), but `{key}` is set"
                 )),
-            };
-        };
-        let json = serde_json::to_vec(options).map_err(|e| e.to_string())?;
-        // SAFETY: as in `ask_cost`.
-        let (status, msg) = with_msg(|out| unsafe { check(t.plugin, abi::Bytes::of(&json), out) });
-        match status {
-            abi::status::OK => Ok(()),
-            s => Err(failure(s, &msg)),
+            },
+            Some((abi::status::OK, _)) => Ok(()),
+            Some((s, msg)) => Err(failure(s, &msg)),
         }
     }
 
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
-        match self.ask_cost(&Request::new(&[op], cx), self.hooks().claim) {
+        let request = Request::new(&[op], cx).to_bytes();
+        match Self::checked_cost(self.calls.claim(&request)) {
             Ok(cost) => Claim::Accept(cost),
             Err((abi::status::NO, why)) => Claim::Reject(why),
             Err((s, msg)) => {
@@ -380,17 +609,11 @@ impl Executor for PluginExecutor {
     }
 
     fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
-        let t = self.hooks();
-        let Some(refine) = t.refine else {
-            return Refinement::default();
-        };
-        let bytes = Request::new(region, cx).to_bytes();
-        // SAFETY: as in `ask_cost`.
-        let (status, json) = with_answer(|out| unsafe { refine(t.plugin, abi::Bytes::of(&bytes), out) });
-        let parsed = if status == abi::status::OK {
-            parse_refinement(&json, region)
-        } else {
-            Err(failure(status, &String::from_utf8_lossy(&json)))
+        let request = Request::new(region, cx).to_bytes();
+        let parsed = match self.calls.refine(&request) {
+            None => return Refinement::default(),
+            Some((abi::status::OK, json)) => parse_refinement(&json, region),
+            Some((status, json)) => Err(failure(status, &String::from_utf8_lossy(&json))),
         };
         match parsed {
             Ok(handed_back) => Refinement {
@@ -410,7 +633,8 @@ impl Executor for PluginExecutor {
     }
 
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
-        let Some(cost) = self.hooks().cost else {
+        let request = Request::new(region, cx).to_bytes();
+        let Some(answer) = self.calls.cost(&request) else {
             // Without a cost hook, a region costs what its ops claim.
             return region
                 .iter()
@@ -420,7 +644,7 @@ impl Executor for PluginExecutor {
                 })
                 .sum();
         };
-        match self.ask_cost(&Request::new(region, cx), cost) {
+        match Self::checked_cost(answer) {
             Ok(c) => c,
             Err((s, msg)) => {
                 tracing::warn!("plugin {}: cost {}", self.info.name, failure(s, &msg));
@@ -430,13 +654,8 @@ impl Executor for PluginExecutor {
     }
 
     fn compile(&self, region: &Region, cx: &Context) -> Result<Box<dyn Kernel>> {
-        let request = Request::new(&region.ops, cx);
-        let bytes = request.to_bytes();
-        let mut kernel: *mut c_void = std::ptr::null_mut();
-        let t = self.hooks();
-        // SAFETY: as in `ask_cost`.
-        let (status, msg) =
-            with_msg(|out| unsafe { (t.compile)(t.plugin, abi::Bytes::of(&bytes), &mut kernel, out) });
+        let request = Request::new(&region.ops, cx).to_bytes();
+        let (status, kernel, msg) = self.calls.compile(&request);
         let fail = |message: String| Error::Kernel {
             executor: self.info.name.clone(),
             op: format!("region {}", region.id),
@@ -445,7 +664,7 @@ impl Executor for PluginExecutor {
         if status != abi::status::OK {
             return Err(fail(format!("compile {}", failure(status, &msg))));
         }
-        if kernel.is_null() {
+        if kernel == 0 {
             return Err(fail("compile returned no kernel".into()));
         }
         let outputs = region
@@ -454,7 +673,8 @@ impl Executor for PluginExecutor {
             .map(|&v| (cx.trace.meta(v).dtype, cx.trace.meta(v).shape.clone()))
             .collect();
         Ok(Box::new(PluginKernel {
-            lib: self.lib.clone(),
+            calls: self.calls.clone(),
+            name: self.info.name.clone(),
             kernel,
             outputs,
         }))
@@ -463,23 +683,17 @@ impl Executor for PluginExecutor {
 
 /// A compiled region of a plugin.
 struct PluginKernel {
-    lib: Arc<Library>,
-    kernel: *mut c_void,
+    calls: Arc<dyn Calls>,
+    /// The plugin's executor name, for errors.
+    name: String,
+    kernel: u64,
     /// Dtype and shape of each output.
     outputs: Vec<(DType, Vec<usize>)>,
 }
 
-// SAFETY: the ABI requires kernels to be runnable from any thread, and
-// concurrently.
-unsafe impl Send for PluginKernel {}
-// SAFETY: as above.
-unsafe impl Sync for PluginKernel {}
-
 impl Drop for PluginKernel {
     fn drop(&mut self) {
-        let t = &self.lib.hooks;
-        // SAFETY: the handle came from this plugin's compile and is freed once.
-        unsafe { (t.drop_kernel)(self.kernel) };
+        self.calls.drop_kernel(self.kernel);
     }
 }
 
@@ -516,18 +730,6 @@ impl Kernel for PluginKernel {
         given: &mut [Option<OutputBuffer>],
         outputs: &mut Vec<Tensor>,
     ) -> Result<()> {
-        let name = &self.lib.name;
-        let fail = |message: String| Error::Kernel {
-            executor: name.clone(),
-            op: "plugin kernel".into(),
-            message,
-        };
-        let mut in_dims: Vec<Vec<i64>> = vec![Vec::new(); inputs.len()];
-        let dl_in: Vec<abi::DLTensor> = inputs
-            .iter()
-            .zip(in_dims.iter_mut())
-            .map(|(t, d)| dl_view(t, d))
-            .collect::<Result<_>>()?;
         let mut given = given.iter_mut().map(Option::take);
         let mut bufs: Vec<OutputBuffer> = self
             .outputs
@@ -541,54 +743,13 @@ impl Kernel for PluginKernel {
                 _ => OutputBuffer::new(*dtype, shape),
             })
             .collect::<Result<_>>()?;
-        let mut out_dims: Vec<Vec<i64>> = self
-            .outputs
-            .iter()
-            .map(|(_, shape)| shape.iter().map(|&d| d as i64).collect())
-            .collect();
-        let dl_out: Vec<abi::DLTensor> = bufs
-            .iter_mut()
-            .zip(out_dims.iter_mut())
-            .map(|(b, dims)| {
-                let dtype = dl_dtype(b.dtype());
-                // Every buffer here is on the host: made so, or given so.
-                let Some(mut host) = b.data_mut() else {
-                    return Err(fail(format!(
-                        "an output buffer on {} is not the host's",
-                        b.device()
-                    )));
-                };
-                let data: *mut c_void = host.as_mut_ptr().cast();
-                Ok(abi::DLTensor {
-                    data,
-                    device: abi::DLDevice {
-                        device_type: abi::device_type::CPU,
-                        device_id: 0,
-                    },
-                    ndim: dims.len() as i32,
-                    dtype,
-                    shape: dims.as_mut_ptr(),
-                    strides: std::ptr::null_mut(),
-                    byte_offset: 0,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let t = &self.lib.hooks;
-        // SAFETY: the kernel's run with views of live host buffers (inputs
-        // borrowed for the call, outputs owned by `bufs`, which nothing else
-        // refers to) whose shapes and strides `in_dims`/`out_dims` keep alive.
-        let (status, msg) = with_msg(|out| unsafe {
-            (t.run)(
-                self.kernel,
-                dl_in.as_ptr(),
-                dl_in.len(),
-                dl_out.as_ptr(),
-                dl_out.len(),
-                out,
-            )
-        });
+        let (status, msg) = self.calls.run(self.kernel, inputs, &mut bufs);
         if status != abi::status::OK {
-            return Err(fail(format!("run {}", failure(status, &msg))));
+            return Err(Error::Kernel {
+                executor: self.name.clone(),
+                op: "plugin kernel".into(),
+                message: format!("run {}", failure(status, &msg)),
+            });
         }
         outputs.extend(bufs.into_iter().map(OutputBuffer::into_tensor));
         Ok(())
@@ -615,10 +776,46 @@ pub struct Failed {
 /// executor has the name of a built-in one or of an earlier plugin is
 /// refused.
 pub fn load_configured(config: &Config, extra: &[PathBuf]) -> (Vec<LoadedPlugin>, Vec<Failed>) {
+    load_configured_with(config, extra, false)
+}
+
+/// [`load_configured`], with those in `extra` isolated where
+/// `isolate_extra` says so (`--plugin-isolated`); the config's are isolated
+/// where it says `isolate = true`.
+pub fn load_configured_with(
+    config: &Config,
+    extra: &[PathBuf],
+    isolate_extra: bool,
+) -> (Vec<LoadedPlugin>, Vec<Failed>) {
     let (mut loaded, mut failed): (Vec<LoadedPlugin>, Vec<Failed>) = (Vec::new(), Vec::new());
-    let asked = config.plugins().into_iter().map(|p| (p.path, p.optional, true));
-    for (path, optional, from_config) in asked.chain(extra.iter().map(|p| (p.clone(), false, false))) {
-        let error = match load(&path) {
+    let asked = config.plugins().into_iter().map(|p| {
+        let timeout = match p.timeout_seconds {
+            None => Ok(isolate::DEFAULT_TIMEOUT),
+            Some(t) if t.is_finite() && t > 0.0 && t < 1e9 => Ok(std::time::Duration::from_secs_f64(t)),
+            Some(t) => Err(format!(
+                "its `timeout_seconds` is {t}, not a positive number of seconds"
+            )),
+        };
+        (p.path, p.optional, true, p.isolate.then_some(timeout))
+    });
+    let extra = extra.iter().map(|p| {
+        (
+            p.clone(),
+            false,
+            false,
+            isolate_extra.then_some(Ok(isolate::DEFAULT_TIMEOUT)),
+        )
+    });
+    for (path, optional, from_config, isolated) in asked.chain(extra) {
+        let attempt = match isolated {
+            Some(Ok(timeout)) => load_isolated(&path, timeout),
+            Some(Err(message)) => Err(Error::Plugin {
+                path: path.clone(),
+                message,
+            }),
+            None => load(&path),
+        };
+        let error = match attempt {
             Ok(p) => {
                 let name = p.executor.info().name;
                 let builtin = executor::registered().iter().any(|f| f.name == name);
@@ -674,6 +871,31 @@ mod tests {
     unsafe extern "C" fn drop_kernel(_: *mut c_void) {}
     unsafe extern "C" fn availability(_: *mut c_void, _: *mut abi::OutBuf) -> i32 {
         abi::status::OK
+    }
+
+    unsafe extern "C" fn huge_answer(_: *mut c_void, out: *mut abi::OutBuf) -> i32 {
+        // SAFETY: the host passes a valid buffer; only its length is written.
+        unsafe { (*out).len = 1 << 62 };
+        abi::status::OK
+    }
+
+    unsafe extern "C" fn endless_answer(_: *mut c_void, out: *mut abi::OutBuf) -> i32 {
+        // SAFETY: as above.
+        unsafe { (*out).len = usize::MAX };
+        abi::status::OK
+    }
+
+    /// An answer claiming 2^62 bytes aborted the host (a failed
+    /// allocation), usize::MAX panicked: both are errors now.
+    #[test]
+    fn an_answer_longer_than_the_cap_is_an_error_not_an_allocation() {
+        for f in [huge_answer, endless_answer] {
+            // SAFETY: the functions above write only the buffer's length.
+            let (status, msg) = with_answer(|out| unsafe { f(std::ptr::null_mut(), out) });
+            assert_eq!(status, abi::status::ERROR);
+            let msg = String::from_utf8_lossy(&msg);
+            assert!(msg.contains("more than the 64 MiB the host takes"), "{msg}");
+        }
     }
 
     /// A full table of this version, every hook present.

@@ -71,8 +71,12 @@ struct Compiled {
 /// Builds the table of the executor `make` returns (null if it panics).
 #[doc(hidden)]
 pub fn table<E: Executor + 'static>(make: impl FnOnce() -> E, rank: u32) -> TablePtr {
-    let Ok(executor) = catch_unwind(AssertUnwindSafe(make)) else {
-        return TablePtr(std::ptr::null());
+    let executor = match catch_unwind(AssertUnwindSafe(make)) {
+        Ok(e) => e,
+        Err(payload) => {
+            drop_payload(payload);
+            return TablePtr(std::ptr::null());
+        }
     };
     let plugin = Box::into_raw(Box::new(Plugin { executor, rank })).cast::<c_void>();
     TablePtr(Box::into_raw(Box::new(abi::PluginTable {
@@ -111,6 +115,7 @@ fn guard(out: *mut abi::OutBuf, f: impl FnOnce() -> Result<Answer, String>) -> i
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic without a message".into());
+            drop_payload(payload);
             (abi::status::PANIC, msg.into_bytes())
         }
     };
@@ -119,6 +124,15 @@ fn guard(out: *mut abi::OutBuf, f: impl FnOnce() -> Result<Answer, String>) -> i
         unsafe { (*out).write(&text) };
     }
     status
+}
+
+/// Drops a caught panic's payload, whose own drop may panic: that second
+/// panic is caught too and its payload leaked, so that no panic unwinds
+/// out of a hook (which would abort the host).
+fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
 }
 
 /// The plugin state behind the table's pointer.

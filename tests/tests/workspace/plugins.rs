@@ -126,9 +126,18 @@ fn libraries_that_cannot_be_loaded_are_clear_errors() {
     let missing = std::env::temp_dir().join("switchyard-no-such-plugin.so");
     let text = std::env::temp_dir().join(format!("switchyard-not-a-library-{}.so", std::process::id()));
     std::fs::write(&text, "this is not a shared library\n").unwrap();
+    let truncated = std::env::temp_dir().join(format!("switchyard-truncated-{}.so", std::process::id()));
+    let whole = std::fs::read(misbehaving()).unwrap();
+    std::fs::write(&truncated, &whole[..whole.len() / 2]).unwrap();
     for (path, want) in [
         (missing.clone(), "no such file".to_string()),
-        (text.clone(), "cannot be loaded as a shared library".to_string()),
+        (text.clone(), "is not an ELF shared library".to_string()),
+        // A library cut short is refused before it is mapped (mapped, it
+        // faults with SIGBUS when the loader reads what is missing).
+        (
+            truncated.clone(),
+            "is cut short: its section headers end at byte".to_string(),
+        ),
         (
             built_library("switchyard-test-plugin-no-entry"),
             "has no entry symbol `switchyard_plugin_entry`".to_string(),
@@ -167,7 +176,7 @@ fn libraries_that_cannot_be_loaded_are_clear_errors() {
     assert_eq!(failed.len(), 2, "{failed:?}");
     assert!(failed[0].0.contains("no such file") && failed[0].1, "{failed:?}");
     assert!(
-        failed[1].0.contains("cannot be loaded") && !failed[1].1,
+        failed[1].0.contains("is not an ELF shared library") && !failed[1].1,
         "{failed:?}"
     );
     // Unmarked, a config's plugin is required.
@@ -214,6 +223,11 @@ fn claims_that_panic_fail_or_cost_nan_are_rejections_with_the_reason() {
     let p = load_configured(&Config::default(), &[misbehaving()]).0.remove(0);
     for (mode, want) in [
         ("panic-claim", "plugin misbehaving panicked: claim blew up"),
+        // A payload whose drop panics as well is contained too.
+        (
+            "panic-payload-claim",
+            "plugin misbehaving panicked: a panic without a message",
+        ),
         ("error-claim", "refuses on principle"),
         (
             "nan-cost",

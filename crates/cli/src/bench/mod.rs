@@ -59,6 +59,9 @@ pub(crate) struct BenchArgs {
     /// Load this executor plugin; may be repeated.
     #[arg(long, value_name = "PATH")]
     plugin: Vec<PathBuf>,
+    /// Run the `--plugin`s in processes of their own (see docs/plugins.md).
+    #[arg(long)]
+    plugin_isolated: bool,
     /// Let float32 matrix products run on TF32 tensor cores (the config's
     /// `allow_tf32`; an executor's `tf32` option still overrides it).
     /// Without it, f32 is computed as IEEE f32.
@@ -84,8 +87,9 @@ struct SetPlanner {
 
 /// `switchyard bench`: measures, prints, writes and compares the report.
 pub(crate) fn command(args: BenchArgs) -> Result<()> {
+    args.targeting.check_runnable()?;
     let config = load_config(args.config.as_deref(), args.allow_tf32)?;
-    let plugins = load_plugins(&config, &args.plugin)?;
+    let plugins = load_plugins(&config, &args.plugin, args.plugin_isolated)?;
     // A model's workload runs on its own weights.
     let mut weights = std::collections::HashMap::new();
     let (suite_name, mut workloads) = if args.traces.is_empty() {

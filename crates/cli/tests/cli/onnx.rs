@@ -111,6 +111,18 @@ fn symbolic_dims_are_bound_with_input_shape() {
     assert!(s.contains("y: f32[5, 3]"), "{s}");
     let e = fails(sw!("run", &path, "--input-shape", "x=5,a"));
     assert!(e.contains("dims must be non-negative integers"), "{e}");
+    // With --inputs, the tensors' shapes are the shapes: one given
+    // otherwise must agree (it was ignored).
+    let inputs = scratch("sym-inputs.safetensors");
+    let x = Tensor::from_vec(vec![0.5f32; 6], &[2, 3]).unwrap();
+    write_safetensors(&inputs, &[("x".to_string(), x)]).unwrap();
+    let s = ok(sw!("run", &path, "--inputs", &inputs, "--input-shape", "x=2,3"));
+    assert!(s.contains("y: f32[2, 3]"), "{s}");
+    let e = fails(sw!("run", &path, "--inputs", &inputs, "--input-shape", "x=5,3"));
+    assert!(
+        e.contains("--input-shape x=5,3 conflicts with --inputs, whose `x` is [2, 3]"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -93,10 +93,14 @@ pub struct RunReport {
     pub cache: CacheReport,
     /// Output tensors.
     pub outputs: Vec<OutputReport>,
-    /// Median wall time of one run.
+    /// Median wall time of one run, the first run left out (steady state).
     pub time_ns: u64,
-    /// Every run's wall time, in order.
+    /// Every run's wall time, in order, the first run left out.
     pub times_ns: Vec<u64>,
+    /// The first run's wall time, apart: it warms caches, pools and the
+    /// arena, so it is slower than the runs after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_run_ns: Option<u64>,
     /// Time spent compiling the plan.
     pub compile_ns: u64,
     /// The peak the plan predicted (equal to `peak_bytes` when the executors

@@ -59,6 +59,7 @@ impl RunReport {
                 .collect(),
             time_ns: median(&times_ns),
             times_ns,
+            first_run_ns: None,
             compile_ns: compiled.compile_ns(),
             planned_peak_bytes: plan.planned_peak_bytes().0,
             timeline: memory_report(plan),
@@ -105,9 +106,13 @@ pub fn render_run(r: &RunReport, trace: &str, previews: &[String]) -> String {
         r.times_ns.iter().min().copied().unwrap_or(0),
         r.times_ns.iter().max().copied().unwrap_or(0),
     );
+    let first = r
+        .first_run_ns
+        .map(|t| format!(" after a first run of {}", human_ns(t as f64)))
+        .unwrap_or_default();
     let _ = writeln!(
         s,
-        "time: {} median of {} run(s) (min {}, max {}); compile {}",
+        "time: {} median of {} run(s) (min {}, max {}){first}; compile {}",
         human_ns(r.time_ns as f64),
         r.times_ns.len(),
         human_ns(min as f64),

@@ -4,11 +4,15 @@
 //! An entry is keyed by everything the compiled code depends on: the
 //! generated source (a function of the region's canonical form), the GPU
 //! architecture, the NVRTC version and the fuser's version. A hash of the
-//! key names two files, `HASH.key` (the whole key) and `HASH.ptx`; an entry
-//! is used only when its key file equals the key, so a hash collision is a
-//! miss, never a wrong kernel. Entries are written to a temporary file and
-//! renamed into place, so a reader never sees half an entry. A cache that
-//! cannot be written is a warning: kernels still compile.
+//! key names two files, `HASH.key` (the whole key, then the length and hash
+//! of the code) and `HASH.ptx`; an entry is used only when its key file
+//! equals the key and its code has that length and hash, so a hash
+//! collision, or code cut short or changed on disk, is a miss, never a
+//! wrong kernel. Only regular files are read, up to 64 MiB. Entries are
+//! written to temporary files created exclusively in the cache's folder and
+//! renamed into place, so a reader never sees half an entry and a link
+//! planted in the folder is never written through. A cache that cannot be
+//! written is a warning: kernels still compile.
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +44,19 @@ impl Key<'_> {
             self.source
         )
     }
+}
+
+/// The longest file of an entry the cache reads.
+const MAX_ENTRY_BYTES: u64 = 64 << 20;
+
+/// What the key file holds for `code` under the key `text`: the key, and
+/// the code's length and hash, so that code changed on disk is a miss.
+fn key_file(text: &str, code: &str) -> String {
+    format!(
+        "{text}\n// ptx {} bytes, fnv1a {:016x}\n",
+        code.len(),
+        fnv1a(code)
+    )
 }
 
 /// FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
@@ -79,8 +96,9 @@ impl DiskCache {
         let stem = format!("{:016x}", fnv1a(&text));
         let key_path = self.dir.join(format!("{stem}.key"));
         let code_path = self.dir.join(format!("{stem}.ptx"));
-        if std::fs::read_to_string(&key_path).is_ok_and(|k| k == text)
-            && let Ok(code) = std::fs::read_to_string(&code_path)
+        let read = |p: &Path| switchyard_core::io::read_regular_text(p, MAX_ENTRY_BYTES);
+        if let (Ok(k), Ok(code)) = (read(&key_path), read(&code_path))
+            && k == key_file(&text, &code)
         {
             return Ok((code, true));
         }
@@ -91,16 +109,20 @@ impl DiskCache {
         Ok((code, false))
     }
 
-    /// Writes the code before the key: an entry is valid once its key is there.
+    /// Writes the code before the key: an entry is valid once its key is
+    /// there, and names the code's hash.
     fn store(&self, stem: &str, key: &str, code: &str) -> std::io::Result<()> {
+        use std::io::Write;
         std::fs::create_dir_all(&self.dir)?;
         let write = |ext: &str, text: &str| -> std::io::Result<()> {
-            let tmp = self.dir.join(format!("{stem}.{ext}.{}.tmp", std::process::id()));
-            std::fs::write(&tmp, text)?;
-            std::fs::rename(&tmp, self.dir.join(format!("{stem}.{ext}")))
+            let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+            tmp.write_all(text.as_bytes())?;
+            tmp.persist(self.dir.join(format!("{stem}.{ext}")))
+                .map(|_| ())
+                .map_err(|e| e.error)
         };
         write("ptx", code)?;
-        write("key", key)
+        write("key", &key_file(key, code))
     }
 }
 
@@ -175,6 +197,13 @@ mod tests {
         std::fs::write(dir.join(format!("{stem}.key")), "something else").unwrap();
         let (code, hit) = cache.get_or_compile(&key, || Ok("second".into())).unwrap();
         assert_eq!((code.as_str(), hit), ("second", false));
+        // Code changed or cut short on disk under a matching key is a miss.
+        for changed in ["secont", "sec"] {
+            std::fs::write(dir.join(format!("{stem}.ptx")), changed).unwrap();
+            let (code, hit) = cache.get_or_compile(&key, || Ok("second".into())).unwrap();
+            assert_eq!((code.as_str(), hit), ("second", false), "{changed}");
+        }
+        assert!(cache.get_or_compile(&key, || Err("not called".into())).unwrap().1);
         let e = cache.get_or_compile(
             &Key {
                 source: "b",

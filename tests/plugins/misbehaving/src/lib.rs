@@ -2,7 +2,12 @@
 //! f32 and, as its `mode` option says, behaves (`ok`) or panics or fails in
 //! a hook, or returns malformed data: `panic-claim`, `error-claim`
 //! (rejects), `nan-cost`, `panic-compile`, `error-compile`, `panic-run`,
-//! `error-run`, `wrong-shape`, `wrong-count`.
+//! `error-run`, `wrong-shape`, `wrong-count`; or, as a plugin may, takes the
+//! process down: `segfault-claim`, `segfault-run`, `abort-run`, `exit-run`
+//! (`exit(0)`), `loop-run` (never returns), `stack-overflow-run`,
+//! `alloc-fail-run` (as a failed allocation ends a Rust program); or
+//! panics with a payload whose drop panics too (`panic-payload-claim`); or
+//! computes the wrong values, `exp(x) + 1` (`wrong-values-run`).
 
 use switchyard_plugin::switchyard_core::executor::{Claim, Context, Executor, ExecutorInfo, Kernel, Region};
 use switchyard_plugin::switchyard_core::ir::{OpId, OpKind, UnaryOp};
@@ -19,7 +24,39 @@ const MODES: &[&str] = &[
     "error-run",
     "wrong-shape",
     "wrong-count",
+    "segfault-claim",
+    "segfault-run",
+    "abort-run",
+    "exit-run",
+    "loop-run",
+    "stack-overflow-run",
+    "alloc-fail-run",
+    "panic-payload-claim",
+    "wrong-values-run",
 ];
+
+/// A panic payload whose drop panics.
+struct Bomb;
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("the payload's drop blew up too");
+    }
+}
+
+/// Writes to an address no process maps.
+fn segfault() -> ! {
+    // SAFETY: none; this is the fault the mode asks for.
+    unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) };
+    unreachable!("the write faults")
+}
+
+/// Recurses until the stack is gone.
+#[allow(unconditional_recursion)]
+fn deep(n: u64) -> u64 {
+    let a = std::hint::black_box([n; 512]);
+    deep(n + 1).wrapping_add(a[0])
+}
 
 fn mode(options: &toml::Table) -> &str {
     options.get("mode").and_then(|v| v.as_str()).unwrap_or("ok")
@@ -49,6 +86,8 @@ impl Executor for Misbehaving {
         }
         match mode(cx.options) {
             "panic-claim" => panic!("claim blew up"),
+            "panic-payload-claim" => std::panic::panic_any(Bomb),
+            "segfault-claim" => segfault(),
             "error-claim" => Claim::Reject("refuses on principle".into()),
             "nan-cost" => Claim::Accept(f64::NAN),
             // Cheaper than anything, so that it is chosen.
@@ -79,6 +118,16 @@ impl Kernel for ExpKernel {
         let y: Vec<f32> = x.iter().map(|v| v.exp()).collect();
         match self.mode.as_str() {
             "panic-run" => panic!("run blew up"),
+            "segfault-run" => segfault(),
+            "abort-run" => std::process::abort(),
+            "exit-run" => std::process::exit(0),
+            "loop-run" => loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            },
+            "stack-overflow-run" => Ok(vec![Tensor::from_vec(vec![deep(0) as f32], &[1])?]),
+            "alloc-fail-run" => std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(1 << 62, 8).expect("a layout"),
+            ),
             "error-run" => Err(Error::Kernel {
                 executor: "misbehaving".into(),
                 op: "exp".into(),
@@ -86,6 +135,10 @@ impl Kernel for ExpKernel {
             }),
             "wrong-shape" => Ok(vec![Tensor::from_vec(y[..y.len() - 1].to_vec(), &[y.len() - 1])?]),
             "wrong-count" => Ok(vec![]),
+            "wrong-values-run" => Ok(vec![Tensor::from_vec(
+                y.iter().map(|v| v + 1.0).collect(),
+                inputs[0].shape(),
+            )?]),
             _ => Ok(vec![Tensor::from_vec(y, inputs[0].shape())?]),
         }
     }
