@@ -157,17 +157,6 @@ fn cases(kind: ExecutorKind) -> Vec<Case> {
     out
 }
 
-/// How close a result must be to the fallback's.
-fn tolerance(d: DType) -> f64 {
-    match d {
-        DType::F64 => 1e-9,
-        DType::F32 => 1e-4,
-        DType::F16 => 2e-3,
-        DType::BF16 => 1.6e-2,
-        _ => 0.0,
-    }
-}
-
 /// The fallback's outputs for `trace` on `inputs`, or `None` when it
 /// cannot run them.
 fn reference(trace: &Trace, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
@@ -208,18 +197,8 @@ fn compare(got: &[Tensor], want: &[Tensor], trace: &Trace) -> Option<String> {
                 meta
             ));
         }
-        let (g, w) = match (g.to_f64_vec(), w.to_f64_vec()) {
-            (Ok(g), Ok(w)) => (g, w),
-            (Err(e), _) | (_, Err(e)) => return Some(format!("output {k} cannot be read: {e}")),
-        };
-        let tol = tolerance(meta.dtype);
-        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-            let same = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * b.abs().max(1.0);
-            if !same {
-                return Some(format!(
-                    "output {k} element {i} is {a}, the fallback's {b} (tolerance {tol} relative)"
-                ));
-            }
+        if let Some(d) = switchyard_core::check::difference(g, w) {
+            return Some(format!("output {k} {d}"));
         }
     }
     None

@@ -22,6 +22,7 @@ macro_rules! sw {
 
 mod onnx;
 mod plugins;
+mod svg;
 
 fn example(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

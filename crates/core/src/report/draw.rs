@@ -56,11 +56,25 @@ pub fn memory_timeline_svg(plan: &Plan) -> String {
         x0 - 6.0,
         y0 + 4.0
     );
+    // Ticks on the step axis: at most about ten, every 1, 2 or 5 times a
+    // power of ten steps, each labelled with its step.
+    let every = tick_every(t.steps.len());
+    let mut step = 0usize;
+    while step <= t.steps.len() {
+        let tx = x(step as f64);
+        let _ = writeln!(
+            svg,
+            r##"<path d="M{tx:.1} {y0} L{tx:.1} {:.1}" stroke="#444"/><text x="{tx:.1}" y="{:.1}" text-anchor="middle">{step}</text>"##,
+            y0 + 5.0,
+            y0 + 17.0
+        );
+        step += every;
+    }
     let _ = writeln!(
         svg,
         r#"<text x="{}" y="{}" text-anchor="middle">step (regions in run order)</text>"#,
         (x0 + x1) / 2.0,
-        y0 + 28.0
+        y0 + 34.0
     );
     // The step line: up to the step's peak while it runs, down to what stays after.
     let mut d = format!("M{x0} {y0}");
@@ -77,22 +91,29 @@ pub fn memory_timeline_svg(plan: &Plan) -> String {
         );
         before = s.live_after;
     }
+    // Closed along the baseline, so that the fill is the area under the line.
+    let _ = write!(d, " L{x1:.1} {y0:.1} Z");
     let _ = writeln!(
         svg,
         r##"<path d="{d}" stroke="#1f5fbf" stroke-width="1.5" fill="#1f5fbf22"/>"##
     );
     if let Some(p) = t.peak_step {
         let px = (x(p as f64) + x(p as f64 + 1.0)) / 2.0;
+        // The label on the side of the peak with room for it.
+        let (lx, anchor) = if px > w / 2.0 {
+            (px - 8.0, "end")
+        } else {
+            (px + 8.0, "start")
+        };
         let _ = writeln!(
             svg,
-            r##"<circle cx="{px:.1}" cy="{:.1}" r="5" fill="#d62728"/><text x="{:.1}" y="{:.1}" fill="#d62728">peak (region {})</text>"##,
+            r##"<circle cx="{px:.1}" cy="{:.1}" r="5" fill="#d62728"/><text x="{lx:.1}" y="{:.1}" text-anchor="{anchor}" fill="#d62728">peak (region {})</text>"##,
             y(t.peak_bytes),
-            px + 8.0,
             y(t.peak_bytes) - 8.0,
             t.steps[p].region
         );
     }
-    let mut ly = y0 + 56.0;
+    let mut ly = y0 + 62.0;
     let _ = writeln!(
         svg,
         r#"<text x="{left}" y="{ly}">Largest tensors live at the peak:</text>"#
@@ -118,6 +139,20 @@ pub fn memory_timeline_svg(plan: &Plan) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// Steps between ticks for `n` steps: 1, 2 or 5 times a power of ten, so
+/// that there are at most about ten.
+fn tick_every(n: usize) -> usize {
+    let mut base = 1usize;
+    loop {
+        for k in [1, 2, 5] {
+            if n <= 10 * k * base {
+                return k * base;
+            }
+        }
+        base = base.saturating_mul(10);
+    }
 }
 
 /// The plan as a Graphviz graph: regions as clusters coloured by executor,
