@@ -86,6 +86,10 @@ enum Command {
         /// Smaller problems: faster, less precise.
         #[arg(long)]
         quick: bool,
+        /// Write the profile even when the runs behind its main figures
+        /// spread more than 25% (a busy machine).
+        #[arg(long)]
+        allow_noise: bool,
     },
     /// Time executor sets side by side on the same workloads (a built-in
     /// suite or trace files), or one executor's ops against the fallback.
@@ -457,10 +461,24 @@ fn main() -> ExitCode {
             plugin,
             plugin_isolated,
         } => executors::list(config, plugin, plugin_isolated),
-        Command::Calibrate { output, quick } => calibrate::measure(quick).and_then(|m| {
+        Command::Calibrate {
+            output,
+            quick,
+            allow_noise,
+        } => calibrate::measure(quick).and_then(|c| {
+            for line in c.report() {
+                eprintln!("{line}");
+            }
+            let noisy = c.noisy(calibrate::NOISE_LIMIT);
             match output {
                 Some(path) => {
-                    std::fs::write(&path, m.to_toml())
+                    if let Some(why) = noisy.filter(|_| !allow_noise) {
+                        bail!(
+                            "{} not written: {why}; rerun on an idle machine, or pass --allow-noise",
+                            path.display()
+                        );
+                    }
+                    std::fs::write(&path, c.model.to_toml())
                         .with_context(|| format!("writing {}", path.display()))?;
                     println!(
                         "wrote {} (use it with [cost] profile = \"{}\")",
@@ -468,7 +486,12 @@ fn main() -> ExitCode {
                         path.display()
                     );
                 }
-                None => print!("{}", m.to_toml()),
+                None => {
+                    if let Some(why) = noisy {
+                        eprintln!("warning: {why}");
+                    }
+                    print!("{}", c.model.to_toml());
+                }
             }
             Ok(())
         }),
