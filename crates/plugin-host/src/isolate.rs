@@ -470,7 +470,8 @@ impl Drop for Worker {
     fn drop(&mut self) {
         let conn = self.conn.get_mut().unwrap_or_else(|e| e.into_inner());
         if conn.dead.is_none() {
-            // Closing its stdin ends the worker; one that does not is killed.
+            // Nothing the worker holds needs flushing: it is killed rather
+            // than trusted to end when its stdin closes.
             let _ = conn.child.kill();
         }
         let _ = conn.child.wait();

@@ -192,30 +192,20 @@ fn check_complete(path: &Path) -> std::result::Result<(), String> {
     if n < 64 || &head[..4] != b"\x7fELF" {
         return Err("is not an ELF shared library".into());
     }
-    let (end, why) = match head[4] {
-        // 64-bit: e_shoff at 40 (8 bytes), e_shentsize at 58, e_shnum at 60.
-        2 => {
-            let u = |a: usize, n: usize| {
-                let mut v = 0u64;
-                for i in (0..n).rev() {
-                    v = (v << 8) | head[a + i] as u64;
-                }
-                v
-            };
-            if head[5] != 1 {
-                return Err("is a big-endian ELF file, which this host cannot load".into());
-            }
-            let (shoff, shentsize, shnum) = (u(40, 8), u(58, 2), u(60, 2));
-            (
-                shoff.saturating_add(shentsize.saturating_mul(shnum)),
-                "its section headers",
-            )
-        }
-        _ => return Err("is not a 64-bit ELF shared library".into()),
-    };
+    // 64-bit little-endian only: e_shoff at 40 (8 bytes), e_shentsize at 58
+    // and e_shnum at 60 (2 bytes each).
+    if head[4] != 2 {
+        return Err("is not a 64-bit ELF shared library".into());
+    }
+    if head[5] != 1 {
+        return Err("is a big-endian ELF file, which this host cannot load".into());
+    }
+    let u16_at = |a: usize| u64::from(u16::from_le_bytes([head[a], head[a + 1]]));
+    let shoff = u64::from_le_bytes(head[40..48].try_into().expect("8 bytes"));
+    let end = shoff.saturating_add(u16_at(58).saturating_mul(u16_at(60)));
     if end > len {
         return Err(format!(
-            "is cut short: {why} end at byte {end}, but the file holds {len} bytes"
+            "is cut short: its section headers end at byte {end}, but the file holds {len} bytes"
         ));
     }
     Ok(())
