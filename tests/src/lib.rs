@@ -9,6 +9,7 @@ pub mod fakes;
 pub mod fuzzing;
 pub mod models;
 pub mod simdevice;
+pub mod skips;
 pub mod workloads;
 
 use std::sync::Arc;

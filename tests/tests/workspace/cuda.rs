@@ -4,8 +4,8 @@
 //! the GPU device models, and plans for `cuda:0` made without a GPU
 //! (`plan_only`, as `switchyard plan --target cuda:0` makes them). On a
 //! machine with a GPU, the ops they claim and the transformer block run
-//! there and are compared with the fallback; elsewhere those tests print
-//! why they skip.
+//! there and are compared with the fallback; elsewhere those tests say why
+//! they skip, and the binary lists them after its test summary.
 
 use std::sync::Arc;
 
@@ -69,8 +69,9 @@ fn block() -> Trace {
 }
 
 /// Why GPU tests cannot run here, if they cannot.
-fn no_gpu() -> Option<String> {
-    probe().unavailable(&[Needs::Nvrtc, Needs::Cublas, Needs::Cudnn])
+/// True, having said so in the test summary, when `test` cannot run here.
+fn no_gpu(test: &str) -> bool {
+    switchyard_tests::skips::skip_without_gpu(test, &[Needs::Nvrtc, Needs::Cublas, Needs::Cudnn])
 }
 
 fn claim(e: &dyn Executor, trace: &Trace, op: usize, model: &DeviceModel) -> Claim {
@@ -222,7 +223,10 @@ fn the_transformer_block_for_cuda_goes_to_cublas_cudnn_and_the_fuser() {
             .iter()
             .map(|(n, _)| n.as_str())
             .collect();
-        if no_gpu().is_some() {
+        if probe()
+            .unavailable(&[Needs::Nvrtc, Needs::Cublas, Needs::Cudnn])
+            .is_some()
+        {
             assert!(
                 assumed.contains(&"cublas") && assumed.contains(&"cudnn"),
                 "{assumed:?}"
@@ -702,8 +706,7 @@ fn gpu_matches_fallback_with(text: &str, set: &ExecutorSet, tol: f64) -> f64 {
 
 #[test]
 fn gpu_f32_products_are_ieee_unless_tf32_is_allowed() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_f32_products_are_ieee_unless_tf32_is_allowed") {
         return;
     }
     let text = "input a: f32[256, 512]\ninput b: f32[512, 256]\nc = matmul(a, b)\noutput c\n";
@@ -721,8 +724,7 @@ fn gpu_f32_products_are_ieee_unless_tf32_is_allowed() {
 
 #[test]
 fn gpu_every_claimed_op_matches_the_fallback() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_every_claimed_op_matches_the_fallback") {
         return;
     }
     let cases: &[(&str, f64)] = &[
@@ -792,8 +794,7 @@ fn gpu_every_claimed_op_matches_the_fallback() {
 
 #[test]
 fn gpu_convolutions_and_pools_match_the_fallback() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_convolutions_and_pools_match_the_fallback") {
         return;
     }
     let cases: &[(&str, f64)] = &[
@@ -843,8 +844,7 @@ fn gpu_convolutions_and_pools_match_the_fallback() {
 
 #[test]
 fn gpu_f32_convolutions_are_ieee_unless_tf32_is_allowed() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_f32_convolutions_are_ieee_unless_tf32_is_allowed") {
         return;
     }
     let text = "input x: f32[4, 64, 28, 28]\ninput w: f32[64, 64, 3, 3]\ny = conv(x, w, pad=[1, 1, 1, 1])\noutput y\n";
@@ -857,8 +857,7 @@ fn gpu_f32_convolutions_are_ieee_unless_tf32_is_allowed() {
 
 #[test]
 fn gpu_ops_that_read_one_value_twice_match_the_fallback() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_ops_that_read_one_value_twice_match_the_fallback") {
         return;
     }
     // A region is given each distinct value once: matmul(x, x) on cuBLAS,
@@ -882,8 +881,7 @@ fn gpu_ops_that_read_one_value_twice_match_the_fallback() {
 
 #[test]
 fn gpu_fused_attention_matches_the_fallback() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_fused_attention_matches_the_fallback") {
         return;
     }
     let mut set = executors();
@@ -908,8 +906,7 @@ fn gpu_fused_attention_matches_the_fallback() {
 
 #[test]
 fn gpu_a_steady_state_run_allocates_nothing_from_the_device() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_a_steady_state_run_allocates_nothing_from_the_device") {
         return;
     }
     let plan = plan_for(&block(), &DeviceModel::h100(), false);
@@ -933,8 +930,7 @@ fn gpu_a_steady_state_run_allocates_nothing_from_the_device() {
 
 #[test]
 fn gpu_the_transformer_block_matches_the_fallback() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_the_transformer_block_matches_the_fallback") {
         return;
     }
     gpu_matches_fallback(BLOCK, BLOCK_F32);
@@ -942,8 +938,7 @@ fn gpu_the_transformer_block_matches_the_fallback() {
 
 #[test]
 fn gpu_one_plan_run_from_eight_threads_a_hundred_times_each_gives_single_run_results() {
-    if let Some(why) = no_gpu() {
-        println!("skipped: no GPU here ({why})");
+    if no_gpu("gpu_one_plan_run_from_eight_threads_a_hundred_times_each_gives_single_run_results") {
         return;
     }
     let t = block();

@@ -815,13 +815,14 @@ fn plan_targets_a_gpu_this_machine_need_not_have() {
 
 #[test]
 fn gpu_kernels_compiled_once_are_reused_by_the_next_process() {
-    let probe = switchyard_cuda::probe();
-    if let Some(why) = probe.unavailable(&[
-        switchyard_cuda::Needs::Nvrtc,
-        switchyard_cuda::Needs::Cublas,
-        switchyard_cuda::Needs::Cudnn,
-    ]) {
-        println!("skipped: no GPU here ({why})");
+    if switchyard_tests::skips::skip_without_gpu(
+        "gpu_kernels_compiled_once_are_reused_by_the_next_process",
+        &[
+            switchyard_cuda::Needs::Nvrtc,
+            switchyard_cuda::Needs::Cublas,
+            switchyard_cuda::Needs::Cudnn,
+        ],
+    ) {
         return;
     }
     let cache = scratch("kernel-cache");

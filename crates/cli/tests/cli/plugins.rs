@@ -52,6 +52,14 @@ fn isolated_plugins_that_crash_exit_or_hang_are_errors_naming_plugin_and_hook() 
             "alloc-fail-run",
             "crashed in `run`: its process was killed by signal 6",
         ),
+        (
+            "segfault-thread-run",
+            "crashed in `run`: its process was killed by signal 11",
+        ),
+        (
+            "double-free-run",
+            "crashed in `run`: its process was killed by signal 6",
+        ),
         ("exit-run", "crashed in `run`: its process exited with status 0"),
         (
             "loop-run",
@@ -127,6 +135,8 @@ fn in_process_plugins_that_crash_take_the_host_down_as_documented() {
         ("segfault-run", Some(11), None),
         ("abort-run", Some(6), None),
         ("stack-overflow-run", Some(6), None),
+        ("segfault-thread-run", Some(11), None),
+        ("double-free-run", Some(6), None),
         // exit(0) in a hook ends the host, successfully and silently.
         ("exit-run", None, Some(0)),
     ] {

@@ -5,7 +5,9 @@
 //! `error-run`, `wrong-shape`, `wrong-count`; or, as a plugin may, takes the
 //! process down: `segfault-claim`, `segfault-run`, `abort-run`, `exit-run`
 //! (`exit(0)`), `loop-run` (never returns), `stack-overflow-run`,
-//! `alloc-fail-run` (as a failed allocation ends a Rust program); or
+//! `alloc-fail-run` (as a failed allocation ends a Rust program),
+//! `segfault-thread-run` (in a thread the plugin starts), `double-free-run`
+//! (heap corruption, which the C library finds and aborts on); or
 //! panics with a payload whose drop panics too (`panic-payload-claim`); or
 //! computes the wrong values, `exp(x) + 1` (`wrong-values-run`).
 
@@ -31,6 +33,8 @@ const MODES: &[&str] = &[
     "loop-run",
     "stack-overflow-run",
     "alloc-fail-run",
+    "segfault-thread-run",
+    "double-free-run",
     "panic-payload-claim",
     "wrong-values-run",
 ];
@@ -49,6 +53,19 @@ fn segfault() -> ! {
     // SAFETY: none; this is the fault the mode asks for.
     unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) };
     unreachable!("the write faults")
+}
+
+/// Frees one block twice, corrupting the heap's free list.
+fn double_free() -> ! {
+    let layout = std::alloc::Layout::from_size_align(64, 8).expect("a layout");
+    // SAFETY: none; this is the corruption the mode asks for. The C library's
+    // allocator checks for a block freed twice and aborts.
+    unsafe {
+        let p = std::alloc::alloc(layout);
+        std::alloc::dealloc(p, layout);
+        std::alloc::dealloc(std::hint::black_box(p), layout);
+    }
+    std::process::abort()
 }
 
 /// Recurses until the stack is gone.
@@ -119,6 +136,11 @@ impl Kernel for ExpKernel {
         match self.mode.as_str() {
             "panic-run" => panic!("run blew up"),
             "segfault-run" => segfault(),
+            "segfault-thread-run" => {
+                let _ = std::thread::spawn(|| segfault()).join();
+                unreachable!("the thread's fault ends the process")
+            }
+            "double-free-run" => double_free(),
             "abort-run" => std::process::abort(),
             "exit-run" => std::process::exit(0),
             "loop-run" => loop {
