@@ -40,6 +40,7 @@ fn link_builtin_executors() {
     let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
     let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
     let _ = std::hint::black_box(switchyard_exec_conv::ConvExecutor);
+    let _ = std::hint::black_box(switchyard_exec_gemm::GemmExecutor);
     let _ = std::hint::black_box(switchyard_exec_rnn::RnnExecutor);
     let _ = std::hint::black_box(switchyard_exec_cublas::CublasExecutor);
     let _ = std::hint::black_box(switchyard_exec_cudnn::CudnnExecutor);

@@ -38,55 +38,16 @@ fn compile(src: &str) -> (CompiledPlan, Vec<Tensor>) {
     (CompiledPlan::compile(plan).expect("compile"), inputs)
 }
 
-/// Floating-point operations of `calls` x 12 x 8-wide FMA chains per thread.
+/// Floating-point operations of `calls` rounds of the FMA chains per thread.
 fn fma_flops(calls: usize) -> f64 {
-    (calls * 12 * 8 * 2 * rayon::current_num_threads()) as f64
+    (calls * switchyard_simd::peak::FLOPS_PER_ROUND * rayon::current_num_threads()) as f64
 }
 
-/// Runs `calls` rounds of twelve independent 8-wide FMA chains on every
-/// thread.
+/// Runs `calls` rounds of the FMA chains on every thread.
 fn fma_peak(calls: usize) -> f32 {
-    rayon::broadcast(|_| chains(calls)).into_iter().sum()
-}
-
-#[cfg(target_arch = "x86_64")]
-fn chains(calls: usize) -> f32 {
-    assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
-    // SAFETY: the CPU has AVX2 and FMA (asserted).
-    unsafe { fma_chains(calls) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_chains(calls: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let a = _mm256_set1_ps(std::hint::black_box(0.999_999));
-    let b = _mm256_set1_ps(std::hint::black_box(1e-7));
-    let mut acc = [_mm256_set1_ps(1.0); 12];
-    for _ in 0..calls {
-        for x in acc.iter_mut() {
-            *x = _mm256_fmadd_ps(*x, a, b);
-        }
-    }
-    let mut out = [0f32; 8];
-    let sum = acc.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x));
-    // SAFETY: `out` holds 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
-    out.iter().sum()
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn chains(calls: usize) -> f32 {
-    let mut acc = [[1.0f32; 8]; 12];
-    let (a, b) = (std::hint::black_box(0.999_999f32), std::hint::black_box(1e-7f32));
-    for _ in 0..calls {
-        for lane in acc.iter_mut() {
-            for x in lane.iter_mut() {
-                *x = x.mul_add(a, b);
-            }
-        }
-    }
-    acc.iter().flatten().sum()
+    rayon::broadcast(|_| switchyard_simd::peak::fma_chains(calls))
+        .into_iter()
+        .sum()
 }
 
 fn median(mut f: impl FnMut(), runs: usize) -> f64 {

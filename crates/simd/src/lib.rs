@@ -22,6 +22,7 @@
 //! gives the same bits at every level.
 
 pub mod math;
+pub mod peak;
 
 /// The explicit vector types [`Simd::vectorize`] hands its kernels.
 pub use pulp;

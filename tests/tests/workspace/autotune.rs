@@ -82,7 +82,10 @@ fn a_plugin_claiming_a_fantastic_rate_loses_the_matmuls_it_is_slower_at() {
     let t = llama(1, BlockSize::SMALL).unwrap();
     let path = built_library("switchyard-matmul-plugin").display().to_string();
     let config = Config::parse(
-        &format!("[[plugin]]\npath = {path:?}\n[options.tiled_matmul]\ngflops = 1000000.0\n"),
+        // Against the fallback alone (gemm would keep the linears whole).
+        &format!(
+            "disable = [\"gemm\"]\n[[plugin]]\npath = {path:?}\n[options.tiled_matmul]\ngflops = 1000000.0\n"
+        ),
         "t.toml",
     )
     .unwrap();

@@ -14,6 +14,7 @@ mod devices;
 mod examples;
 mod fuser;
 mod fuzzing;
+mod gemm;
 mod hints;
 mod memory_limits;
 mod onnx;

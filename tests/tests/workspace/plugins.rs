@@ -68,9 +68,11 @@ fn same_as_fallback(trace: &Trace, outputs: &[switchyard_core::Tensor]) {
 fn the_example_plugin_runs_the_transformer_block_when_its_cost_wins() {
     let t = llama(1, BlockSize::SMALL).unwrap();
     let path = matmul_plugin().display().to_string();
-    // Claiming a fantastic rate, it wins every matmul.
+    // Claiming a fantastic rate, it wins every matmul. (Without gemm,
+    // which claims the block's linears whole: the plugin claims matmul only,
+    // and a composite claimed whole is kept whole.)
     let fast = config(&format!(
-        "[[plugin]]\npath = {path:?}\n[options.tiled_matmul]\ngflops = 1000000.0\n"
+        "disable = [\"gemm\"]\n[[plugin]]\npath = {path:?}\n[options.tiled_matmul]\ngflops = 1000000.0\n"
     ));
     let (outputs, executors, set_aside) = plan_and_run(&t, &fast).unwrap();
     assert!(set_aside.is_empty());
@@ -79,7 +81,7 @@ fn the_example_plugin_runs_the_transformer_block_when_its_cost_wins() {
     same_as_fallback(&t, &outputs);
     // At its default 10 GFLOP/s (about what its kernel reaches) the
     // fallback's gemm is cheaper: it wins none.
-    let honest = config(&format!("[[plugin]]\npath = {path:?}\n"));
+    let honest = config(&format!("disable = [\"gemm\"]\n[[plugin]]\npath = {path:?}\n"));
     let (outputs, executors, _) = plan_and_run(&t, &honest).unwrap();
     assert!(!executors.iter().any(|e| e == "tiled_matmul"), "{executors:?}");
     same_as_fallback(&t, &outputs);

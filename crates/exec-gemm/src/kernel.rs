@@ -1,0 +1,274 @@
+//! The compiled kernel of one `matmul` or `linear`: the operands' layout
+//! read on each run, the weights packed once and kept, the product computed
+//! into the output buffer the runtime gives.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use rayon::prelude::*;
+use switchyard_core::executor::Kernel;
+use switchyard_core::meta::{broadcast_strides, contiguous_strides};
+use switchyard_core::{DType, Error, OutputBuffer, Result, Tensor};
+
+use crate::micro::NR;
+use crate::pack::{PackedB, Strided};
+use crate::product::Products;
+
+/// Weights a kernel keeps packed at once: the kernel cache gives one
+/// kernel to every product of the same shapes (each layer's), each with
+/// weights of its own.
+const PACKED_KEPT: usize = 64;
+
+/// Packed weights and the tensor they were packed from, held so that its
+/// buffer can be neither written nor freed while it is the key.
+type Kept = Vec<(Tensor, Arc<PackedB>)>;
+
+/// What the kernel computes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Form {
+    /// `matmul(a, b)`: inputs `a` and `b`, batch dims broadcast.
+    Matmul { a: usize, b: usize },
+    /// `linear(x, w, [bias])`: `x @ w^T (+ bias)`, `w` `[n, k]`.
+    Linear { x: usize, w: usize, bias: Option<usize> },
+}
+
+/// The kernel of one product.
+pub(crate) struct GemmKernel {
+    pub(crate) form: Form,
+    pub(crate) out_shape: Vec<usize>,
+    /// Whether `B` is a weight (a trace input, through views at most), whose
+    /// packed panels are kept from one run to the next.
+    pub(crate) b_is_weight: bool,
+    pub(crate) kept: RwLock<Kept>,
+    /// What a run packs, kept for the next.
+    pub(crate) scratch: Mutex<Scratch>,
+}
+
+/// Buffers a run packs its operands into.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// `A`, every batch's.
+    a: Vec<f32>,
+    /// `B`s that are not weights, one buffer each.
+    b: Vec<Vec<f32>>,
+}
+
+fn fail(message: String) -> Error {
+    Error::Kernel {
+        executor: crate::NAME.into(),
+        op: "matmul".into(),
+        message,
+    }
+}
+
+/// The operands' matrices: sizes, and where each batch's lie.
+struct Layout {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Vec<Strided>,
+    /// One per batch, or one for all.
+    b: Vec<Strided>,
+}
+
+/// The matrices of `a` (`[.., m, k]`) and `b` (`[.., k, n]`, or `[.., n, k]`
+/// when `b_transposed`) for an output of `out_shape`, batch dims broadcast;
+/// rows of `a` that follow on evenly from one batch to the next are one
+/// taller matrix, so a product with a shared `B` is one product.
+fn layout(a: &Tensor, b: &Tensor, b_transposed: bool, out_shape: &[usize]) -> Layout {
+    let rank = out_shape.len();
+    let batch_shape = &out_shape[..rank - 2];
+    let (ar, br) = (a.rank(), b.rank());
+    let a_bs = broadcast_strides(&a.shape()[..ar - 2], &a.strides()[..ar - 2], batch_shape);
+    let b_bs = broadcast_strides(&b.shape()[..br - 2], &b.strides()[..br - 2], batch_shape);
+    let (m, k) = (a.shape()[ar - 2], a.shape()[ar - 1]);
+    let (n, b_row, b_col) = match b_transposed {
+        false => (b.shape()[br - 1], b.strides()[br - 2], b.strides()[br - 1]),
+        true => (b.shape()[br - 2], b.strides()[br - 1], b.strides()[br - 2]),
+    };
+    let (a_row, a_col) = (a.strides()[ar - 2], a.strides()[ar - 1]);
+    let batches: usize = batch_shape.iter().product();
+    let cs = contiguous_strides(batch_shape);
+    let mut at_a = Vec::with_capacity(batches);
+    let mut at_b = Vec::with_capacity(batches);
+    for i in 0..batches {
+        let (mut oa, mut ob) = (a.offset() as isize, b.offset() as isize);
+        for d in 0..batch_shape.len() {
+            let idx = (i as isize / cs[d]) % batch_shape[d] as isize;
+            oa += idx * a_bs[d];
+            ob += idx * b_bs[d];
+        }
+        at_a.push(Strided {
+            offset: oa as usize,
+            row: a_row,
+            col: a_col,
+        });
+        at_b.push(Strided {
+            offset: ob as usize,
+            row: b_row,
+            col: b_col,
+        });
+    }
+    let shared_b = at_b.windows(2).all(|w| w[0] == w[1]);
+    if shared_b {
+        at_b.truncate(1);
+    }
+    let rows_follow_on = at_a
+        .iter()
+        .enumerate()
+        .all(|(i, s)| s.offset as isize == at_a[0].offset as isize + (i * m) as isize * a_row);
+    if shared_b && batches > 1 && rows_follow_on {
+        return Layout {
+            m: m * batches,
+            n,
+            k,
+            a: vec![at_a[0]],
+            b: at_b,
+        };
+    }
+    Layout {
+        m,
+        n,
+        k,
+        a: at_a,
+        b: at_b,
+    }
+}
+
+impl GemmKernel {
+    /// The packed `B`s of this run: kept ones where `B` is a weight packed
+    /// before, else packed now into buffers from `pool` (into `fresh`).
+    fn packed_b(
+        &self,
+        b: &Tensor,
+        src: &[f32],
+        l: &Layout,
+        pool: &mut Vec<Vec<f32>>,
+        fresh: &mut Vec<PackedB>,
+    ) -> Option<Arc<PackedB>> {
+        let keep = self.b_is_weight && !b.is_arena() && l.b.len() == 1;
+        if keep {
+            let same = |held: &Tensor| {
+                held.storage_id() == b.storage_id()
+                    && held.offset() == b.offset()
+                    && held.strides() == b.strides()
+                    && held.shape() == b.shape()
+            };
+            if let Ok(kept) = self.kept.read()
+                && let Some((_, p)) = kept.iter().find(|(held, _)| same(held))
+            {
+                return Some(p.clone());
+            }
+            let p = Arc::new(PackedB::pack(src, l.b[0], l.k, l.n, Vec::new()));
+            if let Ok(mut kept) = self.kept.write() {
+                if kept.len() == PACKED_KEPT {
+                    // The oldest goes: a kernel shared by more weights than
+                    // this packs some of them on every run.
+                    kept.remove(0);
+                }
+                kept.push((b.clone(), p.clone()));
+            }
+            return Some(p);
+        }
+        let buffers: Vec<Vec<f32>> = (0..l.b.len()).map(|_| pool.pop().unwrap_or_default()).collect();
+        let (k, n) = (l.k, l.n);
+        let work = l.b.len() * PackedB::len(k, n);
+        if l.b.len() > 1 && work >= 1 << 16 {
+            buffers
+                .into_par_iter()
+                .zip(l.b.par_iter())
+                .map(|(buf, &at)| PackedB::pack(src, at, k, n, buf))
+                .collect_into_vec(fresh);
+        } else {
+            fresh.extend(
+                buffers
+                    .into_iter()
+                    .zip(&l.b)
+                    .map(|(buf, &at)| PackedB::pack(src, at, k, n, buf)),
+            );
+        }
+        None
+    }
+}
+
+/// A tensor's whole buffer as f32s.
+fn f32s<'a>(t: &'a Tensor, what: &str) -> Result<&'a [f32]> {
+    if t.dtype() != DType::F32 {
+        return Err(fail(format!("{what} is {}, not f32", t.dtype())));
+    }
+    t.buffer::<f32>()
+        .ok_or_else(|| fail(format!("{what} is not in host memory")))
+}
+
+impl Kernel for GemmKernel {
+    fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        switchyard_core::executor::run_allocating(self, inputs)
+    }
+
+    fn run_into(
+        &self,
+        inputs: &[&Tensor],
+        given: &mut [Option<OutputBuffer>],
+        outputs: &mut Vec<Tensor>,
+    ) -> Result<()> {
+        let (a, b, b_transposed, bias) = match self.form {
+            Form::Matmul { a, b } => (inputs[a], inputs[b], false, None),
+            Form::Linear { x, w, bias } => (inputs[x], inputs[w], true, bias.map(|i| inputs[i])),
+        };
+        if a.rank() < 2 || b.rank() < 2 {
+            return Err(fail(format!(
+                "operands of rank {} and {}; this kernel multiplies matrices",
+                a.rank(),
+                b.rank()
+            )));
+        }
+        let l = layout(a, b, b_transposed, &self.out_shape);
+        let (a_src, b_src) = (f32s(a, "the left operand")?, f32s(b, "the right operand")?);
+        let padded_bias = match bias {
+            Some(t) => {
+                let values = t
+                    .to_vec::<f32>()
+                    .ok_or_else(|| fail(format!("the bias is {}, not f32", t.dtype())))?;
+                if values.len() != l.n {
+                    return Err(fail(format!(
+                        "a bias of {} values for {} columns",
+                        values.len(),
+                        l.n
+                    )));
+                }
+                let mut padded = vec![0f32; l.n.div_ceil(NR) * NR];
+                padded[..l.n].copy_from_slice(&values);
+                Some(padded)
+            }
+            None => None,
+        };
+        // A run from another thread meanwhile packs into buffers of its own.
+        let mut held = self.scratch.try_lock();
+        let mut own = Scratch::default();
+        let scratch = match held.as_deref_mut() {
+            Ok(s) => s,
+            Err(_) => &mut own,
+        };
+        let mut fresh = Vec::new();
+        let kept = self.packed_b(b, b_src, &l, &mut scratch.b, &mut fresh);
+        let packed: Vec<&PackedB> = match &kept {
+            Some(p) => vec![p.as_ref()],
+            None => fresh.iter().collect(),
+        };
+        let mut buf = OutputBuffer::given_or_new(given, 0, DType::F32, &self.out_shape)?;
+        let c = buf.slice_mut::<f32>().expect("an f32 buffer");
+        Products {
+            m: l.m,
+            n: l.n,
+            k: l.k,
+            a: a_src,
+            a_at: &l.a,
+            b: &packed,
+            bias: padded_bias.as_deref(),
+        }
+        .run(c, &mut scratch.a);
+        drop(packed);
+        scratch.b.extend(fresh.into_iter().map(|p| p.data));
+        outputs.push(buf.into_tensor());
+        Ok(())
+    }
+}

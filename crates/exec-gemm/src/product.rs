@@ -1,0 +1,264 @@
+//! One run's matrix products: where the operands lie, and the blocked,
+//! threaded loop over packed panels that computes them.
+//!
+//! The loop is the classic one (Goto's): per task, a block of rows and a
+//! run of panels of `B`; per block of `k`, each panel of `B` meets every
+//! tile of the task's rows (in L2) before the next panel. The microkernel
+//! reads rows of `A` where they lie when each is contiguous (as ONNX
+//! Runtime's MLAS does: packing them costs as much as the product when `B`
+//! is narrow, attention's `P V`); a transposed `A` is packed once per run
+//! into panels of six rows. Tasks are as many as share the work out evenly
+//! over the threads; a product too small to pay for waking them runs on
+//! the calling thread.
+
+use rayon::prelude::*;
+
+use crate::micro::{self, Finish, MR, NR, Rows};
+use crate::pack::{PackedA, PackedB, Strided, aligned};
+
+/// Multiply-adds below which a product runs on the calling thread: waking
+/// the pool costs about what 2^18 multiply-adds take.
+const PARALLEL_MIN: usize = 1 << 18;
+
+/// Rows of a task, at most: its block of packed `A` (`MC x KC`, 264 KiB)
+/// stays in L2 while every panel of its run passes. A taller block reads
+/// each panel of `B` into L1 for more tiles (measured: 132 rows against 66,
+/// 10-15% faster).
+const MC: usize = 132;
+
+/// The products of one run: `batches` of `C[m, n] = A[m, k] B[k, n]`.
+pub(crate) struct Products<'a> {
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    /// `A`'s buffer, and where each batch's `A` lies in it.
+    pub(crate) a: &'a [f32],
+    pub(crate) a_at: &'a [Strided],
+    /// Each batch's packed `B` (one for all where they share it).
+    pub(crate) b: &'a [&'a PackedB],
+    /// `n` values added to every row of `C`, padded to whole panels.
+    pub(crate) bias: Option<&'a [f32]>,
+}
+
+/// Where a task reads its rows of `A`.
+#[derive(Clone, Copy)]
+enum A<'a> {
+    /// Packed once for the run.
+    Packed(&'a PackedA<'a>),
+    /// Where they lie, each row contiguous.
+    Direct(Strided),
+}
+
+/// A pointer the tasks of one run write disjoint tiles of `C` through.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every task writes tiles no other task writes, and the run waits
+// for all of them before the output is read.
+unsafe impl Send for Out {}
+// SAFETY: as above.
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Element `i` of the output (a method, so that closures capture the
+    /// whole `Out`, which is `Sync`, and not its pointer).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Bytes of packed `A` a run of `batches` products of `[m, k]` rows takes.
+pub(crate) fn packed_a_bytes(batches: usize, m: usize, k: usize) -> usize {
+    (batches * PackedA::len(m, k) + 16) * std::mem::size_of::<f32>()
+}
+
+impl Products<'_> {
+    /// Computes every product into `c` (`batches * m * n`, dense), packing
+    /// `A` into `scratch` (reused from run to run).
+    pub(crate) fn run(&self, c: &mut [f32], scratch: &mut Vec<f32>) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let batches = self.a_at.len();
+        assert_eq!(c.len(), batches * m * n, "the output holds every product");
+        assert!(
+            self.b.len() == batches || self.b.len() == 1,
+            "a packed B per batch, or one"
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        let panels = n.div_ceil(NR);
+        if let Some(bias) = self.bias {
+            assert!(bias.len() >= panels * NR, "the bias is padded to whole panels");
+        }
+        if k == 0 {
+            for row in c.chunks_exact_mut(n) {
+                match self.bias {
+                    Some(bias) => row.copy_from_slice(&bias[..n]),
+                    None => row.fill(0.0),
+                }
+            }
+            return;
+        }
+        let work = batches.saturating_mul(m).saturating_mul(n).saturating_mul(k);
+        let threads = if work < PARALLEL_MIN {
+            1
+        } else {
+            rayon::current_num_threads().max(1)
+        };
+        let kc = self.b[0].kc;
+        // A transposed A, packed once for every task.
+        let direct = self.a_at.iter().all(|at| at.col == 1 && at.row >= 0);
+        let packed: Vec<PackedA> = match direct {
+            true => Vec::new(),
+            false => {
+                let per = PackedA::len(m, k);
+                let start = aligned(scratch, batches * per);
+                let dst = &mut scratch[start..][..batches * per];
+                if threads > 1 && batches > 1 {
+                    dst.par_chunks_exact_mut(per)
+                        .zip(self.a_at)
+                        .map(|(dst, at)| PackedA::pack(self.a, *at, (m, k, kc), dst))
+                        .collect()
+                } else {
+                    dst.chunks_exact_mut(per)
+                        .zip(self.a_at)
+                        .map(|(dst, at)| PackedA::pack(self.a, *at, (m, k, kc), dst))
+                        .collect()
+                }
+            }
+        };
+        let (row_blocks, mc) = {
+            let blocks = m.div_ceil(MC);
+            (blocks, m.div_ceil(blocks).div_ceil(MR) * MR)
+        };
+        // Runs of panels per block of rows: enough tasks to share out
+        // evenly (at least four per thread where there are panels for it).
+        let per_batch = batches * row_blocks;
+        let runs = (4 * threads).div_ceil(per_batch).clamp(1, panels);
+        let run_len = panels.div_ceil(runs);
+        let runs = panels.div_ceil(run_len);
+        let tasks = per_batch * runs;
+        let fast = micro::fast();
+        let out = Out(c.as_mut_ptr());
+        let task = |t: usize| {
+            let (batch, rest) = (t / (row_blocks * runs), t % (row_blocks * runs));
+            let (rb, run) = (rest / runs, rest % runs);
+            let r0 = rb * mc;
+            let rows = mc.min(m - r0);
+            let p0 = run * run_len;
+            let p1 = (p0 + run_len).min(panels);
+            let b = self.b[batch.min(self.b.len() - 1)];
+            // This task's tiles are rows [r0, r0 + rows) of panels [p0, p1)
+            // of batch `batch`, which no other task writes.
+            let c = out.at(batch * m * n);
+            let a = match direct {
+                true => A::Direct(self.a_at[batch]),
+                false => A::Packed(&packed[batch]),
+            };
+            self.block(a, b, (r0, rows), (p0, p1), c, fast);
+        };
+        if threads == 1 || tasks == 1 {
+            (0..tasks).for_each(task);
+        } else {
+            (0..tasks).into_par_iter().for_each(task);
+        }
+    }
+
+    /// Rows `[r0, r0 + rows)` (`r0` a multiple of [`MR`]) of panels
+    /// `[p0, p1)` of one product into `c` (its `m x n`).
+    fn block(
+        &self,
+        a: A,
+        b: &PackedB,
+        (r0, rows): (usize, usize),
+        (p0, p1): (usize, usize),
+        c: *mut f32,
+        fast: bool,
+    ) {
+        let (n, k) = (self.n, self.k);
+        debug_assert_eq!((b.k, b.n), (k, n));
+        let kc = b.kc;
+        let tiles = rows.div_ceil(MR);
+        for k0 in (0..k).step_by(kc) {
+            let kl = kc.min(k - k0);
+            let last = k0 + kl == k;
+            let rows_of = |t: usize| match a {
+                A::Packed(a) => Rows {
+                    at: a.tiles(k0, kl, (r0 / MR + t, 1)).as_ptr(),
+                    row: 1,
+                    step: MR,
+                },
+                A::Direct(at) => Rows {
+                    at: self.a[at.at(r0 + t * MR, k0)..].as_ptr(),
+                    row: at.row as usize,
+                    step: 1,
+                },
+            };
+            for p in p0..p1 {
+                let bp = b.panel(k0, kl, p).as_ptr();
+                let cols = NR.min(n - p * NR);
+                let finish = Finish {
+                    accumulate: k0 > 0,
+                    bias: self.bias.filter(|_| last).map(|bias| bias[p * NR..].as_ptr()),
+                };
+                for t in 0..tiles {
+                    let tile_rows = MR.min(rows - t * MR);
+                    let ap = rows_of(t);
+                    // SAFETY: the tile's rows and columns lie in `c`.
+                    let at = unsafe { c.add((r0 + t * MR) * n + p * NR) };
+                    if cols == NR {
+                        // SAFETY: the packed panels hold `kl` steps; the
+                        // tile is `tile_rows x NR` of `c`, rows `n` apart.
+                        unsafe { tile(fast, tile_rows, kl, ap, bp, at, n, finish) };
+                    } else {
+                        // The last panel, narrower than a tile: through a
+                        // tile of its own.
+                        let mut local = [0f32; MR * NR];
+                        for r in 0..tile_rows {
+                            if finish.accumulate {
+                                // SAFETY: row `r`'s `cols` values lie in `c`.
+                                let src = unsafe { std::slice::from_raw_parts(at.add(r * n), cols) };
+                                local[r * NR..][..cols].copy_from_slice(src);
+                            }
+                        }
+                        // SAFETY: `local` is `MR x NR`.
+                        unsafe { tile(fast, tile_rows, kl, ap, bp, local.as_mut_ptr(), NR, finish) };
+                        for r in 0..tile_rows {
+                            // SAFETY: as above.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), cols) };
+                            dst.copy_from_slice(&local[r * NR..][..cols]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`micro::tile`] for `rows` rows.
+///
+/// # Safety
+/// As [`micro::tile`].
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn tile(
+    fast: bool,
+    rows: usize,
+    kl: usize,
+    a: Rows,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    finish: Finish,
+) {
+    // SAFETY: the caller's.
+    unsafe {
+        match rows {
+            1 => micro::tile::<1>(fast, kl, a, b, c, ldc, finish),
+            2 => micro::tile::<2>(fast, kl, a, b, c, ldc, finish),
+            3 => micro::tile::<3>(fast, kl, a, b, c, ldc, finish),
+            4 => micro::tile::<4>(fast, kl, a, b, c, ldc, finish),
+            5 => micro::tile::<5>(fast, kl, a, b, c, ldc, finish),
+            _ => micro::tile::<6>(fast, kl, a, b, c, ldc, finish),
+        }
+    }
+}

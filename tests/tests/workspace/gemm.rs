@@ -1,0 +1,222 @@
+//! The CPU matrix-product executor against the fallback: matmuls with batch
+//! dims broadcast, transposed and sliced operands, linears with and without
+//! a bias, every SIMD level, and weights that change between runs or that
+//! one kernel serves for several layers.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use switchyard_core::io::random_inputs;
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_core::text::parse;
+use switchyard_core::{Tensor, Trace};
+use switchyard_exec_fallback::FallbackExecutor;
+use switchyard_exec_gemm::GemmExecutor;
+use switchyard_tests::{assert_close, plan_on, run};
+
+/// Plans on the gemm executor and the fallback, checks that every product
+/// went to the gemm executor, and compares every output with the fallback
+/// alone, twice (the second run finds its weights packed).
+fn check(trace: &Trace, seed: u64) {
+    let plan = plan_on(trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let products = trace
+        .ops_with_ids()
+        .filter(|(_, o)| matches!(o.kind.name(), "matmul" | "linear"))
+        .count();
+    let on_gemm = plan
+        .regions
+        .iter()
+        .filter(|r| plan.executor_name(r) == "gemm")
+        .count();
+    assert_eq!(on_gemm, products, "{:?}", plan.explanation);
+    let inputs = random_inputs(trace, seed);
+    let want = run(trace, &inputs).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    for _ in 0..2 {
+        let got = compiled.run(&inputs, RunOptions::default()).unwrap();
+        for (g, w) in got.outputs.iter().zip(&want.outputs) {
+            assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
+        }
+    }
+}
+
+fn dims(d: &[usize]) -> String {
+    d.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// A matmul of `[batch.., m, k]` by `[b_batch.., k, n]`, either operand
+/// possibly given transposed (then read through a transpose view) or as a
+/// slice of a larger input.
+fn matmul_case() -> impl Strategy<Value = String> {
+    (
+        1usize..30,
+        0usize..70,
+        1usize..45,
+        prop::sample::select(vec![vec![], vec![3], vec![2, 2]]),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(m, k, n, batch, b_batched, a_t, b_t, sliced)| {
+            let mut s = String::new();
+            let b_batch: Vec<usize> = if b_batched { batch.clone() } else { vec![] };
+            let a = if a_t {
+                let rank = batch.len() + 2;
+                let mut perm: Vec<usize> = (0..rank).collect();
+                perm.swap(rank - 2, rank - 1);
+                s += &format!("input at: f32[{}]\n", dims(&[&batch[..], &[k, m]].concat()));
+                s += &format!("a = transpose(at, perm=[{}])\n", dims(&perm));
+                "a"
+            } else if sliced {
+                // Columns [2, k + 2) of a wider input: rows k + 3 apart.
+                let full = [&batch[..], &[m, k + 3]].concat();
+                let mut start = vec![0; full.len()];
+                *start.last_mut().unwrap() = 2;
+                let mut end = full.clone();
+                *end.last_mut().unwrap() = k + 2;
+                s += &format!("input aw: f32[{}]\n", dims(&full));
+                s += &format!(
+                    "a = slice(aw, start=[{}], end=[{}], step=[{}])\n",
+                    dims(&start),
+                    dims(&end),
+                    dims(&vec![1; full.len()])
+                );
+                "a"
+            } else {
+                s += &format!("input a: f32[{}]\n", dims(&[&batch[..], &[m, k]].concat()));
+                "a"
+            };
+            let b = if b_t {
+                s += &format!("input w: f32[{}]\n", dims(&[&b_batch[..], &[n, k]].concat()));
+                let rank = b_batch.len() + 2;
+                let mut perm: Vec<usize> = (0..rank).collect();
+                perm.swap(rank - 2, rank - 1);
+                s += &format!("b = transpose(w, perm=[{}])\n", dims(&perm));
+                "b"
+            } else {
+                s += &format!("input b: f32[{}]\n", dims(&[&b_batch[..], &[k, n]].concat()));
+                "b"
+            };
+            s += &format!("c = matmul({a}, {b})\noutput c\n");
+            s
+        })
+}
+
+/// A linear of `[batch.., m, k]` by a weight `[n, k]`, with a bias or not.
+fn linear_case() -> impl Strategy<Value = String> {
+    (
+        1usize..30,
+        0usize..70,
+        1usize..45,
+        prop::sample::select(vec![vec![], vec![2], vec![2, 3]]),
+        any::<bool>(),
+    )
+        .prop_map(|(m, k, n, batch, bias)| {
+            let mut s = format!(
+                "input x: f32[{}]\ninput w: f32[{n}, {k}]\n",
+                dims(&[&batch[..], &[m, k]].concat())
+            );
+            if bias {
+                s += &format!("input bias: f32[{n}]\ny = linear(x, w, bias)\n");
+            } else {
+                s += "y = linear(x, w)\n";
+            }
+            s + "output y\n"
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn matmuls_equal_the_fallback(src in matmul_case(), seed in 0u64..1000) {
+        let trace = parse(&src).expect("the strategy makes valid traces");
+        check(&trace, seed);
+    }
+
+    #[test]
+    fn linears_equal_the_fallback(src in linear_case(), seed in 0u64..1000) {
+        let trace = parse(&src).expect("the strategy makes valid traces");
+        check(&trace, seed);
+    }
+}
+
+#[test]
+fn large_products_in_blocks_and_threads_equal_the_fallback() {
+    // Several blocks of k and of rows, runs of panels over the threads, a
+    // last panel narrower than a tile; a batch sharing one weight (one tall
+    // product) and a batch of weights of its own (attention's heads).
+    for src in [
+        "input a: f32[3, 70, 600]\ninput b: f32[600, 300]\nc = matmul(a, b)\noutput c\n",
+        "input q: f32[12, 100, 64]\ninput k: f32[12, 130, 64]\nkt = transpose(k, perm=[0, 2, 1])\ns = matmul(q, kt)\noutput s\n",
+        "input x: f32[1, 130, 520]\ninput w: f32[777, 520]\ninput b: f32[777]\ny = linear(x, w, b)\noutput y\n",
+    ] {
+        check(&parse(src).unwrap(), 7);
+    }
+}
+
+#[test]
+fn every_simd_level_gives_results_within_tolerance() {
+    let src =
+        "input x: f32[2, 37, 300]\ninput w: f32[45, 300]\ninput b: f32[45]\ny = linear(x, w, b)\noutput y\n";
+    let trace = parse(src).unwrap();
+    let inputs = random_inputs(&trace, 5);
+    let want = run(&trace, &inputs).unwrap();
+    let plan = plan_on(&trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    for level in switchyard_simd::supported() {
+        let got = switchyard_simd::Simd::new(level)
+            .unwrap()
+            .forced(|| compiled.run(&inputs, RunOptions::default()))
+            .unwrap();
+        assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-4);
+    }
+}
+
+#[test]
+fn weights_that_change_between_runs_are_packed_again() {
+    // Two layers of one shape share a kernel, each with its weight; then
+    // the weights are replaced by new tensors.
+    let src = "input x: f32[5, 40]\ninput w1: f32[40, 40]\ninput w2: f32[40, 40]\n\
+               h = matmul(x, w1)\ny = matmul(h, w2)\noutput y\n";
+    let trace = parse(src).unwrap();
+    let plan = plan_on(&trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    for seed in [1, 2, 3] {
+        let inputs: Vec<Tensor> = random_inputs(&trace, seed);
+        let want = run(&trace, &inputs).unwrap();
+        for _ in 0..2 {
+            let got = compiled.run(&inputs, RunOptions::default()).unwrap();
+            assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-4);
+        }
+    }
+}
+
+#[test]
+fn products_the_executor_does_not_run_say_why() {
+    let trace = parse("input a: f64[4, 4]\ninput b: f64[4, 3]\nc = matmul(a, b)\noutput c\n").unwrap();
+    let plan = plan_on(&trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    assert_eq!(plan.executor_name(&plan.regions[0]), "fallback");
+    let text = format!("{:?}", plan.explanation);
+    assert!(
+        text.contains("multiplies f32 on the CPU, and `a` is f64"),
+        "{text}"
+    );
+    let inputs = random_inputs(&trace, 1);
+    CompiledPlan::compile(plan)
+        .unwrap()
+        .run(&inputs, RunOptions::default())
+        .unwrap();
+}
+
+#[test]
+fn a_linear_with_a_bias_of_another_shape_runs_decomposed() {
+    // Not a bias per output feature: the linear is decomposed, and its
+    // matmul still runs here.
+    let src = "input x: f32[2, 4]\ninput w: f32[3, 4]\ninput b: f32[2, 3]\ny = linear(x, w, b)\noutput y\n";
+    let trace = parse(src).unwrap();
+    let plan = plan_on(&trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    assert_eq!(plan.explanation.decomposed.len(), 1, "{:?}", plan.explanation);
+    check(&trace, 3);
+}
