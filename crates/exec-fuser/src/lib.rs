@@ -310,8 +310,9 @@ struct Lowered {
 /// The op that should begin a region of its own so that `failed` (an op of
 /// `ops` whose result is not the region's iteration space) is computed in
 /// its own space: the earliest op of `ops` it depends on through computing
-/// ops of its result's shape, itself included. `None` when that is the
-/// region's first op or a view (nothing to cut; it is handed back).
+/// ops of its result's shape, itself included; where that is the region's
+/// first op, the first op after `failed` outside that chain. `None` when
+/// `failed` is a view or nothing follows it (it is handed back).
 fn space_lead(ops: &[OpId], failed: OpId, cx: &Context) -> Option<OpId> {
     let trace = cx.trace;
     let shape_of = |op: OpId| trace.op(op).outputs.first().map(|&v| &trace.meta(v).shape);
@@ -335,7 +336,15 @@ fn space_lead(ops: &[OpId], failed: OpId, cx: &Context) -> Option<OpId> {
             lead = op;
         }
     }
-    (ops.first() != Some(&lead)).then_some(lead)
+    if ops.first() != Some(&lead) {
+        return Some(lead);
+    }
+    // The chain begins the region (a bias add on a matrix product's result,
+    // read after it through a reshape in the attention's shape): the first op
+    // after it that is not part of it begins the next region instead, so
+    // that the chain is a region of its own shape rather than an op handed
+    // back to run alone, a pass at a time.
+    ops[at + 1..].iter().copied().find(|op| !chain.contains(op))
 }
 
 /// The region of `ops` lowered, once per plan: `refine`, `cost` and

@@ -396,6 +396,35 @@ fn ops_in_another_shape_after_a_reshape_begin_a_fused_region_of_their_own() {
 }
 
 #[test]
+fn a_bias_add_read_through_a_reshape_is_a_fused_region_of_its_own() {
+    // Attention's projection as exporters write it: the bias added to the
+    // product, then split into heads by a reshape and a transpose and
+    // scaled there. The add begins the region and is not the heads' space:
+    // the ops after it begin the next region, rather than the add going to
+    // the fallback alone.
+    let src = "input p: f32[1, 16, 64]\ninput b: f32[64]\n\
+               y = add(p, b)\nr = reshape(y, shape=[1, 16, 4, 16])\nt = transpose(r, perm=[0, 2, 1, 3])\n\
+               s = mul(t, 0.25)\no = exp(s)\noutput o\n";
+    let t = parse(src).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let add = plan
+        .regions
+        .iter()
+        .find(|r| r.ops.iter().any(|&o| t.op(o).kind.name() == "add"))
+        .unwrap();
+    assert_eq!(plan.executor_name(add), "fuser", "{:#?}", plan.explanation.ops);
+    assert!(
+        plan.regions
+            .iter()
+            .filter(|r| plan.executor_name(r) == "fallback")
+            .all(|r| r.ops.iter().all(|&o| t.op(o).kind.is_view())),
+        "{:#?}",
+        plan.explanation.ops
+    );
+    check(&t, 4);
+}
+
+#[test]
 fn what_does_not_fit_is_handed_back() {
     // Two reductions over different dims: one is handed back, and the
     // result still matches.
@@ -691,5 +720,81 @@ fn long_sums_agree_with_the_fallback() {
         let t = parse(src).unwrap();
         assert_eq!(regions(&t), (1, 0), "{src}");
         check(&t, 31);
+    }
+}
+
+#[test]
+fn powers_by_small_constants_match_the_fallback_at_every_special_value() {
+    // Multiplies, a square root or a division stand in for powf at these
+    // exponents (and not at 2.7); the values and the special cases (signed
+    // zeros, infinities, NaN, negatives, subnormals) are powf's.
+    let specials = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.0,
+        2.5,
+        -2.5,
+        0.3,
+        -0.3,
+        1e-14,
+        -1e-14,
+        1e-40,
+        -1e-40,
+        3e38,
+        -3e38,
+        7e12,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        65504.0,
+    ];
+    let n = specials.len() * 8;
+    let values: Vec<f32> = (0..n)
+        .map(|i| match i < specials.len() {
+            true => specials[i],
+            false => ((i * 7919) % 2000) as f32 / 250.0 - 4.0,
+        })
+        .collect();
+    let x = switchyard_core::Tensor::from_vec(values, &[n]).unwrap();
+    for e in [
+        "0.0", "1.0", "2.0", "3.0", "4.0", "-1.0", "-2.0", "0.5", "-0.5", "2.7",
+    ] {
+        let trace = parse(&format!("input x: f32[{n}]\ny = pow(x, {e})\noutput y\n")).unwrap();
+        let plan = plan_on(&trace, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+        assert_eq!(plan.executor_name(&plan.regions[0]), "fuser", "pow(x, {e})");
+        let compiled = CompiledPlan::compile(plan).unwrap();
+        let want = run(&trace, std::slice::from_ref(&x)).unwrap().outputs[0]
+            .to_vec::<f32>()
+            .unwrap();
+        let mut first: Option<Vec<u32>> = None;
+        for level in switchyard_simd::supported() {
+            let got = Simd::new(level)
+                .unwrap()
+                .forced(|| compiled.run(std::slice::from_ref(&x), RunOptions::default()))
+                .unwrap();
+            let got = got.outputs[0].to_vec::<f32>().unwrap();
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                let x = x.to_vec::<f32>().unwrap()[i];
+                let same = match (g.is_nan(), w.is_nan()) {
+                    (true, true) => true,
+                    (false, false) if w == 0.0 || w.is_infinite() => {
+                        g == w && g.is_sign_negative() == w.is_sign_negative()
+                    }
+                    (false, false) => (g - w).abs() <= 2.5e-7 * w.abs().max(1e-30),
+                    _ => false,
+                };
+                assert!(same, "pow({x:e}, {e}) at {level}: got {g:e}, powf gives {w:e}");
+            }
+            let bits: Vec<u32> = got
+                .iter()
+                .map(|v| if v.is_nan() { 1 } else { v.to_bits() })
+                .collect();
+            match &first {
+                None => first = Some(bits),
+                Some(f) => assert!(*f == bits, "pow(x, {e}): SIMD level {level} gives other bits"),
+            }
+        }
     }
 }

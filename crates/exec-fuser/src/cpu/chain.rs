@@ -418,7 +418,7 @@ fn apply<C: Arith>(step: Step, a: &[C], w: Option<&[C]>, v: &mut [C]) {
         Step::Cast(to) => ops::cast(to, a, v),
         Step::Binary { op, with, left } => match (with, w) {
             (With::Value, _) => ops::binary(op, a, a, v),
-            (With::Scalar(c), _) if left => ops::binary(op, a, Splat(C::from_f64(c)), v),
+            (With::Scalar(c), _) if left => ops::binary_by(op, a, C::from_f64(c), v),
             (With::Scalar(c), _) => ops::binary(op, Splat(C::from_f64(c)), a, v),
             (With::Reg(_), Some(w)) if left => ops::binary(op, a, w, v),
             (With::Reg(_), Some(w)) => ops::binary(op, w, a, v),

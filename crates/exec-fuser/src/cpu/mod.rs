@@ -566,7 +566,7 @@ impl CpuKernel {
                 let (sa, sb) = (self.scalar[*a].map(C::from_f64), self.scalar[*b].map(C::from_f64));
                 match (sa, sb) {
                     (None, None) => ops::binary(*op, rd(*a), rd(*b), dst),
-                    (None, Some(y)) => ops::binary(*op, rd(*a), Splat(y), dst),
+                    (None, Some(y)) => ops::binary_by(*op, rd(*a), y, dst),
                     (Some(x), None) => ops::binary(*op, Splat(x), rd(*b), dst),
                     (Some(x), Some(y)) => ops::binary(*op, Splat(x), Splat(y), dst),
                 }
