@@ -326,20 +326,41 @@ pub(super) fn cat<'a, C: Arith>(
     dst: &mut [C],
 ) {
     let len = dst.len();
-    // The coordinate of the run holding `start`, then one run after another:
-    // no division per run.
+    // The coordinate along the cat dim of the element at `start`, and where
+    // in its run of `inner` that element is; then one stretch at a time, each
+    // as long as the coordinate stays in one part: a cat along the innermost
+    // dim (RoPE's rotate-half) moves its coordinate every element, and a copy
+    // per element was most of its region's time.
     let mut c = (start / inner) % size;
     let mut r = start % inner;
     let mut pos = 0;
     while pos < len {
-        let end = (pos + inner - r).min(len);
-        match ranges.iter().position(|(lo, hi, _)| (*lo..*hi).contains(&c)) {
-            Some(j) => dst[pos..end].copy_from_slice(&part(j)[pos..end]),
-            None => dst[pos..end].fill(C::zero()),
+        let (part_of, end) = match ranges.iter().position(|(lo, hi, _)| (*lo..*hi).contains(&c)) {
+            Some(j) => (Some(j), ranges[j].1),
+            // Not in a part (the parts cover the dim, so never in practice):
+            // zeros up to the next part.
+            None => (
+                None,
+                ranges
+                    .iter()
+                    .map(|p| p.0)
+                    .filter(|&lo| lo > c)
+                    .min()
+                    .unwrap_or(size),
+            ),
+        };
+        let run = ((end - c) * inner - r).min(len - pos);
+        match part_of {
+            Some(j) => dst[pos..pos + run].copy_from_slice(&part(j)[pos..pos + run]),
+            None => dst[pos..pos + run].fill(C::zero()),
         }
-        pos = end;
-        r = 0;
-        c = if c + 1 == size { 0 } else { c + 1 };
+        pos += run;
+        let moved = r + run;
+        c += moved / inner;
+        r = moved % inner;
+        if c >= size {
+            c -= size;
+        }
     }
 }
 
@@ -412,5 +433,44 @@ mod tests {
     fn row_sums_are_accurate_and_the_same_at_every_level() {
         sums_agree::<f32>(1e-6);
         sums_agree::<f64>(1e-14);
+    }
+
+    #[test]
+    fn cat_takes_each_element_from_the_part_its_coordinate_is_in() {
+        // Against an element-at-a-time reference: cats along an inner dim
+        // (runs of one), an outer one, parts of one and of many, tiles that
+        // start and end anywhere.
+        for (inner, size, cuts) in [
+            (1usize, 64usize, vec![0usize, 32, 64]),
+            (1, 5, vec![0, 1, 2, 5]),
+            (3, 7, vec![0, 4, 7]),
+            (16, 4, vec![0, 1, 2, 3, 4]),
+        ] {
+            let ranges: Vec<(usize, usize, usize)> = cuts
+                .windows(2)
+                .enumerate()
+                .map(|(j, w)| (w[0], w[1], j))
+                .collect();
+            for start in [0, 1, inner * size - 1, 37, 1000] {
+                for len in [0, 1, 31, 64, 333] {
+                    let parts: Vec<Vec<f32>> = (0..ranges.len())
+                        .map(|j| (0..len).map(|i| (j * 10_000 + i) as f32).collect())
+                        .collect();
+                    let mut got = vec![f32::NAN; len];
+                    cat(&ranges, |j| &parts[j], start, inner, size, &mut got);
+                    let want: Vec<f32> = (0..len)
+                        .map(|i| {
+                            let c = ((start + i) / inner) % size;
+                            let j = ranges
+                                .iter()
+                                .position(|(lo, hi, _)| (*lo..*hi).contains(&c))
+                                .unwrap();
+                            parts[j][i]
+                        })
+                        .collect();
+                    assert_eq!(got, want, "inner {inner}, size {size}, start {start}, len {len}");
+                }
+            }
+        }
     }
 }
