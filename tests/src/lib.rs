@@ -125,6 +125,25 @@ pub fn assert_close(got: &Tensor, want: &[f64], tol: f64) {
     }
 }
 
+/// Plans `trace` on `executors`, runs it at every SIMD level this machine
+/// has on inputs drawn from `seed`, and compares every output with the
+/// fallback alone within `tol` (relative).
+pub fn every_simd_level_within(trace: &Trace, executors: Vec<Arc<dyn Executor>>, seed: u64, tol: f64) {
+    let inputs = switchyard_core::io::random_inputs(trace, seed);
+    let want = run(trace, &inputs).expect("the fallback runs it");
+    let plan = plan_on(trace, executors).expect("it plans");
+    let compiled = CompiledPlan::compile(plan).expect("it compiles");
+    for level in switchyard_simd::supported() {
+        let got = switchyard_simd::Simd::new(level)
+            .expect("a supported level")
+            .forced(|| compiled.run(&inputs, RunOptions::default()))
+            .expect("it runs");
+        for (g, w) in got.outputs.iter().zip(&want.outputs) {
+            assert_close(g, &w.to_f64_vec().expect("host outputs"), tol);
+        }
+    }
+}
+
 /// The shared library a workspace crate builds (`cargo test --workspace`
 /// builds every member's library, plugins included), beside the test
 /// binaries. Panics with how to build it if it is not there.

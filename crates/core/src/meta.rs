@@ -217,6 +217,29 @@ fn dim_from_right(shape: &[usize], k: usize) -> usize {
     }
 }
 
+/// Where each matrix of a batched operand starts: for every index of
+/// `batch` (the batch dims of a batched matrix product, row-major), the
+/// element offset of the matrix a tensor of `shape`/`strides` (its last two
+/// dims the matrix, its leading dims broadcast to `batch`) holds there,
+/// from `offset`.
+///
+/// The caller must have checked that the leading dims broadcast to `batch`.
+pub fn batch_offsets(shape: &[usize], strides: &[isize], offset: usize, batch: &[usize]) -> Vec<isize> {
+    let rank = shape.len();
+    let bs = broadcast_strides(&shape[..rank - 2], &strides[..rank - 2], batch);
+    let cs = contiguous_strides(batch);
+    let count: usize = batch.iter().product();
+    (0..count)
+        .map(|i| {
+            let mut at = offset as isize;
+            for d in 0..batch.len() {
+                at += (i as isize / cs[d]) % batch[d] as isize * bs[d];
+            }
+            at
+        })
+        .collect()
+}
+
 /// Strides that view a tensor of `shape`/`strides` as `target` (a broadcast of it):
 /// new leading dims and stretched size-1 dims get stride 0.
 ///

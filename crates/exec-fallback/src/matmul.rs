@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 use rayon::prelude::*;
-use switchyard_core::meta::{broadcast_strides, contiguous_strides};
+use switchyard_core::meta::batch_offsets;
 use switchyard_core::{DType, OutputBuffer, Storage, Stored, Tensor};
 
 use crate::elementwise::IntLike;
@@ -27,22 +27,13 @@ fn batches(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Batches {
     let rank = out_shape.len();
     let batch_shape = &out_shape[..rank - 2];
     let (ar, br) = (a.rank(), b.rank());
-    let a_bs = broadcast_strides(&a.shape()[..ar - 2], &a.strides()[..ar - 2], batch_shape);
-    let b_bs = broadcast_strides(&b.shape()[..br - 2], &b.strides()[..br - 2], batch_shape);
-    let nb: usize = batch_shape.iter().product();
-    let mut a_offsets = Vec::with_capacity(nb);
-    let mut b_offsets = Vec::with_capacity(nb);
-    let cs = contiguous_strides(batch_shape);
-    for i in 0..nb {
-        let (mut oa, mut ob) = (a.offset() as isize, b.offset() as isize);
-        for d in 0..batch_shape.len() {
-            let idx = (i as isize / cs[d]) % batch_shape[d] as isize;
-            oa += idx * a_bs[d];
-            ob += idx * b_bs[d];
-        }
-        a_offsets.push(oa as usize);
-        b_offsets.push(ob as usize);
-    }
+    let offsets = |t: &Tensor| -> Vec<usize> {
+        batch_offsets(t.shape(), t.strides(), t.offset(), batch_shape)
+            .into_iter()
+            .map(|o| o as usize)
+            .collect()
+    };
+    let (a_offsets, b_offsets) = (offsets(a), offsets(b));
     Batches {
         m: a.shape()[ar - 2],
         k: a.shape()[ar - 1],

@@ -1,12 +1,13 @@
 //! The compiled kernel of one `matmul` or `linear`: the operands' layout
-//! read on each run, the weights packed once and kept, the product computed
+//! read on each run, the weights packed and kept from their second run on,
+//! the product computed
 //! into the output buffer the runtime gives.
 
 use std::sync::{Arc, Mutex, RwLock};
 
 use rayon::prelude::*;
 use switchyard_core::executor::Kernel;
-use switchyard_core::meta::{broadcast_strides, contiguous_strides};
+use switchyard_core::meta::batch_offsets;
 use switchyard_core::{DType, Error, OutputBuffer, Result, Tensor};
 
 use crate::micro::NR;
@@ -39,8 +40,32 @@ pub(crate) struct GemmKernel {
     /// packed panels are kept from one run to the next.
     pub(crate) b_is_weight: bool,
     pub(crate) kept: RwLock<Kept>,
+    /// Buffers of `B` read once and not yet kept.
+    pub(crate) seen: Mutex<Vec<Seen>>,
     /// What a run packs, kept for the next.
     pub(crate) scratch: Mutex<Scratch>,
+}
+
+/// A buffer of `B` as a run saw it, by identity.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Seen {
+    storage: usize,
+    offset: usize,
+    strides: Vec<isize>,
+    /// The bits of a few of its values.
+    sample: [u32; 16],
+}
+
+/// The bits of 16 values of the `[k, n]` matrix at `at`, spread over it.
+fn sample(src: &[f32], at: Strided, k: usize, n: usize) -> [u32; 16] {
+    let count = k * n;
+    std::array::from_fn(|i| match count {
+        0 => 0,
+        _ => {
+            let e = i * (count - 1) / 15;
+            src[at.at(e / n, e % n)].to_bits()
+        }
+    })
 }
 
 /// Buffers a run packs its operands into.
@@ -78,36 +103,26 @@ fn layout(a: &Tensor, b: &Tensor, b_transposed: bool, out_shape: &[usize]) -> La
     let rank = out_shape.len();
     let batch_shape = &out_shape[..rank - 2];
     let (ar, br) = (a.rank(), b.rank());
-    let a_bs = broadcast_strides(&a.shape()[..ar - 2], &a.strides()[..ar - 2], batch_shape);
-    let b_bs = broadcast_strides(&b.shape()[..br - 2], &b.strides()[..br - 2], batch_shape);
     let (m, k) = (a.shape()[ar - 2], a.shape()[ar - 1]);
     let (n, b_row, b_col) = match b_transposed {
         false => (b.shape()[br - 1], b.strides()[br - 2], b.strides()[br - 1]),
         true => (b.shape()[br - 2], b.strides()[br - 1], b.strides()[br - 2]),
     };
     let (a_row, a_col) = (a.strides()[ar - 2], a.strides()[ar - 1]);
-    let batches: usize = batch_shape.iter().product();
-    let cs = contiguous_strides(batch_shape);
-    let mut at_a = Vec::with_capacity(batches);
-    let mut at_b = Vec::with_capacity(batches);
-    for i in 0..batches {
-        let (mut oa, mut ob) = (a.offset() as isize, b.offset() as isize);
-        for d in 0..batch_shape.len() {
-            let idx = (i as isize / cs[d]) % batch_shape[d] as isize;
-            oa += idx * a_bs[d];
-            ob += idx * b_bs[d];
-        }
-        at_a.push(Strided {
-            offset: oa as usize,
-            row: a_row,
-            col: a_col,
-        });
-        at_b.push(Strided {
-            offset: ob as usize,
-            row: b_row,
-            col: b_col,
-        });
-    }
+    let strided = |offset: isize, row: isize, col: isize| Strided {
+        offset: offset as usize,
+        row,
+        col,
+    };
+    let at_a: Vec<Strided> = batch_offsets(a.shape(), a.strides(), a.offset(), batch_shape)
+        .into_iter()
+        .map(|o| strided(o, a_row, a_col))
+        .collect();
+    let mut at_b: Vec<Strided> = batch_offsets(b.shape(), b.strides(), b.offset(), batch_shape)
+        .into_iter()
+        .map(|o| strided(o, b_row, b_col))
+        .collect();
+    let batches = at_a.len();
     let shared_b = at_b.windows(2).all(|w| w[0] == w[1]);
     if shared_b {
         at_b.truncate(1);
@@ -157,6 +172,40 @@ impl GemmKernel {
                 && let Some((_, p)) = kept.iter().find(|(held, _)| same(held))
             {
                 return Some(p.clone());
+            }
+            // Kept from the second run that reads this buffer on: a model
+            // input fed anew on every call (a decoder's past keys) is never
+            // held, and a weight is packed twice in all. Only the buffer's
+            // identity and a few of its values are remembered meanwhile,
+            // nothing that keeps it alive: a new tensor the allocator puts
+            // where a freed one was differs in its values (if it does not, it
+            // is kept and held, which costs memory, never a wrong result).
+            let key = Seen {
+                storage: b.storage_id(),
+                offset: b.offset(),
+                strides: b.strides().to_vec(),
+                sample: sample(src, l.b[0], l.k, l.n),
+            };
+            let second = match self.seen.lock() {
+                Ok(mut seen) => match seen.iter().position(|s| *s == key) {
+                    Some(i) => {
+                        seen.remove(i);
+                        true
+                    }
+                    None => {
+                        if seen.len() == PACKED_KEPT {
+                            seen.remove(0);
+                        }
+                        seen.push(key);
+                        false
+                    }
+                },
+                Err(_) => false,
+            };
+            if !second {
+                let buf = pool.pop().unwrap_or_default();
+                fresh.push(PackedB::pack(src, l.b[0], l.k, l.n, buf));
+                return None;
             }
             let p = Arc::new(PackedB::pack(src, l.b[0], l.k, l.n, Vec::new()));
             if let Ok(mut kept) = self.kept.write() {
@@ -270,5 +319,47 @@ impl Kernel for GemmKernel {
         scratch.b.extend(fresh.into_iter().map(|p| p.data));
         outputs.push(buf.into_tensor());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel() -> GemmKernel {
+        GemmKernel {
+            form: Form::Matmul { a: 0, b: 1 },
+            out_shape: vec![3, 5],
+            b_is_weight: true,
+            kept: RwLock::new(Vec::new()),
+            seen: Mutex::new(Vec::new()),
+            scratch: Mutex::new(Scratch::default()),
+        }
+    }
+
+    fn tensor(seed: usize, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_vec((0..n).map(|i| ((i * 7 + seed) % 11) as f32).collect(), shape).unwrap()
+    }
+
+    #[test]
+    fn a_weight_is_kept_from_its_second_run_and_an_input_fed_anew_never() {
+        let k = kernel();
+        let a = tensor(1, &[3, 4]);
+        // A new right operand on every run: packed per run, never held.
+        for seed in 0..5 {
+            k.run(&[&a, &tensor(seed, &[4, 5])]).unwrap();
+        }
+        assert_eq!(k.kept.read().unwrap().len(), 0);
+        // The same one twice: kept, and the same result from it.
+        let w = tensor(9, &[4, 5]);
+        let first = k.run(&[&a, &w]).unwrap();
+        assert_eq!(k.kept.read().unwrap().len(), 0);
+        let second = k.run(&[&a, &w]).unwrap();
+        assert_eq!(k.kept.read().unwrap().len(), 1);
+        let third = k.run(&[&a, &w]).unwrap();
+        let values = |t: &[Tensor]| t[0].to_vec::<f32>().unwrap();
+        assert_eq!(values(&first), values(&second));
+        assert_eq!(values(&first), values(&third));
     }
 }

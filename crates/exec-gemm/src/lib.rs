@@ -158,7 +158,7 @@ impl Executor for GemmExecutor {
             Form::Linear { w, .. } => values[w],
         };
         Some(match is_weight(cx.trace, b) {
-            true => "weights packed once and kept".into(),
+            true => "weights packed once and kept (from their second run)".into(),
             false => "right operand packed per run".into(),
         })
     }
@@ -212,6 +212,7 @@ impl Executor for GemmExecutor {
             out_shape: trace.meta(trace.op(op).outputs[0]).shape.clone(),
             b_is_weight: is_weight(trace, b),
             kept: RwLock::new(Vec::new()),
+            seen: Mutex::new(Vec::new()),
             scratch: Mutex::new(Default::default()),
         }))
     }

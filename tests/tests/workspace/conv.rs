@@ -14,7 +14,7 @@ use switchyard_core::{Tensor, Trace};
 use switchyard_exec_conv::ConvExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
-use switchyard_tests::{assert_close, plan_on, run};
+use switchyard_tests::{assert_close, every_simd_level_within, plan_on, run};
 
 /// Plans on the convolution executor, the fuser and the fallback, and
 /// compares every output with the fallback alone; the regions on the
@@ -432,16 +432,10 @@ proptest! {
 #[test]
 fn every_simd_level_gives_results_within_tolerance() {
     let src = "input x: f32[1, 64, 20, 19]\ninput w: f32[40, 64, 3, 3]\ny = conv(x, w, pad=[1, 1, 1, 1])\noutput y\n";
-    let trace = parse(src).unwrap();
-    let inputs = random_inputs(&trace, 5);
-    let want = run(&trace, &inputs).unwrap();
-    let plan = plan_on(&trace, vec![Arc::new(ConvExecutor), Arc::new(FallbackExecutor)]).unwrap();
-    let compiled = CompiledPlan::compile(plan).unwrap();
-    for level in switchyard_simd::supported() {
-        let got = switchyard_simd::Simd::new(level)
-            .unwrap()
-            .forced(|| compiled.run(&inputs, RunOptions::default()))
-            .unwrap();
-        assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-4);
-    }
+    every_simd_level_within(
+        &parse(src).unwrap(),
+        vec![Arc::new(ConvExecutor), Arc::new(FallbackExecutor)],
+        5,
+        1e-4,
+    );
 }

@@ -12,7 +12,7 @@ use switchyard_core::text::parse;
 use switchyard_core::{Tensor, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_gemm::GemmExecutor;
-use switchyard_tests::{assert_close, plan_on, run};
+use switchyard_tests::{assert_close, every_simd_level_within, plan_on, run};
 
 /// Plans on the gemm executor and the fallback, checks that every product
 /// went to the gemm executor, and compares every output with the fallback
@@ -149,6 +149,8 @@ fn large_products_in_blocks_and_threads_equal_the_fallback() {
     // product) and a batch of weights of its own (attention's heads).
     for src in [
         "input a: f32[3, 70, 600]\ninput b: f32[600, 300]\nc = matmul(a, b)\noutput c\n",
+        // Rows 4 KiB apart, packed rather than read in place.
+        "input a: f32[40, 1024]\ninput b: f32[1024, 50]\nc = matmul(a, b)\noutput c\n",
         "input q: f32[12, 100, 64]\ninput k: f32[12, 130, 64]\nkt = transpose(k, perm=[0, 2, 1])\ns = matmul(q, kt)\noutput s\n",
         "input x: f32[1, 130, 520]\ninput w: f32[777, 520]\ninput b: f32[777]\ny = linear(x, w, b)\noutput y\n",
     ] {
@@ -160,18 +162,12 @@ fn large_products_in_blocks_and_threads_equal_the_fallback() {
 fn every_simd_level_gives_results_within_tolerance() {
     let src =
         "input x: f32[2, 37, 300]\ninput w: f32[45, 300]\ninput b: f32[45]\ny = linear(x, w, b)\noutput y\n";
-    let trace = parse(src).unwrap();
-    let inputs = random_inputs(&trace, 5);
-    let want = run(&trace, &inputs).unwrap();
-    let plan = plan_on(&trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
-    let compiled = CompiledPlan::compile(plan).unwrap();
-    for level in switchyard_simd::supported() {
-        let got = switchyard_simd::Simd::new(level)
-            .unwrap()
-            .forced(|| compiled.run(&inputs, RunOptions::default()))
-            .unwrap();
-        assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-4);
-    }
+    every_simd_level_within(
+        &parse(src).unwrap(),
+        vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)],
+        5,
+        1e-4,
+    );
 }
 
 #[test]
