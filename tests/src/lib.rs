@@ -125,6 +125,22 @@ pub fn assert_close(got: &Tensor, want: &[f64], tol: f64) {
     }
 }
 
+/// Compiles `plan` (of `trace`), runs it `runs` times on inputs drawn from
+/// `seed`, and compares every output of every run with the fallback alone
+/// within `tol` (relative): later runs find what kernels keep between runs
+/// (packed weights) and must give the same results.
+pub fn runs_match_the_fallback(trace: &Trace, plan: Plan, seed: u64, runs: usize, tol: f64) {
+    let inputs = switchyard_core::io::random_inputs(trace, seed);
+    let want = run(trace, &inputs).expect("the fallback runs it");
+    let compiled = CompiledPlan::compile(plan).expect("it compiles");
+    for _ in 0..runs {
+        let got = compiled.run(&inputs, RunOptions::default()).expect("it runs");
+        for (g, w) in got.outputs.iter().zip(&want.outputs) {
+            assert_close(g, &w.to_f64_vec().expect("host outputs"), tol);
+        }
+    }
+}
+
 /// Plans `trace` on `executors`, runs it at every SIMD level this machine
 /// has on inputs drawn from `seed`, and compares every output with the
 /// fallback alone within `tol` (relative).

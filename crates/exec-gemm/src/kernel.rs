@@ -75,6 +75,8 @@ pub(crate) struct Scratch {
     a: Vec<f32>,
     /// `B`s that are not weights, one buffer each.
     b: Vec<Vec<f32>>,
+    /// A `linear`'s bias, padded to whole panels.
+    bias: Vec<f32>,
 }
 
 fn fail(message: String) -> Error {
@@ -272,24 +274,6 @@ impl Kernel for GemmKernel {
         }
         let l = layout(a, b, b_transposed, &self.out_shape);
         let (a_src, b_src) = (f32s(a, "the left operand")?, f32s(b, "the right operand")?);
-        let padded_bias = match bias {
-            Some(t) => {
-                let values = t
-                    .to_vec::<f32>()
-                    .ok_or_else(|| fail(format!("the bias is {}, not f32", t.dtype())))?;
-                if values.len() != l.n {
-                    return Err(fail(format!(
-                        "a bias of {} values for {} columns",
-                        values.len(),
-                        l.n
-                    )));
-                }
-                let mut padded = vec![0f32; l.n.div_ceil(NR) * NR];
-                padded[..l.n].copy_from_slice(&values);
-                Some(padded)
-            }
-            None => None,
-        };
         // A run from another thread meanwhile packs into buffers of its own.
         let mut held = self.scratch.try_lock();
         let mut own = Scratch::default();
@@ -297,6 +281,27 @@ impl Kernel for GemmKernel {
             Ok(s) => s,
             Err(_) => &mut own,
         };
+        // The bias, padded with zeros to whole panels, in a buffer kept
+        // from run to run.
+        if let Some(t) = bias {
+            let padded = &mut scratch.bias;
+            padded.clear();
+            match t.contiguous_data::<f32>() {
+                Some(values) => padded.extend_from_slice(values),
+                None => padded.extend(
+                    t.to_vec::<f32>()
+                        .ok_or_else(|| fail(format!("the bias is {}, not f32", t.dtype())))?,
+                ),
+            }
+            if padded.len() != l.n {
+                return Err(fail(format!(
+                    "a bias of {} values for {} columns",
+                    padded.len(),
+                    l.n
+                )));
+            }
+            padded.resize(l.n.div_ceil(NR) * NR, 0.0);
+        }
         let mut fresh = Vec::new();
         let kept = self.packed_b(b, b_src, &l, &mut scratch.b, &mut fresh);
         let packed: Vec<&PackedB> = match &kept {
@@ -312,7 +317,7 @@ impl Kernel for GemmKernel {
             a: a_src,
             a_at: &l.a,
             b: &packed,
-            bias: padded_bias.as_deref(),
+            bias: bias.map(|_| scratch.bias.as_slice()),
         }
         .run(c, &mut scratch.a);
         drop(packed);

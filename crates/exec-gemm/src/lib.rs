@@ -13,7 +13,8 @@
 //! reference every executor is checked against.
 //!
 //! The product ([`product`]) is Goto's blocked loop: `B` in panels of 16
-//! columns ([`pack`]), `A` packed per task in panels of six rows, and a
+//! columns ([`pack`]), `A` read where it lies (packed in panels of six
+//! rows once per run when transposed or its rows crowd the L1), and a
 //! `6 x 16` tile of `C` in twelve AVX2 registers ([`micro`]), fewer rows
 //! for a product of fewer; batched products (attention's heads) and the
 //! row blocks and panel runs of a large one are tasks shared over the

@@ -6,7 +6,8 @@
 //! tile of the task's rows (in L2) before the next panel. The microkernel
 //! reads rows of `A` where they lie when each is contiguous (as ONNX
 //! Runtime's MLAS does: packing them costs as much as the product when `B`
-//! is narrow, attention's `P V`); a transposed `A` is packed once per run
+//! is narrow, attention's `P V`); a transposed `A`, or one whose rows
+//! would crowd the L1's sets ([`rows_share_sets`]), is packed once per run
 //! into panels of six rows. Tasks are as many as share the work out evenly
 //! over the threads; a product too small to pay for waking them runs on
 //! the calling thread.
@@ -105,7 +106,8 @@ impl Products<'_> {
             rayon::current_num_threads().max(1)
         };
         let kc = self.b[0].kc;
-        // A transposed A, packed once for every task.
+        // A transposed A, or one whose rows share L1 sets, packed once for
+        // every task.
         let direct = self
             .a_at
             .iter()

@@ -14,7 +14,7 @@ use switchyard_core::{Tensor, Trace};
 use switchyard_exec_conv::ConvExecutor;
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_fuser::FuserExecutor;
-use switchyard_tests::{assert_close, every_simd_level_within, plan_on, run};
+use switchyard_tests::{assert_close, every_simd_level_within, plan_on, run, runs_match_the_fallback};
 
 /// Plans on the convolution executor, the fuser and the fallback, and
 /// compares every output with the fallback alone; the regions on the
@@ -40,16 +40,8 @@ fn check(trace: &Trace, seed: u64) -> Vec<Vec<String>> {
                 .collect()
         })
         .collect();
-    let inputs = random_inputs(trace, seed);
-    let want = run(trace, &inputs).unwrap();
-    let compiled = CompiledPlan::compile(plan).unwrap();
-    for _ in 0..2 {
-        // Twice: the second run reuses the packed weights.
-        let got = compiled.run(&inputs, RunOptions::default()).unwrap();
-        for (g, w) in got.outputs.iter().zip(&want.outputs) {
-            assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
-        }
-    }
+    // Twice: the second run reuses the packed weights.
+    runs_match_the_fallback(trace, plan, seed, 2, 1e-4);
     regions
 }
 

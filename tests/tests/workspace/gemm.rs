@@ -12,11 +12,11 @@ use switchyard_core::text::parse;
 use switchyard_core::{Tensor, Trace};
 use switchyard_exec_fallback::FallbackExecutor;
 use switchyard_exec_gemm::GemmExecutor;
-use switchyard_tests::{assert_close, every_simd_level_within, plan_on, run};
+use switchyard_tests::{assert_close, every_simd_level_within, plan_on, run, runs_match_the_fallback};
 
 /// Plans on the gemm executor and the fallback, checks that every product
 /// went to the gemm executor, and compares every output with the fallback
-/// alone, twice (the second run finds its weights packed).
+/// alone, three times (weights are kept packed from the second run).
 fn check(trace: &Trace, seed: u64) {
     let plan = plan_on(trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
     let products = trace
@@ -29,15 +29,8 @@ fn check(trace: &Trace, seed: u64) {
         .filter(|r| plan.executor_name(r) == "gemm")
         .count();
     assert_eq!(on_gemm, products, "{:?}", plan.explanation);
-    let inputs = random_inputs(trace, seed);
-    let want = run(trace, &inputs).unwrap();
-    let compiled = CompiledPlan::compile(plan).unwrap();
-    for _ in 0..2 {
-        let got = compiled.run(&inputs, RunOptions::default()).unwrap();
-        for (g, w) in got.outputs.iter().zip(&want.outputs) {
-            assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
-        }
-    }
+    // Three runs: packed per run, then kept, then read as kept.
+    runs_match_the_fallback(trace, plan, seed, 3, 1e-4);
 }
 
 fn dims(d: &[usize]) -> String {
