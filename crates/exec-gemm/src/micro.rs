@@ -111,6 +111,19 @@ pub(crate) fn fast() -> bool {
     }
 }
 
+/// Asks for the cache line at `at` to be brought into L2 (a hint: nothing
+/// where the target has no such instruction).
+#[inline(always)]
+pub(crate) fn prefetch_l2(at: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;

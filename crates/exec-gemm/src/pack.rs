@@ -71,6 +71,7 @@ impl PackedB {
         let panels = n.div_ceil(NR);
         let kc = depth(k);
         let start = aligned(&mut data, Self::len(k, n));
+        let fast = crate::micro::fast();
         for k0 in (0..k).step_by(kc) {
             let kl = kc.min(k - k0);
             let block = &mut data[start + k0 * panels * NR..][..panels * kl * NR];
@@ -90,7 +91,14 @@ impl PackedB {
                         true => &src[at.at(k0, p * NR + j)..][..kl],
                         false => &[],
                     });
-                    for (kk, row) in panel.chunks_exact_mut(NR).enumerate() {
+                    // Eight steps at a time by 8 x 8 transposes in registers
+                    // (attention's keys are packed on every run: 0.5 ns a
+                    // value one at a time), the rest one at a time.
+                    let done = match cols == NR && fast {
+                        true => transpose_runs(&runs, panel),
+                        false => 0,
+                    };
+                    for (kk, row) in panel.chunks_exact_mut(NR).enumerate().skip(done) {
                         for (x, run) in row.iter_mut().zip(&runs[..cols]) {
                             *x = run[kk];
                         }
@@ -122,6 +130,79 @@ impl PackedB {
     #[inline]
     pub(crate) fn panel(&self, k0: usize, kl: usize, p: usize) -> &[f32] {
         &self.data[self.start + k0 * self.panels * NR + p * kl * NR..][..kl * NR]
+    }
+}
+
+/// Writes steps `[0, 8 * (kl / 8))` of a panel of `B` whose [`NR`] columns
+/// lie along `runs` (each `kl` long), eight steps of eight columns at a
+/// time; returns how many steps it wrote (none where the CPU lacks AVX).
+fn transpose_runs(runs: &[&[f32]; NR], panel: &mut [f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx") {
+        let kl = runs[0].len();
+        assert!(runs.iter().all(|r| r.len() == kl) && panel.len() >= kl * NR);
+        // SAFETY: the CPU has AVX; every run holds `kl` values and the
+        // panel `kl` steps of `NR`, as asserted.
+        unsafe { avx::transpose_runs(runs, panel) };
+        return kl / 8 * 8;
+    }
+    let _ = (runs, panel);
+    0
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use std::arch::x86_64::*;
+
+    use crate::micro::NR;
+
+    /// [`super::transpose_runs`] on AVX.
+    ///
+    /// # Safety
+    /// The CPU must have AVX; every run must hold the same `kl` values and
+    /// `panel` at least `kl * NR`.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn transpose_runs(runs: &[&[f32]; NR], panel: &mut [f32]) {
+        let kl = runs[0].len();
+        let dst = panel.as_mut_ptr();
+        for k8 in (0..kl / 8 * 8).step_by(8) {
+            for half in 0..NR / 8 {
+                // SAFETY: `k8 + 8 <= kl` values of each run; steps `k8` to
+                // `k8 + 8` of the panel, columns `8 * half` to `8 * half + 8`.
+                unsafe {
+                    let r: [__m256; 8] =
+                        std::array::from_fn(|j| _mm256_loadu_ps(runs[8 * half + j].as_ptr().add(k8)));
+                    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+                    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+                    // Steps (0, 4), (1, 5), (2, 6), (3, 7) of columns 0-3
+                    // and of columns 4-7, a step to each 128-bit half.
+                    let lo = [
+                        _mm256_shuffle_ps::<0x44>(t0, t2),
+                        _mm256_shuffle_ps::<0xEE>(t0, t2),
+                        _mm256_shuffle_ps::<0x44>(t1, t3),
+                        _mm256_shuffle_ps::<0xEE>(t1, t3),
+                    ];
+                    let hi = [
+                        _mm256_shuffle_ps::<0x44>(t4, t6),
+                        _mm256_shuffle_ps::<0xEE>(t4, t6),
+                        _mm256_shuffle_ps::<0x44>(t5, t7),
+                        _mm256_shuffle_ps::<0xEE>(t5, t7),
+                    ];
+                    for s in 0..4 {
+                        let at = dst.add((k8 + s) * NR + 8 * half);
+                        _mm256_storeu_ps(at, _mm256_permute2f128_ps::<0x20>(lo[s], hi[s]));
+                        let at = dst.add((k8 + s + 4) * NR + 8 * half);
+                        _mm256_storeu_ps(at, _mm256_permute2f128_ps::<0x31>(lo[s], hi[s]));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -208,8 +289,16 @@ mod tests {
             row: 1,
             col: k as isize,
         };
-        // A reused buffer's old values must all be overwritten.
-        let p = PackedB::pack(&src, at, k, n, vec![f32::NAN; PackedB::len(k, n) + 16]);
+        // A reused buffer's old values must all be overwritten; at every
+        // SIMD level (the transposes in registers, and one at a time).
+        for level in switchyard_simd::supported() {
+            let simd = switchyard_simd::Simd::new(level).unwrap();
+            let p = simd.forced(|| PackedB::pack(&src, at, k, n, vec![f32::NAN; PackedB::len(k, n) + 16]));
+            assert_panels(&p, k, n);
+        }
+    }
+
+    fn assert_panels(p: &PackedB, k: usize, n: usize) {
         assert_eq!(p.kc, 300);
         for k0 in (0..k).step_by(p.kc) {
             for panel in 0..p.panels {
