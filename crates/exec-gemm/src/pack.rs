@@ -6,6 +6,8 @@
 //! kept; an operand computed by the plan is packed on each run. `A` goes
 //! into panels of [`MR`] rows, a block of `k` at a time, as a task needs it.
 
+use rayon::prelude::*;
+
 use crate::micro::{MR, NR};
 
 /// Where a matrix lies in its buffer: the first element and the steps
@@ -71,7 +73,7 @@ impl PackedB {
         let panels = n.div_ceil(NR);
         let kc = depth(k);
         let start = aligned(&mut data, Self::len(k, n));
-        let fast = crate::micro::fast();
+        let fast = crate::micro::isa() != crate::micro::Isa::Portable;
         for k0 in (0..k).step_by(kc) {
             let kl = kc.min(k - k0);
             let block = &mut data[start + k0 * panels * NR..][..panels * kl * NR];
@@ -223,43 +225,57 @@ impl<'a> PackedA<'a> {
     }
 
     /// Packs `A` from `src` where `at` says it lies, in blocks of `kc`, into
-    /// `dst` (which holds [`PackedA::len`] values).
+    /// `dst` (which holds [`PackedA::len`] values); the panels shared over
+    /// the threads when `parallel`.
     pub(crate) fn pack(
         src: &[f32],
         at: Strided,
         (m, k, kc): (usize, usize, usize),
         dst: &'a mut [f32],
+        parallel: bool,
     ) -> Self {
         let tiles = m.div_ceil(MR);
         assert_eq!(dst.len(), Self::len(m, k), "room for every panel");
-        for k0 in (0..k).step_by(kc) {
+        // Every panel of every block, with where it starts in `A`.
+        let mut panels: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(tiles * k.div_ceil(kc.max(1)));
+        let mut rest = &mut *dst;
+        for k0 in (0..k).step_by(kc.max(1)) {
             let kl = kc.min(k - k0);
-            let block = &mut dst[k0 * tiles * MR..][..tiles * kl * MR];
-            for (t, panel) in block.chunks_exact_mut(kl * MR).enumerate() {
-                let rows = MR.min(m - t * MR);
-                if at.col == 1 {
-                    // Row by row, each a contiguous run of the source.
-                    let runs: [&[f32]; MR] = std::array::from_fn(|r| match r < rows {
-                        true => &src[at.at(t * MR + r, k0)..][..kl],
-                        false => &[],
-                    });
-                    for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
-                        for (x, run) in step.iter_mut().zip(&runs[..rows]) {
-                            *x = run[kk];
-                        }
-                        step[rows..].fill(0.0);
+            for t in 0..tiles {
+                let (panel, tail) = rest.split_at_mut(kl * MR);
+                panels.push((k0, t, panel));
+                rest = tail;
+            }
+        }
+        let one = |(k0, t, panel): (usize, usize, &mut [f32])| {
+            let kl = panel.len() / MR;
+            let rows = MR.min(m - t * MR);
+            if at.col == 1 {
+                // Row by row, each a contiguous run of the source.
+                let runs: [&[f32]; MR] = std::array::from_fn(|r| match r < rows {
+                    true => &src[at.at(t * MR + r, k0)..][..kl],
+                    false => &[],
+                });
+                for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
+                    for (x, run) in step.iter_mut().zip(&runs[..rows]) {
+                        *x = run[kk];
                     }
-                } else {
-                    for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
-                        for (r, x) in step.iter_mut().enumerate() {
-                            *x = match r < rows {
-                                true => src[at.at(t * MR + r, k0 + kk)],
-                                false => 0.0,
-                            };
-                        }
+                    step[rows..].fill(0.0);
+                }
+            } else {
+                for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
+                    for (r, x) in step.iter_mut().enumerate() {
+                        *x = match r < rows {
+                            true => src[at.at(t * MR + r, k0 + kk)],
+                            false => 0.0,
+                        };
                     }
                 }
             }
+        };
+        match parallel {
+            true => panels.into_par_iter().for_each(one),
+            false => panels.into_iter().for_each(one),
         }
         PackedA { kc, tiles, data: dst }
     }
@@ -346,7 +362,7 @@ mod tests {
         ] {
             let mut buf = vec![f32::NAN; PackedA::len(m, k)];
             let kc = depth(k);
-            let a = PackedA::pack(src, at, (m, k, kc), &mut buf);
+            let a = PackedA::pack(src, at, (m, k, kc), &mut buf, true);
             for k0 in (0..k).step_by(kc) {
                 let kl = kc.min(k - k0);
                 let tiles = a.tiles(k0, kl, (0, m.div_ceil(MR)));

@@ -14,7 +14,7 @@
 
 use rayon::prelude::*;
 
-use crate::micro::{self, Finish, MR, NR, Rows};
+use crate::micro::{self, Finish, Isa, MR, NR, Rows};
 use crate::pack::{PackedA, PackedB, Strided, aligned};
 
 /// Multiply-adds below which a product runs on the calling thread: waking
@@ -110,29 +110,24 @@ impl Products<'_> {
             rayon::current_num_threads().max(1)
         };
         let kc = self.b[0].kc;
-        // A transposed A, or one whose rows share L1 sets, packed once for
-        // every task.
-        let direct = self
-            .a_at
-            .iter()
-            .all(|at| at.col == 1 && at.row >= 0 && !rows_share_sets(at.row as usize, m.min(MR)));
+        let isa = micro::isa();
+        // A transposed A, or (below AVX-512) one whose rows share L1 sets,
+        // packed once for every task.
+        let direct = self.a_at.iter().all(|at| {
+            at.col == 1 && at.row >= 0 && (isa == Isa::Avx512 || !rows_share_sets(at.row as usize, m.min(MR)))
+        });
         let packed: Vec<PackedA> = match direct {
             true => Vec::new(),
             false => {
                 let per = PackedA::len(m, k);
                 let start = aligned(scratch, batches * per);
                 let dst = &mut scratch[start..][..batches * per];
-                if threads > 1 && batches > 1 {
-                    dst.par_chunks_exact_mut(per)
-                        .zip(self.a_at)
-                        .map(|(dst, at)| PackedA::pack(self.a, *at, (m, k, kc), dst))
-                        .collect()
-                } else {
-                    dst.chunks_exact_mut(per)
-                        .zip(self.a_at)
-                        .map(|(dst, at)| PackedA::pack(self.a, *at, (m, k, kc), dst))
-                        .collect()
-                }
+                // Each batch's panels shared over the threads, where the
+                // product is shared over them.
+                dst.chunks_exact_mut(per)
+                    .zip(self.a_at)
+                    .map(|(dst, at)| PackedA::pack(self.a, *at, (m, k, kc), dst, threads > 1))
+                    .collect()
             }
         };
         let (row_blocks, mc) = {
@@ -146,7 +141,6 @@ impl Products<'_> {
         let run_len = panels.div_ceil(runs);
         let runs = panels.div_ceil(run_len);
         let tasks = per_batch * runs;
-        let fast = micro::fast();
         let out = Out(c.as_mut_ptr());
         let task = |t: usize| {
             let (batch, rest) = (t / (row_blocks * runs), t % (row_blocks * runs));
@@ -163,7 +157,7 @@ impl Products<'_> {
                 true => A::Direct(self.a_at[batch]),
                 false => A::Packed(&packed[batch]),
             };
-            self.block(a, b, (r0, rows), (p0, p1), c, fast);
+            self.block(a, b, (r0, rows), (p0, p1), c, isa);
         };
         if threads == 1 || tasks == 1 {
             (0..tasks).for_each(task);
@@ -181,7 +175,7 @@ impl Products<'_> {
         (r0, rows): (usize, usize),
         (p0, p1): (usize, usize),
         c: *mut f32,
-        fast: bool,
+        isa: Isa,
     ) {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!((b.k, b.n), (k, n));
@@ -230,7 +224,7 @@ impl Products<'_> {
                     if cols == NR {
                         // SAFETY: the packed panels hold `kl` steps; the
                         // tile is `tile_rows x NR` of `c`, rows `n` apart.
-                        unsafe { tile(fast, tile_rows, kl, ap, bp, at, n, finish) };
+                        unsafe { tile(isa, tile_rows, kl, ap, bp, at, n, finish) };
                     } else {
                         // The last panel, narrower than a tile: through a
                         // tile of its own.
@@ -243,7 +237,7 @@ impl Products<'_> {
                             }
                         }
                         // SAFETY: `local` is `MR x NR`.
-                        unsafe { tile(fast, tile_rows, kl, ap, bp, local.as_mut_ptr(), NR, finish) };
+                        unsafe { tile(isa, tile_rows, kl, ap, bp, local.as_mut_ptr(), NR, finish) };
                         for r in 0..tile_rows {
                             // SAFETY: as above.
                             let dst = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), cols) };
@@ -264,7 +258,9 @@ impl Products<'_> {
 /// x 768, one thread: packed 77% of the FMA peak, read in place 63%; at 128
 /// x 768 x 2304 (rows two to a set) in place is as fast or faster. A
 /// product of two rows never crowds a set, and packing them would pad each
-/// step to six.
+/// step to six. The AVX-512 tile, a register per row, reads rows in place
+/// faster on a Zen 4 core (128 x 3072 x 768, one thread: 104 GFLOP/s
+/// against 100 packed), so it never packs them.
 fn rows_share_sets(row: usize, rows: usize) -> bool {
     const LINE: usize = 64;
     const SETS: usize = 64;
@@ -283,7 +279,7 @@ fn rows_share_sets(row: usize, rows: usize) -> bool {
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn tile(
-    fast: bool,
+    isa: Isa,
     rows: usize,
     kl: usize,
     a: Rows,
@@ -295,12 +291,12 @@ unsafe fn tile(
     // SAFETY: the caller's.
     unsafe {
         match rows {
-            1 => micro::tile::<1>(fast, kl, a, b, c, ldc, finish),
-            2 => micro::tile::<2>(fast, kl, a, b, c, ldc, finish),
-            3 => micro::tile::<3>(fast, kl, a, b, c, ldc, finish),
-            4 => micro::tile::<4>(fast, kl, a, b, c, ldc, finish),
-            5 => micro::tile::<5>(fast, kl, a, b, c, ldc, finish),
-            _ => micro::tile::<6>(fast, kl, a, b, c, ldc, finish),
+            1 => micro::tile::<1>(isa, kl, a, b, c, ldc, finish),
+            2 => micro::tile::<2>(isa, kl, a, b, c, ldc, finish),
+            3 => micro::tile::<3>(isa, kl, a, b, c, ldc, finish),
+            4 => micro::tile::<4>(isa, kl, a, b, c, ldc, finish),
+            5 => micro::tile::<5>(isa, kl, a, b, c, ldc, finish),
+            _ => micro::tile::<6>(isa, kl, a, b, c, ldc, finish),
         }
     }
 }
