@@ -798,3 +798,40 @@ fn powers_by_small_constants_match_the_fallback_at_every_special_value() {
         }
     }
 }
+
+#[test]
+fn a_cat_whose_parts_would_be_read_an_element_at_a_time_is_left_to_the_fallback() {
+    // A mixture of experts' outputs stacked along a reduced dim of 4 and
+    // summed with their weights: the walk puts the reduced dim innermost,
+    // so a fused cat would switch parts at every element (55 us for 2 048
+    // values, where the fallback copies them in about 1). The cat goes to
+    // the fallback; the weighted sum is still fused.
+    let src = "input a: f32[2, 8, 1, 32]\ninput b: f32[2, 8, 1, 32]\ninput c: f32[2, 8, 1, 32]\n\
+               input d: f32[2, 8, 1, 32]\ninput s: f32[2, 8, 4, 1]\n\
+               st = cat(a, b, c, d, dim=2)\nm = mul(s, st)\ny = sum(m, dims=[-2], keepdim=false)\noutput y\n";
+    let t = parse(src).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let on = |kind: &str| {
+        let r = plan
+            .regions
+            .iter()
+            .find(|r| r.ops.iter().any(|&o| t.op(o).kind.name() == kind))
+            .unwrap();
+        plan.executor_name(r).to_string()
+    };
+    assert_eq!(on("cat"), "fallback", "{:#?}", plan.explanation.ops);
+    assert_eq!(on("sum"), "fuser", "{:#?}", plan.explanation.ops);
+    check(&t, 5);
+    // Wide parts along the same walk are fused.
+    let wide = "input a: f32[2, 8, 16, 32]\ninput b: f32[2, 8, 16, 32]\ninput s: f32[2, 8, 32, 1]\n\
+                st = cat(a, b, dim=2)\nm = mul(s, st)\ny = sum(m, dims=[-2], keepdim=false)\noutput y\n";
+    let t = parse(wide).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FuserExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let cat = plan
+        .regions
+        .iter()
+        .find(|r| r.ops.iter().any(|&o| t.op(o).kind.name() == "cat"))
+        .unwrap();
+    assert_eq!(plan.executor_name(cat), "fuser", "{:#?}", plan.explanation.ops);
+    check(&t, 6);
+}
