@@ -306,6 +306,18 @@ pub trait Kernel: Send + Sync {
         Ok(())
     }
 
+    /// Whether a run may hand work to the CPU thread pool (rayon's global
+    /// pool). A host plan with a kernel that may runs on a worker of the
+    /// pool, so that each parallel loop starts at once instead of waking
+    /// the pool and sleeping until it is done; a plan with none runs on the
+    /// caller's thread, which saves the two wake-ups across threads that
+    /// moving onto a worker costs (a tenth of a tiny model's run). By
+    /// default a kernel says it may; one that never starts a parallel loop
+    /// for its shapes (small ones stay on the calling thread) says not.
+    fn uses_threads(&self) -> bool {
+        true
+    }
+
     /// Whether the kernel's runs may be recorded into a device graph and
     /// replayed ([`crate::device::Transfer::begin_capture`]): `Ok` when a
     /// run only queues work on its device's stream, reading its inputs and

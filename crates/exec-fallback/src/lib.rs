@@ -181,6 +181,29 @@ struct RegionKernel {
     /// Whether it only views tensors on a device: nothing moves, so a
     /// device graph may hold it.
     device_views: bool,
+    /// Whether an op may share its work over the thread pool.
+    uses_threads: bool,
+}
+
+/// Whether the fallback may run `op` over the thread pool: its matrix
+/// products, windows and recurrences may at any size; everything else
+/// from [`walk::parallel_min`] elements read or written on.
+fn op_uses_threads(trace: &Trace, op: OpId) -> bool {
+    let o = trace.op(op);
+    let heavy = matches!(
+        o.kind,
+        OpKind::Matmul
+            | OpKind::Conv
+            | OpKind::ConvTranspose
+            | OpKind::Pool(_)
+            | OpKind::Lstm
+            | OpKind::Gru
+            | OpKind::Rnn
+    ) || matches!(o.kind, OpKind::Composite(_));
+    heavy
+        || o.input_values()
+            .chain(o.outputs.iter().copied())
+            .any(|v| trace.meta(v).numel() >= walk::parallel_min())
 }
 
 fn scalar_tensor(s: Scalar, dtype: DType) -> Tensor {
@@ -484,6 +507,10 @@ impl Kernel for RegionKernel {
         switchyard_core::executor::run_allocating(self, inputs)
     }
 
+    fn uses_threads(&self) -> bool {
+        self.uses_threads
+    }
+
     /// Dense f32 and f64 elementwise ops, reductions and matmuls write the
     /// region's outputs into the buffers given; other ops allocate theirs.
     fn run_into(
@@ -607,6 +634,8 @@ impl Executor for FallbackExecutor {
             output_of_op,
             device_views: region.device != Device::Cpu
                 && region.ops.iter().all(|&op| is_free_view(trace, op)),
+            uses_threads: region.device == Device::Cpu
+                && region.ops.iter().any(|&op| op_uses_threads(trace, op)),
         }))
     }
 }

@@ -571,6 +571,13 @@ impl Kernel for FusedKernel {
         .map_err(|m| self.error(m))
     }
 
+    fn uses_threads(&self) -> bool {
+        match &self.backend {
+            Backend::Cpu(k) => k.uses_threads(),
+            Backend::Cuda(_) => false,
+        }
+    }
+
     /// A CUDA kernel queues its launch (and any dense copies it makes, into
     /// buffers from the device's pool) on the device's stream.
     fn capturable(&self) -> std::result::Result<(), String> {

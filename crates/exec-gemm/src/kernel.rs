@@ -12,12 +12,16 @@ use switchyard_core::{DType, Error, OutputBuffer, Result, Tensor};
 
 use crate::micro::NR;
 use crate::pack::{PackedB, Strided};
-use crate::product::Products;
+use crate::product::{PARALLEL_MIN, Products};
 
 /// Weights a kernel keeps packed at once: the kernel cache gives one
 /// kernel to every product of the same shapes (each layer's), each with
 /// weights of its own.
 const PACKED_KEPT: usize = 64;
+
+/// Values of `B`s packed per run (one per batch) from which they are
+/// packed over the threads.
+const PACK_PARALLEL_MIN: usize = 1 << 16;
 
 /// Packed weights and the tensor they were packed from, held so that its
 /// buffer can be neither written nor freed while it is the key.
@@ -36,6 +40,8 @@ pub(crate) enum Form {
 pub(crate) struct GemmKernel {
     pub(crate) form: Form,
     pub(crate) out_shape: Vec<usize>,
+    /// The depth of the product (`A`'s columns).
+    pub(crate) k: usize,
     /// Whether `B` is a weight (a trace input, through views at most), whose
     /// packed panels are kept from one run to the next.
     pub(crate) b_is_weight: bool,
@@ -223,7 +229,7 @@ impl GemmKernel {
         let buffers: Vec<Vec<f32>> = (0..l.b.len()).map(|_| pool.pop().unwrap_or_default()).collect();
         let (k, n) = (l.k, l.n);
         let work = l.b.len() * PackedB::len(k, n);
-        if l.b.len() > 1 && work >= 1 << 16 {
+        if l.b.len() > 1 && work >= PACK_PARALLEL_MIN {
             buffers
                 .into_par_iter()
                 .zip(l.b.par_iter())
@@ -253,6 +259,18 @@ fn f32s<'a>(t: &'a Tensor, what: &str) -> Result<&'a [f32]> {
 impl Kernel for GemmKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         switchyard_core::executor::run_allocating(self, inputs)
+    }
+
+    /// A product of [`PARALLEL_MIN`] multiply-adds or more is shared over
+    /// the threads, and so are batched `B`s packed per run from
+    /// [`PACK_PARALLEL_MIN`] values.
+    fn uses_threads(&self) -> bool {
+        let rank = self.out_shape.len();
+        let cells: usize = self.out_shape.iter().product();
+        let batches: usize = self.out_shape[..rank.saturating_sub(2)].iter().product();
+        let n = self.out_shape.last().copied().unwrap_or(1);
+        cells.saturating_mul(self.k) >= PARALLEL_MIN
+            || (batches > 1 && batches.saturating_mul(self.k).saturating_mul(n) >= PACK_PARALLEL_MIN)
     }
 
     fn run_into(
@@ -335,6 +353,7 @@ mod tests {
         GemmKernel {
             form: Form::Matmul { a: 0, b: 1 },
             out_shape: vec![3, 5],
+            k: 4,
             b_is_weight: true,
             kept: RwLock::new(Vec::new()),
             seen: Mutex::new(Vec::new()),

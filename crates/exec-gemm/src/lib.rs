@@ -208,9 +208,12 @@ impl Executor for GemmExecutor {
                 values[w],
             ),
         };
+        // `A` (or `x`) is the first operand of either form.
+        let depth = trace.meta(values[0]).shape.last().copied().unwrap_or(0);
         Ok(Box::new(GemmKernel {
             form,
             out_shape: trace.meta(trace.op(op).outputs[0]).shape.clone(),
+            k: depth,
             b_is_weight: is_weight(trace, b),
             kept: RwLock::new(Vec::new()),
             seen: Mutex::new(Vec::new()),

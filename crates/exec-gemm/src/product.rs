@@ -19,7 +19,7 @@ use crate::pack::{PackedA, PackedB, Strided, aligned};
 
 /// Multiply-adds below which a product runs on the calling thread: waking
 /// the pool costs about what 2^18 multiply-adds take.
-const PARALLEL_MIN: usize = 1 << 18;
+pub(crate) const PARALLEL_MIN: usize = 1 << 18;
 
 /// Rows of a task, at most: its block of packed `A` (`MC x KC`, 264 KiB)
 /// stays in L2 while every panel of its run passes. A taller block reads

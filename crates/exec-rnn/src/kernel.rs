@@ -323,6 +323,11 @@ impl RnnKernel {
 }
 
 impl Kernel for RnnKernel {
+    /// A bidirectional recurrence runs its directions on two threads.
+    fn uses_threads(&self) -> bool {
+        self.rec.reverse.len() > 1
+    }
+
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         run_allocating(self, inputs)
     }
@@ -371,19 +376,22 @@ impl Kernel for RnnKernel {
         let simd = Simd::current();
         let fma = matches!(simd.level(), Level::Avx2 | Level::Avx512);
         let x = &data[0];
-        let per_direction: Vec<Vec<f32>> = dirs
-            .par_iter()
-            .map(|d| match fma {
-                true => simd.run(
-                    #[inline(always)]
-                    || self.direction::<true>(x, d, &lens),
-                ),
-                false => simd.run(
-                    #[inline(always)]
-                    || self.direction::<false>(x, d, &lens),
-                ),
-            })
-            .collect();
+        let one = |d: &Direction<'_>| match fma {
+            true => simd.run(
+                #[inline(always)]
+                || self.direction::<true>(x, d, &lens),
+            ),
+            false => simd.run(
+                #[inline(always)]
+                || self.direction::<false>(x, d, &lens),
+            ),
+        };
+        // Both directions of a bidirectional recurrence at once; one alone
+        // on this thread (a parallel loop of one item still wakes the pool).
+        let per_direction: Vec<Vec<f32>> = match dirs.len() {
+            1 => dirs.iter().map(one).collect(),
+            _ => dirs.par_iter().map(one).collect(),
+        };
         let mut buf = OutputBuffer::given_or_new(given, 0, DType::F32, &shape)?;
         let out = buf.slice_mut::<f32>().expect("an f32 buffer");
         // [rows, D, N, H]: each direction's [rows, N, H] interleaved.

@@ -626,3 +626,100 @@ fn a_run_that_failed_or_panicked_leaves_the_next_run_a_clean_state() {
     assert!(panicked.is_err(), "the kernel panicked through the run");
     check();
 }
+
+/// An operator executor for `relu` whose kernel says whether it uses the
+/// thread pool, and records which pool thread each run ran on (`None`: a
+/// thread outside the pool).
+struct ThreadProbe {
+    uses_threads: bool,
+    seen: Arc<std::sync::Mutex<Vec<Option<usize>>>>,
+}
+
+struct ProbeKernel {
+    uses_threads: bool,
+    seen: Arc<std::sync::Mutex<Vec<Option<usize>>>>,
+}
+
+impl switchyard_core::executor::Kernel for ProbeKernel {
+    fn run(&self, inputs: &[&Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
+        self.seen.lock().unwrap().push(rayon::current_thread_index());
+        let x = inputs[0].to_vec::<f32>().unwrap();
+        Ok(vec![Tensor::from_vec(
+            x.into_iter().map(|v| v.max(0.0)).collect(),
+            inputs[0].shape(),
+        )?])
+    }
+
+    fn uses_threads(&self) -> bool {
+        self.uses_threads
+    }
+}
+
+impl switchyard_core::executor::Executor for ThreadProbe {
+    fn info(&self) -> switchyard_core::executor::ExecutorInfo {
+        switchyard_core::executor::ExecutorInfo::operator("probe", "test", &["cpu"])
+    }
+
+    fn claim(
+        &self,
+        op: switchyard_core::ir::OpId,
+        cx: &switchyard_core::executor::Context,
+    ) -> switchyard_core::executor::Claim {
+        use switchyard_core::executor::Claim;
+        match cx.trace.op(op).kind.name() {
+            "relu" => Claim::Accept(1.0),
+            _ => Claim::Reject("runs relu only".into()),
+        }
+    }
+
+    fn compile(
+        &self,
+        _region: &switchyard_core::executor::Region,
+        _cx: &switchyard_core::executor::Context,
+    ) -> switchyard_core::Result<Box<dyn switchyard_core::executor::Kernel>> {
+        Ok(Box::new(ProbeKernel {
+            uses_threads: self.uses_threads,
+            seen: self.seen.clone(),
+        }))
+    }
+}
+
+#[test]
+fn a_host_plan_moves_onto_the_pool_only_when_a_kernel_may_use_it() {
+    // Moving onto a worker costs two wake-ups across threads: a plan whose
+    // kernels never start a parallel loop stays on the caller's thread.
+    if rayon::current_num_threads() < 2 {
+        println!("skipped: one thread in the pool, where no plan moves onto it");
+        return;
+    }
+    let t = parse("input x: f32[4]\ny = relu(x)\noutput y\n").unwrap();
+    let inputs = random_inputs(&t, 0);
+    let mut ran_on = Vec::new();
+    for uses_threads in [false, true] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let probe = Arc::new(ThreadProbe {
+            uses_threads,
+            seen: seen.clone(),
+        });
+        let plan = plan_on(&t, vec![probe, Arc::new(FallbackExecutor)]).unwrap();
+        assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "probe"));
+        // From a thread outside the pool, as a caller's is.
+        let inputs = inputs.clone();
+        let out = std::thread::spawn(move || run_plan(plan, &inputs).map(|r| r.outputs))
+            .join()
+            .unwrap()
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        ran_on.push(seen.lock().unwrap().clone());
+    }
+    assert_eq!(
+        ran_on[0],
+        vec![None],
+        "a plan without threaded kernels stays on the caller's thread"
+    );
+    assert!(
+        matches!(ran_on[1].as_slice(), [Some(_)]),
+        "a plan with one runs on a worker: {:?}",
+        ran_on[1]
+    );
+}

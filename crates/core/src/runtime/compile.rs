@@ -137,6 +137,7 @@ impl CompiledPlan {
             output_of,
             last_output,
             graph_device: graph::eligibility(&plan, &kernels),
+            uses_threads: kernels.iter().any(|k| k.uses_threads()),
             graph,
             plan,
             kernels,

@@ -69,6 +69,9 @@ pub struct CompiledPlan {
     cache_stats: CacheStats,
     /// The devices other than the host it puts tensors on.
     devices: Vec<Device>,
+    /// Whether a kernel may hand work to the thread pool
+    /// ([`Kernel::uses_threads`]): then a run moves onto a worker.
+    uses_threads: bool,
     /// The device it can be replayed on as a graph, or why it cannot.
     graph_device: std::result::Result<Device, std::borrow::Cow<'static, str>>,
     /// The graph and what it takes to record it.
@@ -422,11 +425,12 @@ impl CompiledPlan {
         // wake-ups across threads per loop, tens of microseconds on some
         // machines, for every loop of every region. Started on a worker,
         // the loop runs at once and the other workers join in. So a
-        // host-only plan runs on a worker, the caller waking once per run;
-        // the caller's SIMD level and tracing span go with it. (A plan on
-        // a device stays on the caller's thread, where its device context
-        // is current.)
+        // host-only plan with such loops runs on a worker, the caller
+        // waking once per run; the caller's SIMD level and tracing span go
+        // with it. A plan without them stays on the caller's thread, and
+        // so does a plan on a device, where its device context is current.
         if self.devices.is_empty()
+            && self.uses_threads
             && rayon::current_thread_index().is_none()
             && rayon::current_num_threads() > 1
         {

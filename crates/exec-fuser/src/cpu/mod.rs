@@ -227,6 +227,12 @@ impl CpuKernel {
         }
     }
 
+    /// Whether a run shares its tiles (or a streamed row's chunks) over the
+    /// thread pool: from [`parallel_min`] elements on.
+    pub(crate) fn uses_threads(&self) -> bool {
+        self.program.numel().max(self.rows * self.row_len) >= parallel_min()
+    }
+
     /// The bytes a run of the kernel takes beyond its outputs, on
     /// `threads` threads: for rows streamed in chunks, their partial
     /// results, and each thread's chunk of slots. The tiles of a program
