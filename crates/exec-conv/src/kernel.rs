@@ -9,7 +9,7 @@ use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 
 use crate::direct::Direct;
 use crate::epilogue::{At, Epilogue, Head};
-use crate::gemm::{self, MR, NR, PackedWeights, fast_kernel};
+use crate::gemm::{self, MR, NR, PackedWeights, fast_kernel, wide_kernel};
 use crate::window::{self, Planes, Reduce, Windows};
 
 /// Output positions per task, at most.
@@ -351,6 +351,7 @@ impl ConvKernel {
         let ptr = Out(out.as_mut_ptr());
         let total = out.len();
         let fast = fast_kernel(switchyard_simd::Simd::current());
+        let wide = wide_kernel(switchyard_simd::Simd::current());
         tasks.par_iter().for_each(|&(n, grp, m0, q0)| {
             crate::scratch::with(|[acc, regs, scratch]| {
                 let rows = mc.min(m_per - m0);
@@ -383,7 +384,7 @@ impl ConvKernel {
                         (acc, ldc),
                         store.as_ref(),
                         scratch,
-                        fast,
+                        (fast, wide),
                     )
                 };
                 let runs = &self.runs[q0 / nc];

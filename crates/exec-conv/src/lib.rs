@@ -21,8 +21,9 @@
 //! - grouped and dense convolutions: per batch item and group a GEMM of the
 //!   packed weights and the input's windows, which the microkernel reads
 //!   straight from the input padded and split into stride phases once per
-//!   run (a direct convolution), a 6 x 16 AVX2 + FMA microkernel where the
-//!   CPU has it; 1x1 convolutions at stride 1 read the input as it lies;
+//!   run (a direct convolution), a 6 x 16 microkernel in AVX-512 or AVX2 +
+//!   FMA registers where the CPU has them; 1x1 convolutions at stride 1
+//!   read the input as it lies;
 //! - depthwise convolutions (one input channel per group), max and average
 //!   pools ([`lanes`]): eight channel planes at a time, interleaved, so that
 //!   every tap of a position is one vector load; band by band of output
