@@ -27,7 +27,7 @@ printed, with the machine's copy bandwidth measured in the same rounds.
                                     [--only corpus,full,gemm] [--rounds N]
                                     [--keep DIR] [--json FILE]
 
-Needs `pip install torch onnx onnxruntime safetensors` (in a venv of its
+Needs `pip install torch onnx onnxscript onnxruntime safetensors` (in a venv of its
 own); switchyard itself needs none of them.
 """
 
@@ -278,8 +278,10 @@ def main():
         import onnxruntime as ort
         import torch
         from safetensors.numpy import load_file, save_file
+        if {"full", "gemm"} & set(args.only.split(",")):
+            import onnxscript  # noqa: F401 (torch.onnx's exporter needs it)
     except ImportError as e:
-        sys.exit(f"{e.name} is needed: pip install torch onnx onnxruntime safetensors")
+        sys.exit(f"{e.name} is needed: pip install torch onnx onnxscript onnxruntime safetensors")
     groups = set(args.only.split(","))
     torch.set_num_threads(os.cpu_count())
     folder = args.keep or tempfile.mkdtemp()
