@@ -14,11 +14,12 @@
 //!
 //! The product ([`product`]) is Goto's blocked loop: `B` in panels of 16
 //! columns ([`pack`]), `A` read where it lies (packed in panels of six
-//! rows once per run when transposed or its rows crowd the L1), and a
-//! `6 x 16` tile of `C` in twelve AVX2 registers ([`micro`]), fewer rows
-//! for a product of fewer; batched products (attention's heads) and the
-//! row blocks and panel runs of a large one are tasks shared over the
-//! threads. A `linear`'s bias is added in the tile's last store.
+//! rows once per run when transposed or, below AVX-512, its rows crowd the
+//! L1), and a `6 x 16` tile of `C` in six AVX-512 or twelve AVX2 registers
+//! ([`micro`]), fewer rows for a product of fewer; batched products
+//! (attention's heads) and the row blocks and panel runs of a large one
+//! are tasks shared over the threads. A `linear`'s bias is added in the
+//! tile's last store.
 #![deny(missing_docs)]
 
 mod kernel;
