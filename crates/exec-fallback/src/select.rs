@@ -70,11 +70,21 @@ pub(crate) fn topk(
                     let at = |j: usize| data[(o * size + j) * inner + i];
                     slice.clear();
                     slice.extend(0..size);
-                    // A stable sort keeps equal elements in index order.
-                    slice.sort_by(|&a, &b| match largest {
-                        true => cmp(at(b), at(a)),
-                        false => cmp(at(a), at(b)),
-                    });
+                    // Equal elements in index order: a total order, so the
+                    // `k` first are one set in one order however they are
+                    // found. Selected, then only they sorted: a `k` of 20
+                    // from 1 600 took 49 us by sorting them all.
+                    let rank = |a: &usize, b: &usize| {
+                        match largest {
+                            true => cmp(at(*b), at(*a)),
+                            false => cmp(at(*a), at(*b)),
+                        }
+                        .then(a.cmp(b))
+                    };
+                    if k < size {
+                        slice.select_nth_unstable_by(k, rank);
+                    }
+                    slice[..k].sort_unstable_by(rank);
                     for (j, &from) in slice[..k].iter().enumerate() {
                         out[(o * k + j) * inner + i] = MaybeUninit::new(from as i64);
                     }
@@ -200,6 +210,30 @@ mod tests {
             "exact on large integers"
         );
         assert!(topk(&x, 4, 1, true, None).is_err());
+    }
+
+    proptest::proptest! {
+        /// The selection gives what a stable sort of the whole slice gives,
+        /// with few distinct values (many ties) and NaNs among them.
+        #[test]
+        fn topk_equals_a_stable_sort_of_each_slice(
+            values in proptest::collection::vec(0u8..6, 1..60),
+            k_frac in 0.0f64..=1.0,
+            largest in proptest::bool::ANY,
+        ) {
+            let x: Vec<f32> = values.iter().map(|&v| if v == 5 { f32::NAN } else { v as f32 }).collect();
+            let size = x.len();
+            let k = (k_frac * size as f64) as usize;
+            let got = topk(&t(x.clone(), &[size]), k, 0, largest, None).unwrap().to_vec::<i64>().unwrap();
+            let cmp = order::<f32>(true);
+            let mut want: Vec<usize> = (0..size).collect();
+            want.sort_by(|&a, &b| match largest {
+                true => cmp(x[b], x[a]),
+                false => cmp(x[a], x[b]),
+            });
+            let want: Vec<i64> = want[..k].iter().map(|&i| i as i64).collect();
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 
     #[test]
