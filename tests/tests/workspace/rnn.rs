@@ -73,6 +73,9 @@ fn a_bidirectional_lstm_over_items_of_different_lengths_matches_the_fallback() {
     // two vector chunks and a tail.
     let t = trace("lstm", 2, (5, 3, 11, 19), ", direction=bidirectional");
     check(&t, &[5, 0, 3], 1);
+    // Directions of five million multiply-adds each run on two threads.
+    let t = trace("lstm", 2, (40, 4, 64, 64), ", direction=bidirectional");
+    check(&t, &[40, 17, 0, 39], 2);
 }
 
 #[test]
