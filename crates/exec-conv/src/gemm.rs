@@ -346,11 +346,39 @@ pub(crate) fn wide_kernel(simd: switchyard_simd::Simd) -> bool {
     }
 }
 
+/// Calls `step` with where each tap of each channel reads its row of
+/// `col`, channel by channel, tap by tap: `T` taps (a loop the compiler
+/// unrolls), or any number for 0.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn each_tap<const T: usize>(
+    (channels, taps, channel): (usize, &[isize], usize),
+    b: *const f32,
+    mut step: impl FnMut(*const f32),
+) {
+    if T == 0 {
+        for ch in 0..channels {
+            let bc = b.wrapping_add(ch * channel);
+            for &off in taps {
+                step(bc.wrapping_offset(off));
+            }
+        }
+    } else {
+        let taps: &[isize; T] = taps.try_into().expect("T taps");
+        for ch in 0..channels {
+            let bc = b.wrapping_add(ch * channel);
+            for &off in taps {
+                step(bc.wrapping_offset(off));
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{HeadRows, MR, NR};
+    use super::{HeadRows, MR, NR, each_tap};
 
     /// A whole `MR` x [`NR`] tile, a row per 16-wide accumulator; `T` taps
     /// per channel, or any number (`taps.len()`) for 0. The same
@@ -380,7 +408,7 @@ mod avx512 {
         let mut a = a;
         // One step of the product: the tile's row of `col` at `bp` times
         // the panel's next column.
-        let mut step = |bp: *const f32| {
+        let step = |bp: *const f32| {
             // SAFETY: the caller's.
             unsafe {
                 let bv = _mm512_loadu_ps(bp);
@@ -390,24 +418,7 @@ mod avx512 {
                 a = a.add(MR);
             }
         };
-        if T == 0 {
-            for ch in 0..channels {
-                // SAFETY: the caller's.
-                let bc = unsafe { b.add(ch * channel) };
-                for &off in taps {
-                    step(bc.wrapping_offset(off));
-                }
-            }
-        } else {
-            let taps: &[isize; T] = taps.try_into().expect("T taps");
-            for ch in 0..channels {
-                // SAFETY: the caller's.
-                let bc = unsafe { b.add(ch * channel) };
-                for &off in taps {
-                    step(bc.wrapping_offset(off));
-                }
-            }
-        }
+        each_tap::<T>((channels, taps, channel), b, step);
         if let Some(f) = finish {
             // As the AVX2 tile does it: the addend, then max and min (each
             // returning its second operand where either is NaN).
@@ -430,7 +441,7 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{HeadRows, MR};
+    use super::{HeadRows, MR, each_tap};
 
     /// A whole `MR` x `8 NV` tile (`NV` 2: `NR` wide; 1: half), accumulators
     /// in registers; `T` taps per channel, or any number (`taps.len()`)
@@ -461,7 +472,7 @@ mod avx2 {
         let mut a = a;
         // One step of the product: the tile's row of `col` at `bp` times
         // the panel's next column.
-        let mut step = |bp: *const f32| {
+        let step = |bp: *const f32| {
             // SAFETY: the caller's.
             unsafe {
                 let bv: [__m256; NV] = std::array::from_fn(|v| _mm256_loadu_ps(bp.add(8 * v)));
@@ -474,24 +485,7 @@ mod avx2 {
                 a = a.add(MR);
             }
         };
-        if T == 0 {
-            for ch in 0..channels {
-                // SAFETY: the caller's.
-                let bc = unsafe { b.add(ch * channel) };
-                for &off in taps {
-                    step(bc.wrapping_offset(off));
-                }
-            }
-        } else {
-            let taps: &[isize; T] = taps.try_into().expect("T taps");
-            for ch in 0..channels {
-                // SAFETY: the caller's.
-                let bc = unsafe { b.add(ch * channel) };
-                for &off in taps {
-                    step(bc.wrapping_offset(off));
-                }
-            }
-        }
+        each_tap::<T>((channels, taps, channel), b, step);
         if let Some(f) = finish {
             // As `Head::scatter` does it: the addend, then max and min
             // (each returning its second operand where either is NaN).

@@ -156,11 +156,48 @@ pub(crate) fn prefetch_l2(at: *const f32) {
     let _ = at;
 }
 
+/// Walks the `kl` steps of `k` of a tile: `step(set, a, b)` with where
+/// each step reads `A` and `B`, the sets of accumulators in turn (steps
+/// `SETS` apart share a set; the last `kl % SETS` go to the first).
+///
+/// # Safety
+/// `a` must be valid for `kl` steps, `b` for `kl * NR` values, and `step`
+/// sound for every such pair.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn walk<S, const SETS: usize>(
+    acc: &mut [S; SETS],
+    kl: usize,
+    a: Rows,
+    b: *const f32,
+    step: impl Fn(&mut S, *const f32, *const f32),
+) {
+    let (mut ap, mut bp) = (a.at, b);
+    for _ in 0..kl / SETS {
+        for set in acc.iter_mut() {
+            step(set, ap, bp);
+            // SAFETY: within the `kl` steps the caller vouches for.
+            unsafe {
+                ap = ap.add(a.step);
+                bp = bp.add(NR);
+            }
+        }
+    }
+    for _ in 0..kl % SETS {
+        step(&mut acc[0], ap, bp);
+        // SAFETY: as above.
+        unsafe {
+            ap = ap.add(a.step);
+            bp = bp.add(NR);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Finish, NR, Rows};
+    use super::{Finish, NR, Rows, walk};
 
     /// [`super::tile`] in registers, with `SETS` sets of accumulators, for
     /// steps of `k` `SETS` apart.
@@ -205,26 +242,9 @@ mod avx2 {
                 }
             }
         }
-        let (row, a_step) = (a.row, a.step);
-        let (mut a, mut b) = (a.at, b);
-        for _ in 0..kl / SETS {
-            for set in acc.iter_mut() {
-                // SAFETY: the caller's.
-                unsafe {
-                    step(set, a, row, b);
-                    a = a.add(a_step);
-                    b = b.add(NR);
-                }
-            }
-        }
-        for _ in 0..kl % SETS {
-            // SAFETY: the caller's.
-            unsafe {
-                step(&mut acc[0], a, row, b);
-                a = a.add(a_step);
-                b = b.add(NR);
-            }
-        }
+        let row = a.row;
+        // SAFETY: the caller's, for every step `walk` passes.
+        unsafe { walk(&mut acc, kl, a, b, |set, a, b| step(set, a, row, b)) };
         let (first, rest) = acc.split_at_mut(1);
         let first = &mut first[0];
         for set in rest.iter() {
@@ -256,7 +276,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Finish, NR, Rows};
+    use super::{Finish, NR, Rows, walk};
 
     /// [`super::tile`] in 16-wide registers, one per row, with `SETS` sets
     /// of them for steps of `k` `SETS` apart.
@@ -297,26 +317,9 @@ mod avx512 {
                 }
             }
         }
-        let (row, a_step) = (a.row, a.step);
-        let (mut a, mut b) = (a.at, b);
-        for _ in 0..kl / SETS {
-            for set in acc.iter_mut() {
-                // SAFETY: the caller's.
-                unsafe {
-                    step(set, a, row, b);
-                    a = a.add(a_step);
-                    b = b.add(NR);
-                }
-            }
-        }
-        for _ in 0..kl % SETS {
-            // SAFETY: the caller's.
-            unsafe {
-                step(&mut acc[0], a, row, b);
-                a = a.add(a_step);
-                b = b.add(NR);
-            }
-        }
+        let row = a.row;
+        // SAFETY: the caller's, for every step `walk` passes.
+        unsafe { walk(&mut acc, kl, a, b, |set, a, b| step(set, a, row, b)) };
         for r in 0..ROWS {
             let mut x = acc[0][r];
             for set in &acc[1..] {
