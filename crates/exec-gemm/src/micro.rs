@@ -65,6 +65,16 @@ pub(crate) unsafe fn tile<const ROWS: usize>(
     finish: Finish,
 ) {
     #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable {
+        // The tile's rows of `C` are read or written at the end: fetched
+        // now, they arrive while the product runs (15-20% faster measured,
+        // at 512 steps).
+        for r in 0..ROWS {
+            prefetch_l1(c.wrapping_add(r * ldc));
+            prefetch_l1(c.wrapping_add(r * ldc + NR - 1));
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     match isa {
         Isa::Avx512 => {
             // A fused multiply-add's result is ready four cycles on: a tile
@@ -143,6 +153,19 @@ pub(crate) fn isa() -> Isa {
     Isa::Portable
 }
 
+/// Asks for the cache line at `at` to be brought into L1 (a hint: nothing
+/// where the target has no such instruction).
+#[inline(always)]
+fn prefetch_l1(at: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 /// Asks for the cache line at `at` to be brought into L2 (a hint: nothing
 /// where the target has no such instruction).
 #[inline(always)]
@@ -197,7 +220,7 @@ unsafe fn walk<S, const SETS: usize>(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Finish, NR, Rows, walk};
+    use super::{Finish, Rows, walk};
 
     /// [`super::tile`] in registers, with `SETS` sets of accumulators, for
     /// steps of `k` `SETS` apart.
@@ -213,16 +236,6 @@ mod avx2 {
         ldc: usize,
         finish: Finish,
     ) {
-        // The tile's rows of `C` are read or written at the end: fetched
-        // now, they arrive while the product runs (15-20% faster measured,
-        // at 512 steps).
-        for r in 0..ROWS {
-            // SAFETY: a prefetch of memory the caller says is valid.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc + NR - 1) as *const i8);
-            }
-        }
         let mut acc = [[[_mm256_setzero_ps(); 2]; ROWS]; SETS];
         #[inline(always)]
         unsafe fn step<const ROWS: usize>(
@@ -276,7 +289,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Finish, NR, Rows, walk};
+    use super::{Finish, Rows, walk};
 
     /// [`super::tile`] in 16-wide registers, one per row, with `SETS` sets
     /// of them for steps of `k` `SETS` apart.
@@ -292,15 +305,6 @@ mod avx512 {
         ldc: usize,
         finish: Finish,
     ) {
-        // The tile's rows of `C`, fetched now to arrive while the product
-        // runs (as the AVX2 tile does).
-        for r in 0..ROWS {
-            // SAFETY: a prefetch of memory the caller says is valid.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc + NR - 1) as *const i8);
-            }
-        }
         let mut acc = [[_mm512_setzero_ps(); ROWS]; SETS];
         #[inline(always)]
         unsafe fn step<const ROWS: usize>(
