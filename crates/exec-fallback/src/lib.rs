@@ -31,7 +31,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use switchyard_core::cost::{DeviceModel, is_free_view};
 use switchyard_core::executor::{Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region};
-use switchyard_core::ir::{OpId, OpKind, Operand, Trace, reduce_dims, slice_params};
+use switchyard_core::ir::{OpId, OpKind, Operand, Trace, ValueId, reduce_dims, slice_params};
 use switchyard_core::meta::normalize_dim;
 use switchyard_core::{DType, Device, OutputBuffer, Scalar, Storage, Tensor, TensorMeta};
 
@@ -186,8 +186,9 @@ struct RegionKernel {
 }
 
 /// Whether the fallback may run `op` over the thread pool: its matrix
-/// products, windows and recurrences may at any size; everything else
-/// from [`walk::parallel_min`] elements read or written on.
+/// products, windows and recurrences may at any size; a reduction from
+/// [`walk::parallel_min`] elements read on; everything else from that many
+/// written (a row gathered from a large table is one thread's work).
 fn op_uses_threads(trace: &Trace, op: OpId) -> bool {
     let o = trace.op(op);
     let heavy = matches!(
@@ -200,10 +201,10 @@ fn op_uses_threads(trace: &Trace, op: OpId) -> bool {
             | OpKind::Gru
             | OpKind::Rnn
     ) || matches!(o.kind, OpKind::Composite(_));
+    let large = |v: ValueId| trace.meta(v).numel() >= walk::parallel_min();
     heavy
-        || o.input_values()
-            .chain(o.outputs.iter().copied())
-            .any(|v| trace.meta(v).numel() >= walk::parallel_min())
+        || o.outputs.iter().any(|&v| large(v))
+        || (matches!(o.kind, OpKind::Reduce(_)) && o.input_values().any(large))
 }
 
 fn scalar_tensor(s: Scalar, dtype: DType) -> Tensor {

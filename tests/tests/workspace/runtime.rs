@@ -684,6 +684,26 @@ impl switchyard_core::executor::Executor for ThreadProbe {
     }
 }
 
+/// Runs `src` planned on the probe (saying `uses_threads`) and the
+/// fallback from a thread outside the pool, as a caller's is; returns the
+/// pool thread each probe run ran on.
+fn probe_threads(src: &str, inputs: &[Tensor], uses_threads: bool) -> Vec<Option<usize>> {
+    let t = parse(src).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let probe = Arc::new(ThreadProbe {
+        uses_threads,
+        seen: seen.clone(),
+    });
+    let plan = plan_on(&t, vec![probe, Arc::new(FallbackExecutor)]).unwrap();
+    assert!(plan.regions.iter().any(|r| plan.executor_name(r) == "probe"));
+    let inputs = inputs.to_vec();
+    std::thread::spawn(move || run_plan(plan, &inputs).map(|r| r.outputs))
+        .join()
+        .unwrap()
+        .unwrap();
+    seen.lock().unwrap().clone()
+}
+
 #[test]
 fn a_host_plan_moves_onto_the_pool_only_when_a_kernel_may_use_it() {
     // Moving onto a worker costs two wake-ups across threads: a plan whose
@@ -692,34 +712,31 @@ fn a_host_plan_moves_onto_the_pool_only_when_a_kernel_may_use_it() {
         println!("skipped: one thread in the pool, where no plan moves onto it");
         return;
     }
-    let t = parse("input x: f32[4]\ny = relu(x)\noutput y\n").unwrap();
-    let inputs = random_inputs(&t, 0);
-    let mut ran_on = Vec::new();
-    for uses_threads in [false, true] {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let probe = Arc::new(ThreadProbe {
-            uses_threads,
-            seen: seen.clone(),
-        });
-        let plan = plan_on(&t, vec![probe, Arc::new(FallbackExecutor)]).unwrap();
-        assert!(plan.regions.iter().all(|r| plan.executor_name(r) == "probe"));
-        // From a thread outside the pool, as a caller's is.
-        let inputs = inputs.clone();
-        let out = std::thread::spawn(move || run_plan(plan, &inputs).map(|r| r.outputs))
-            .join()
-            .unwrap()
-            .unwrap();
-        assert_eq!(out.len(), 1);
-        ran_on.push(seen.lock().unwrap().clone());
-    }
+    let src = "input x: f32[4]\ny = relu(x)\noutput y\n";
+    let inputs = random_inputs(&parse(src).unwrap(), 0);
     assert_eq!(
-        ran_on[0],
+        probe_threads(src, &inputs, false),
         vec![None],
         "a plan without threaded kernels stays on the caller's thread"
     );
+    let ran_on = probe_threads(src, &inputs, true);
     assert!(
-        matches!(ran_on[1].as_slice(), [Some(_)]),
-        "a plan with one runs on a worker: {:?}",
-        ran_on[1]
+        matches!(ran_on.as_slice(), [Some(_)]),
+        "a plan with one runs on a worker: {ran_on:?}"
     );
+    // The fallback says so by what its ops write: a row gathered from a
+    // large table is one thread's work (a decoder's position embedding),
+    // an exp over the whole table is shared over the pool.
+    let table = Tensor::from_vec(vec![0.5f32; 65536 * 4], &[65536, 4]).unwrap();
+    let row = Tensor::from_vec(vec![3i64], &[1]).unwrap();
+    let gather = "input table: f32[65536, 4]\ninput i: i64[1]\nrow = index_select(table, i, dim=0)\n\
+                  y = relu(row)\noutput y\n";
+    assert_eq!(
+        probe_threads(gather, &[table.clone(), row.clone()], false),
+        vec![None]
+    );
+    let whole = "input table: f32[65536, 4]\ninput i: i64[1]\nrow = index_select(table, i, dim=0)\n\
+                 y = relu(row)\nz = exp(table)\noutput y, z\n";
+    let ran_on = probe_threads(whole, &[table, row], false);
+    assert!(matches!(ran_on.as_slice(), [Some(_)]), "{ran_on:?}");
 }
