@@ -238,38 +238,30 @@ unsafe fn microkernel(
     assert!(a.len() >= channels * taps.len() * MR);
     #[cfg(target_arch = "x86_64")]
     {
-        if wide && !half {
-            let tile = match taps.len() {
-                1 => avx512::tile::<1>,
-                9 => avx512::tile::<9>,
-                _ => avx512::tile::<0>,
-            };
-            // SAFETY: the CPU has AVX-512F (`wide`); the rest is the
-            // caller's.
-            unsafe {
-                tile(
-                    (channels, taps, channel),
-                    a.as_ptr(),
-                    b,
-                    c,
-                    ldc,
-                    accumulate,
-                    finish,
-                )
-            };
-            return;
-        }
-        if fast {
-            let tile = match (taps.len(), half) {
-                (1, false) => avx2::tile::<1, 2>,
-                (9, false) => avx2::tile::<9, 2>,
-                (_, false) => avx2::tile::<0, 2>,
-                (1, true) => avx2::tile::<1, 1>,
-                (9, true) => avx2::tile::<9, 1>,
-                (_, true) => avx2::tile::<0, 1>,
-            };
-            // SAFETY: the CPU has AVX2 and FMA (`fast`); the rest is the
-            // caller's.
+        type Tile = unsafe fn(
+            (usize, &[isize], usize),
+            *const f32,
+            *const f32,
+            *mut f32,
+            usize,
+            bool,
+            Option<HeadRows>,
+        );
+        let tile: Option<Tile> = match (wide && !half, fast, taps.len(), half) {
+            (true, _, 1, _) => Some(avx512::tile::<1>),
+            (true, _, 9, _) => Some(avx512::tile::<9>),
+            (true, _, _, _) => Some(avx512::tile::<0>),
+            (false, true, 1, false) => Some(avx2::tile::<1, 2>),
+            (false, true, 9, false) => Some(avx2::tile::<9, 2>),
+            (false, true, _, false) => Some(avx2::tile::<0, 2>),
+            (false, true, 1, true) => Some(avx2::tile::<1, 1>),
+            (false, true, 9, true) => Some(avx2::tile::<9, 1>),
+            (false, true, _, true) => Some(avx2::tile::<0, 1>),
+            (false, false, ..) => None,
+        };
+        if let Some(tile) = tile {
+            // SAFETY: the CPU has AVX-512F (`wide`) or AVX2 and FMA
+            // (`fast`), whichever tile was chosen; the rest is the caller's.
             unsafe {
                 tile(
                     (channels, taps, channel),

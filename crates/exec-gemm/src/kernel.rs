@@ -12,16 +12,18 @@ use switchyard_core::{DType, Error, OutputBuffer, Result, Tensor};
 
 use crate::micro::NR;
 use crate::pack::{PackedB, Strided};
-use crate::product::{PARALLEL_MIN, Products};
+use crate::product::{Products, threaded};
 
 /// Weights a kernel keeps packed at once: the kernel cache gives one
 /// kernel to every product of the same shapes (each layer's), each with
 /// weights of its own.
 const PACKED_KEPT: usize = 64;
 
-/// Values of `B`s packed per run (one per batch) from which they are
+/// Whether `batches` `B`s of `values` values each, packed per run, are
 /// packed over the threads.
-const PACK_PARALLEL_MIN: usize = 1 << 16;
+fn packed_in_parallel(batches: usize, values: usize) -> bool {
+    batches > 1 && batches.saturating_mul(values) >= 1 << 16
+}
 
 /// Packed weights and the tensor they were packed from, held so that its
 /// buffer can be neither written nor freed while it is the key.
@@ -228,8 +230,7 @@ impl GemmKernel {
         }
         let buffers: Vec<Vec<f32>> = (0..l.b.len()).map(|_| pool.pop().unwrap_or_default()).collect();
         let (k, n) = (l.k, l.n);
-        let work = l.b.len() * PackedB::len(k, n);
-        if l.b.len() > 1 && work >= PACK_PARALLEL_MIN {
+        if packed_in_parallel(l.b.len(), PackedB::len(k, n)) {
             buffers
                 .into_par_iter()
                 .zip(l.b.par_iter())
@@ -261,16 +262,14 @@ impl Kernel for GemmKernel {
         switchyard_core::executor::run_allocating(self, inputs)
     }
 
-    /// A product of [`PARALLEL_MIN`] multiply-adds or more is shared over
-    /// the threads, and so are batched `B`s packed per run from
-    /// [`PACK_PARALLEL_MIN`] values.
+    /// By the rules a run follows: the product's multiply-adds
+    /// ([`threaded`]) and the `B`s it packs ([`packed_in_parallel`]).
     fn uses_threads(&self) -> bool {
         let rank = self.out_shape.len();
         let cells: usize = self.out_shape.iter().product();
         let batches: usize = self.out_shape[..rank.saturating_sub(2)].iter().product();
         let n = self.out_shape.last().copied().unwrap_or(1);
-        cells.saturating_mul(self.k) >= PARALLEL_MIN
-            || (batches > 1 && batches.saturating_mul(self.k).saturating_mul(n) >= PACK_PARALLEL_MIN)
+        threaded(cells.saturating_mul(self.k)) || packed_in_parallel(batches, PackedB::len(self.k, n))
     }
 
     fn run_into(

@@ -236,46 +236,42 @@ impl<'a> PackedA<'a> {
     ) -> Self {
         let tiles = m.div_ceil(MR);
         assert_eq!(dst.len(), Self::len(m, k), "room for every panel");
-        // Every panel of every block, with where it starts in `A`.
-        let mut panels: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(tiles * k.div_ceil(kc.max(1)));
+        // Block by block of `k`, each block's panels one task each: no list
+        // of them is built, so a run allocates nothing here.
         let mut rest = &mut *dst;
         for k0 in (0..k).step_by(kc.max(1)) {
             let kl = kc.min(k - k0);
-            for t in 0..tiles {
-                let (panel, tail) = rest.split_at_mut(kl * MR);
-                panels.push((k0, t, panel));
-                rest = tail;
-            }
-        }
-        let one = |(k0, t, panel): (usize, usize, &mut [f32])| {
-            let kl = panel.len() / MR;
-            let rows = MR.min(m - t * MR);
-            if at.col == 1 {
-                // Row by row, each a contiguous run of the source.
-                let runs: [&[f32]; MR] = std::array::from_fn(|r| match r < rows {
-                    true => &src[at.at(t * MR + r, k0)..][..kl],
-                    false => &[],
-                });
-                for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
-                    for (x, run) in step.iter_mut().zip(&runs[..rows]) {
-                        *x = run[kk];
+            let (block, tail) = rest.split_at_mut(tiles * kl * MR);
+            rest = tail;
+            let one = |(t, panel): (usize, &mut [f32])| {
+                let rows = MR.min(m - t * MR);
+                if at.col == 1 {
+                    // Row by row, each a contiguous run of the source.
+                    let runs: [&[f32]; MR] = std::array::from_fn(|r| match r < rows {
+                        true => &src[at.at(t * MR + r, k0)..][..kl],
+                        false => &[],
+                    });
+                    for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
+                        for (x, run) in step.iter_mut().zip(&runs[..rows]) {
+                            *x = run[kk];
+                        }
+                        step[rows..].fill(0.0);
                     }
-                    step[rows..].fill(0.0);
-                }
-            } else {
-                for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
-                    for (r, x) in step.iter_mut().enumerate() {
-                        *x = match r < rows {
-                            true => src[at.at(t * MR + r, k0 + kk)],
-                            false => 0.0,
-                        };
+                } else {
+                    for (kk, step) in panel.chunks_exact_mut(MR).enumerate() {
+                        for (r, x) in step.iter_mut().enumerate() {
+                            *x = match r < rows {
+                                true => src[at.at(t * MR + r, k0 + kk)],
+                                false => 0.0,
+                            };
+                        }
                     }
                 }
+            };
+            match parallel {
+                true => block.par_chunks_exact_mut(kl * MR).enumerate().for_each(one),
+                false => block.chunks_exact_mut(kl * MR).enumerate().for_each(one),
             }
-        };
-        match parallel {
-            true => panels.into_par_iter().for_each(one),
-            false => panels.into_iter().for_each(one),
         }
         PackedA { kc, tiles, data: dst }
     }

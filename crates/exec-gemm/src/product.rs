@@ -23,7 +23,12 @@ use crate::pack::{PackedA, PackedB, Strided, aligned};
 /// 32 x 64 x 256 product took 17 us on two threads, and GPT-2 tiny, BERT
 /// tiny and Llama tiny ran 9-10% faster with the threshold at 2^20; the
 /// corpus' larger transformers within 1%).
-pub(crate) const PARALLEL_MIN: usize = 1 << 20;
+const PARALLEL_MIN: usize = 1 << 20;
+
+/// Whether a run of `work` multiply-adds is shared over the threads.
+pub(crate) fn threaded(work: usize) -> bool {
+    work >= PARALLEL_MIN
+}
 
 /// Rows of a task, at most: its block of packed `A` (`MC x KC`, 264 KiB)
 /// stays in L2 while every panel of its run passes. A taller block reads
@@ -108,10 +113,9 @@ impl Products<'_> {
             return;
         }
         let work = batches.saturating_mul(m).saturating_mul(n).saturating_mul(k);
-        let threads = if work < PARALLEL_MIN {
-            1
-        } else {
-            rayon::current_num_threads().max(1)
+        let threads = match threaded(work) {
+            false => 1,
+            true => rayon::current_num_threads().max(1),
         };
         let kc = self.b[0].kc;
         let isa = micro::isa();
