@@ -128,17 +128,36 @@ pub fn assert_close(got: &Tensor, want: &[f64], tol: f64) {
 /// Compiles `plan` (of `trace`), runs it `runs` times on inputs drawn from
 /// `seed`, and compares every output of every run with the fallback alone
 /// within `tol` (relative): later runs find what kernels keep between runs
-/// (packed weights) and must give the same results.
+/// (packed weights) and must give the same results. Then compiles it again
+/// with every input declared constant
+/// ([`CompiledPlan::prepare_constants`]) and checks two runs of that.
 pub fn runs_match_the_fallback(trace: &Trace, plan: Plan, seed: u64, runs: usize, tol: f64) {
     let inputs = switchyard_core::io::random_inputs(trace, seed);
     let want = run(trace, &inputs).expect("the fallback runs it");
-    let compiled = CompiledPlan::compile(plan).expect("it compiles");
-    for _ in 0..runs {
-        let got = compiled.run(&inputs, RunOptions::default()).expect("it runs");
-        for (g, w) in got.outputs.iter().zip(&want.outputs) {
-            assert_close(g, &w.to_f64_vec().expect("host outputs"), tol);
+    let check = |compiled: &CompiledPlan, runs: usize| {
+        for _ in 0..runs {
+            let got = compiled.run(&inputs, RunOptions::default()).expect("it runs");
+            for (g, w) in got.outputs.iter().zip(&want.outputs) {
+                assert_close(g, &w.to_f64_vec().expect("host outputs"), tol);
+            }
         }
-    }
+    };
+    check(&CompiledPlan::compile(plan.clone()).expect("it compiles"), runs);
+    // Again with every input a constant, as a model's weights are: what the
+    // kernels prepare from them at compile time serves the runs.
+    let mut compiled = CompiledPlan::compile(plan).expect("it compiles");
+    let constants: Vec<_> = compiled
+        .plan()
+        .trace
+        .inputs
+        .iter()
+        .copied()
+        .zip(inputs.iter().cloned())
+        .collect();
+    compiled
+        .prepare_constants(&constants)
+        .expect("constants are prepared");
+    check(&compiled, 2);
 }
 
 /// Plans `trace` on `executors`, runs it at every SIMD level this machine

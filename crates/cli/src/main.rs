@@ -22,14 +22,15 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use switchyard_core::Device;
 use switchyard_core::cache::KernelCache;
 use switchyard_core::capacity::MemoryLimits;
 use switchyard_core::io::{preview, try_random_inputs, write_safetensors};
+use switchyard_core::ir::ValueId;
 use switchyard_core::report::{
     RunReport, memory_timeline_svg, plan_dot, plan_report, render_plan, render_run,
 };
 use switchyard_core::runtime::RunOptions;
+use switchyard_core::{Device, Tensor};
 
 use crate::model::{ModelArgs, read_feeds};
 use crate::planning::Planning;
@@ -193,6 +194,55 @@ struct RunArgs {
     /// kernel. For comparison.
     #[arg(long)]
     no_graphs: bool,
+    /// A trace input whose value is the same on every run (a weight): its
+    /// kernels prepare from it at compile time (gemm and conv pack it).
+    /// May be repeated. A model's weights are constants without this.
+    #[arg(long = "constant", value_name = "NAME")]
+    constants: Vec<String>,
+}
+
+/// The trace inputs a run treats as constants, with the tensors it is
+/// given: a model's weights, and the inputs `--constant` names. `trace` is
+/// the plan's, whose inputs are the program's in the same order (lowering
+/// may number values anew).
+fn constant_inputs(
+    program: &model::Program,
+    trace: &switchyard_core::Trace,
+    inputs: &[Tensor],
+    names: &[String],
+) -> Result<Vec<(ValueId, Tensor)>> {
+    let mut constant = vec![false; trace.inputs.len()];
+    if let Some(m) = &program.onnx {
+        for (v, _) in &m.weights {
+            if let Some(k) = program.trace.inputs.iter().position(|i| i == v) {
+                constant[k] = true;
+            }
+        }
+    }
+    for name in names {
+        match trace.inputs.iter().position(|&v| trace.value(v).name == *name) {
+            Some(k) => constant[k] = true,
+            None => {
+                let known: Vec<&str> = trace
+                    .inputs
+                    .iter()
+                    .map(|&v| trace.value(v).name.as_str())
+                    .collect();
+                bail!(
+                    "--constant {name}: the trace has no input of that name (its inputs: {})",
+                    known.join(", ")
+                )
+            }
+        }
+    }
+    Ok(trace
+        .inputs
+        .iter()
+        .zip(inputs)
+        .zip(constant)
+        .filter(|(_, c)| *c)
+        .map(|((&v, t), _)| (v, t.clone()))
+        .collect())
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -243,7 +293,7 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let (planner, plugins) = args.planning.planner(&config, false)?;
     let cache = KernelCache::new(config.cache.capacity);
-    let (compiled, set_aside) = planner.compile(&program.trace, &cache, &plugins)?;
+    let (mut compiled, set_aside) = planner.compile(&program.trace, &cache, &plugins)?;
     for why in set_aside {
         eprintln!("warning: {why}");
     }
@@ -258,6 +308,8 @@ fn run(args: RunArgs) -> Result<()> {
         }
         (None, None) => try_random_inputs(trace, args.seed)?,
     };
+    let constants = constant_inputs(&program, trace, &inputs, &args.constants)?;
+    let prepared = compiled.prepare_constants(&constants)?;
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
     // A first run warms what runs keep (thread pools, the arena, caches):
@@ -310,6 +362,7 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let mut report = RunReport::new(&compiled, &result, times, &region_times, &out_names);
     report.first_run_ns = Some(first_run_ns);
+    report.constants = Some(prepared);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

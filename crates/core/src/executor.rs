@@ -318,6 +318,21 @@ pub trait Kernel: Send + Sync {
         true
     }
 
+    /// Called once, before the first run, for each input of the region
+    /// (`input` indexes [`Region::inputs`]) whose tensor every run of the
+    /// plan is given unchanged: a model's weight, or a free view of one
+    /// ([`crate::runtime::CompiledPlan::prepare_constants`]). A kernel
+    /// may derive from it now what it would otherwise derive on each run
+    /// (gemm and conv pack weights into their microkernel's layout), and
+    /// recognise the tensor by its buffer when a run gives it. A kernel is
+    /// shared by identical regions, so it may be told of several tensors
+    /// for one input. Returns whether it kept anything. By default nothing
+    /// is done.
+    fn prepare_constant(&self, input: usize, value: &Tensor) -> Result<bool> {
+        let _ = (input, value);
+        Ok(false)
+    }
+
     /// Whether the kernel's runs may be recorded into a device graph and
     /// replayed ([`crate::device::Transfer::begin_capture`]): `Ok` when a
     /// run only queues work on its device's stream, reading its inputs and

@@ -72,6 +72,9 @@ pub(crate) struct ConvKernel {
     /// ([`Direct::runs`]).
     runs: Vec<Vec<(usize, usize, usize)>>,
     packed: RwLock<Packed>,
+    /// Weights packed before the first run ([`Kernel::prepare_constant`]),
+    /// each region's that shares the kernel: held for the kernel's life.
+    constants: RwLock<Packed>,
     /// The source buffer of the last run, for the next one (a concurrent
     /// run allocates its own).
     source: Mutex<Vec<f32>>,
@@ -112,6 +115,7 @@ impl ConvKernel {
             mc,
             nc,
             packed: RwLock::new(Vec::new()),
+            constants: RwLock::new(Vec::new()),
             runs,
             source: Mutex::new(Vec::new()),
         }
@@ -126,10 +130,12 @@ impl ConvKernel {
                 && held.strides() == w.strides()
                 && !w.is_arena()
         };
-        if let Ok(guard) = self.packed.read()
-            && let Some((_, p)) = guard.iter().find(|(held, _)| same(held))
-        {
-            return p.clone();
+        for kept in [&self.constants, &self.packed] {
+            if let Ok(guard) = kept.read()
+                && let Some((_, p)) = guard.iter().find(|(held, _)| same(held))
+            {
+                return p.clone();
+            }
         }
         let (m_per, c_per) = (g.out_channels / g.groups, g.in_channels / g.groups);
         let p = Arc::new(gemm::pack(direct, dense, g.groups, m_per, c_per));
@@ -252,6 +258,34 @@ impl Out {
 impl Kernel for ConvKernel {
     fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         run_allocating(self, inputs)
+    }
+
+    /// Packs a convolution's weight now, where it runs as a GEMM and the
+    /// weight is a dense f32 tensor on the host that runs will be given.
+    fn prepare_constant(&self, input: usize, value: &Tensor) -> Result<bool> {
+        let (Anchor::Conv { geometry: g, w }, Some(direct)) = (&self.anchor, &self.direct) else {
+            return Ok(false);
+        };
+        let expected = [g.out_channels, g.in_channels / g.groups.max(1)];
+        let fits = value.rank() >= 2 && value.shape()[..2] == expected;
+        if input != *w || !fits || value.is_arena() || value.dtype() != DType::F32 {
+            return Ok(false);
+        }
+        let Some(dense) = value.contiguous_data::<f32>() else {
+            return Ok(false);
+        };
+        let (m_per, c_per) = (g.out_channels / g.groups, g.in_channels / g.groups);
+        let packed = Arc::new(gemm::pack(direct, dense, g.groups, m_per, c_per));
+        let mut held = self
+            .constants
+            .write()
+            .map_err(|_| switchyard_core::Error::Kernel {
+                executor: crate::NAME.into(),
+                op: "conv".into(),
+                message: "a run panicked while packing".into(),
+            })?;
+        held.push((value.clone(), packed));
+        Ok(true)
     }
 
     fn run_into(

@@ -35,8 +35,10 @@
 //!   output planes (col2im), each plane then finished by the epilogue.
 //!
 //! Weights are packed once and kept with the kernel, keyed by the weight
-//! tensor's buffer (immutable while the kernel holds it): a second run with
-//! the same weights packs nothing. f32 only; other dtypes go to the
+//! tensor's buffer (immutable while the kernel holds it): at compile time
+//! where the run declares them constant (a model's weights,
+//! `Kernel::prepare_constant`), else on the first run that reads them, so
+//! that a second run with the same weights packs nothing. f32 only; other dtypes go to the
 //! fallback.
 #![deny(missing_docs)]
 

@@ -1,7 +1,7 @@
 //! The compiled kernel of one `matmul` or `linear`: the operands' layout
-//! read on each run, the weights packed and kept from their second run on,
-//! the product computed
-//! into the output buffer the runtime gives.
+//! read on each run, the weights packed at compile time where they are
+//! declared constant, else kept from their second run on, the product
+//! computed into the output buffer the runtime gives.
 
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -48,6 +48,9 @@ pub(crate) struct GemmKernel {
     /// packed panels are kept from one run to the next.
     pub(crate) b_is_weight: bool,
     pub(crate) kept: RwLock<Kept>,
+    /// Weights packed before the first run ([`Kernel::prepare_constant`]),
+    /// each region's that shares the kernel: held for the kernel's life.
+    pub(crate) constants: RwLock<Kept>,
     /// Buffers of `B` read once and not yet kept.
     pub(crate) seen: Mutex<Vec<Seen>>,
     /// What a run packs, kept for the next.
@@ -105,6 +108,16 @@ struct Layout {
     b: Vec<Strided>,
 }
 
+/// `B`'s columns, and its strides along a row of the product's `B` (`k`)
+/// and a column (`n`).
+fn b_matrix(b: &Tensor, b_transposed: bool) -> (usize, isize, isize) {
+    let br = b.rank();
+    match b_transposed {
+        false => (b.shape()[br - 1], b.strides()[br - 2], b.strides()[br - 1]),
+        true => (b.shape()[br - 2], b.strides()[br - 1], b.strides()[br - 2]),
+    }
+}
+
 /// The matrices of `a` (`[.., m, k]`) and `b` (`[.., k, n]`, or `[.., n, k]`
 /// when `b_transposed`) for an output of `out_shape`, batch dims broadcast;
 /// rows of `a` that follow on evenly from one batch to the next are one
@@ -112,12 +125,9 @@ struct Layout {
 fn layout(a: &Tensor, b: &Tensor, b_transposed: bool, out_shape: &[usize]) -> Layout {
     let rank = out_shape.len();
     let batch_shape = &out_shape[..rank - 2];
-    let (ar, br) = (a.rank(), b.rank());
+    let ar = a.rank();
     let (m, k) = (a.shape()[ar - 2], a.shape()[ar - 1]);
-    let (n, b_row, b_col) = match b_transposed {
-        false => (b.shape()[br - 1], b.strides()[br - 2], b.strides()[br - 1]),
-        true => (b.shape()[br - 2], b.strides()[br - 1], b.strides()[br - 2]),
-    };
+    let (n, b_row, b_col) = b_matrix(b, b_transposed);
     let (a_row, a_col) = (a.strides()[ar - 2], a.strides()[ar - 1]);
     let strided = |offset: isize, row: isize, col: isize| Strided {
         offset: offset as usize,
@@ -178,10 +188,12 @@ impl GemmKernel {
                     && held.strides() == b.strides()
                     && held.shape() == b.shape()
             };
-            if let Ok(kept) = self.kept.read()
-                && let Some((_, p)) = kept.iter().find(|(held, _)| same(held))
-            {
-                return Some(p.clone());
+            for held in [&self.constants, &self.kept] {
+                if let Ok(kept) = held.read()
+                    && let Some((_, p)) = kept.iter().find(|(t, _)| same(t))
+                {
+                    return Some(p.clone());
+                }
             }
             // Kept from the second run that reads this buffer on: a model
             // input fed anew on every call (a decoder's past keys) is never
@@ -272,6 +284,40 @@ impl Kernel for GemmKernel {
         threaded(cells.saturating_mul(self.k)) || packed_in_parallel(batches, PackedB::len(self.k, n))
     }
 
+    /// Packs `B` now where it is a weight that the runs will find kept:
+    /// one matrix (no batch dims, or all of them 1), f32 on the host.
+    fn prepare_constant(&self, input: usize, value: &Tensor) -> Result<bool> {
+        let (b, b_transposed) = match self.form {
+            Form::Matmul { b, .. } => (b, false),
+            Form::Linear { w, .. } => (w, true),
+        };
+        let rank = value.rank();
+        let one_matrix = rank >= 2 && value.shape()[..rank - 2].iter().all(|&d| d == 1);
+        if input != b || !self.b_is_weight || !one_matrix || value.is_arena() || value.dtype() != DType::F32 {
+            return Ok(false);
+        }
+        let Some(src) = value.buffer::<f32>() else {
+            return Ok(false);
+        };
+        let (n, row, col) = b_matrix(value, b_transposed);
+        let depth = value.shape()[rank - 2 + b_transposed as usize];
+        if depth != self.k || self.out_shape.last() != Some(&n) {
+            return Ok(false);
+        }
+        let at = Strided {
+            offset: value.offset(),
+            row,
+            col,
+        };
+        let packed = Arc::new(PackedB::pack(src, at, self.k, n, Vec::new()));
+        let mut held = self
+            .constants
+            .write()
+            .map_err(|_| fail("a run panicked while packing".into()))?;
+        held.push((value.clone(), packed));
+        Ok(true)
+    }
+
     fn run_into(
         &self,
         inputs: &[&Tensor],
@@ -355,6 +401,7 @@ mod tests {
             k: 4,
             b_is_weight: true,
             kept: RwLock::new(Vec::new()),
+            constants: RwLock::new(Vec::new()),
             seen: Mutex::new(Vec::new()),
             scratch: Mutex::new(Scratch::default()),
         }
@@ -384,5 +431,33 @@ mod tests {
         let values = |t: &[Tensor]| t[0].to_vec::<f32>().unwrap();
         assert_eq!(values(&first), values(&second));
         assert_eq!(values(&first), values(&third));
+    }
+
+    #[test]
+    fn a_weight_prepared_before_the_first_run_is_read_packed_from_it() {
+        let k = kernel();
+        let a = tensor(1, &[3, 4]);
+        let w = tensor(9, &[4, 5]);
+        let want = kernel().run(&[&a, &w]).unwrap()[0].to_vec::<f32>().unwrap();
+        assert!(
+            !k.prepare_constant(0, &a).unwrap(),
+            "the left operand is not packed"
+        );
+        assert!(
+            !k.prepare_constant(1, &tensor(2, &[4, 6])).unwrap(),
+            "nor a matrix of other shape"
+        );
+        assert!(k.prepare_constant(1, &w).unwrap());
+        for _ in 0..3 {
+            assert_eq!(k.run(&[&a, &w]).unwrap()[0].to_vec::<f32>().unwrap(), want);
+        }
+        // Found among the constants from the first run: nothing remembered
+        // or packed again for a second.
+        assert!(k.seen.lock().unwrap().is_empty());
+        assert!(k.kept.read().unwrap().is_empty());
+        // Another tensor of the same values is not that buffer: packed per run.
+        let other = tensor(9, &[4, 5]);
+        assert_eq!(k.run(&[&a, &other]).unwrap()[0].to_vec::<f32>().unwrap(), want);
+        assert_eq!(k.seen.lock().unwrap().len(), 1);
     }
 }

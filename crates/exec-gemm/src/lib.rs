@@ -160,7 +160,10 @@ impl Executor for GemmExecutor {
             Form::Linear { w, .. } => values[w],
         };
         Some(match is_weight(cx.trace, b) {
-            true => "weights packed once and kept (from their second run)".into(),
+            true => {
+                "weights packed at compile time when constant (a model's), else kept from their second run"
+                    .into()
+            }
             false => "right operand packed per run".into(),
         })
     }
@@ -217,6 +220,7 @@ impl Executor for GemmExecutor {
             k: depth,
             b_is_weight: is_weight(trace, b),
             kept: RwLock::new(Vec::new()),
+            constants: RwLock::new(Vec::new()),
             seen: Mutex::new(Vec::new()),
             scratch: Mutex::new(Default::default()),
         }))

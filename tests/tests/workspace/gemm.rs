@@ -209,3 +209,49 @@ fn a_linear_with_a_bias_of_another_shape_runs_decomposed() {
     assert_eq!(plan.explanation.decomposed.len(), 1, "{:?}", plan.explanation);
     check(&trace, 3);
 }
+
+#[test]
+fn weights_declared_constant_are_packed_at_compile_time_through_views() {
+    // `w` read directly, `v` through a transpose and `u` through a slice
+    // that the fallback makes as views in regions of their own, and a
+    // linear's weight and bias.
+    let t = parse(
+        "input x: f32[6, 8]\ninput w: f32[8, 5]\ninput v: f32[5, 8]\ninput lw: f32[3, 8]\ninput lb: f32[3]\n\
+         input u: f32[8, 9]\n\
+         a = matmul(x, w)\nvt = transpose(v, perm=[1, 0])\nb = matmul(x, vt)\nc = linear(x, lw, lb)\n\
+         us = slice(u, start=[0, 2], end=[8, 7], step=[1, 1])\nd = matmul(x, us)\n\
+         output a, b, c, d\n",
+    )
+    .unwrap();
+    let plan = plan_on(&t, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let inputs = random_inputs(&t, 3);
+    let want = run(&t, &inputs).unwrap();
+    let mut compiled = CompiledPlan::compile(plan).unwrap();
+    let trace = compiled.plan().trace.clone();
+    let constants: Vec<_> = trace.inputs[1..]
+        .iter()
+        .copied()
+        .zip(inputs[1..].iter().cloned())
+        .collect();
+    let done = compiled.prepare_constants(&constants).unwrap();
+    // Offered: w, v and u (to their views), vt, us, lw, lb; kept: w, vt,
+    // us, lw.
+    assert_eq!((done.offered, done.kept), (7, 4), "{done:?}");
+    for _ in 0..2 {
+        let got = compiled.run(&inputs, RunOptions::default()).unwrap();
+        for (g, w) in got.outputs.iter().zip(&want.outputs) {
+            assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
+        }
+    }
+    // What is not an input, or not of its input's shape, is refused by name.
+    let e = compiled
+        .prepare_constants(&[(trace.outputs[0], inputs[1].clone())])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not an input of the trace"), "{e}");
+    let e = compiled
+        .prepare_constants(&[(trace.inputs[1], inputs[2].clone())])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`w`"), "{e}");
+}

@@ -56,7 +56,7 @@ fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
     assert!(s.contains("6 weights"), "{s}");
     let via_model = scratch("imp-a.safetensors");
     let via_trace = scratch("imp-b.safetensors");
-    ok(sw!(
+    let s = ok(sw!(
         "run",
         example_model(),
         "--inputs",
@@ -64,16 +64,41 @@ fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
         "--outputs",
         &via_model
     ));
-    ok(sw!(
+    // A model's weights are constants: its products pack them at compile time.
+    assert!(s.contains("constants: 2 of 6 region inputs"), "{s}");
+    // A trace's weights are constants where `--constant` names them.
+    let mut command = bin();
+    command.args([
+        "run".as_ref(),
+        trace.as_os_str(),
+        "--inputs".as_ref(),
+        inputs.as_os_str(),
+    ]);
+    command.args([
+        "--inputs".as_ref(),
+        weights.as_os_str(),
+        "--outputs".as_ref(),
+        via_trace.as_os_str(),
+    ]);
+    for name in read_safetensors(&weights).unwrap().keys() {
+        command.args(["--constant", name]);
+    }
+    let s = ok(command.output().unwrap());
+    assert!(s.contains("constants: 2 of 6 region inputs"), "{s}");
+    let e = fails(sw!(
         "run",
         &trace,
         "--inputs",
         &inputs,
         "--inputs",
         &weights,
-        "--outputs",
-        &via_trace
+        "--constant",
+        "nope"
     ));
+    assert!(
+        e.contains("--constant nope: the trace has no input of that name (its inputs: x, "),
+        "{e}"
+    );
     let a = read_safetensors(&via_model).unwrap()["y"].to_f64_vec().unwrap();
     let b = read_safetensors(&via_trace)
         .unwrap()

@@ -101,8 +101,12 @@ pub struct RunReport {
     /// arena, so it is slower than the runs after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_run_ns: Option<u64>,
-    /// Time spent compiling the plan.
+    /// Time spent compiling the plan (preparing its constants included).
     pub compile_ns: u64,
+    /// What the kernels prepared from the constants (a model's weights)
+    /// before the first run, when the run said which inputs are constant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constants: Option<crate::runtime::ConstantsPrepared>,
     /// The peak the plan predicted (equal to `peak_bytes` when the executors
     /// allocate what the plan says they do).
     pub planned_peak_bytes: usize,

@@ -61,6 +61,7 @@ impl RunReport {
             times_ns,
             first_run_ns: None,
             compile_ns: compiled.compile_ns(),
+            constants: None,
             planned_peak_bytes: plan.planned_peak_bytes().0,
             timeline: memory_report(plan),
             arena_bytes: last.arena_bytes,
@@ -119,6 +120,13 @@ pub fn render_run(r: &RunReport, trace: &str, previews: &[String]) -> String {
         human_ns(max as f64),
         human_ns(r.compile_ns as f64)
     );
+    if let Some(c) = r.constants.filter(|c| c.offered > 0) {
+        let _ = writeln!(
+            s,
+            "constants: {} of {} region inputs that are weights prepared at compile time",
+            c.kept, c.offered
+        );
+    }
     let _ = writeln!(
         s,
         "peak memory: {} of intermediates and outputs",

@@ -38,9 +38,11 @@ pub use crate::outputs::Reused;
 use crate::outputs::{OutputPool, RunOutputs};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
+pub use constants::ConstantsPrepared;
 
 mod capture;
 mod compile;
+mod constants;
 mod execute;
 
 struct Step {
