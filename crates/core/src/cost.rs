@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{OpId, OpKind, ReduceOp, Trace, Uses, ValueId};
+use crate::ir::{CompositeOp, OpId, OpKind, ReduceOp, Trace, Uses, ValueId};
 use crate::meta::reshape_strides;
 
 /// The figures that make up a device's cost model.
@@ -424,7 +424,7 @@ fn compute_dtype(trace: &Trace, op: OpId) -> DType {
         .unwrap_or(DType::F32)
 }
 
-/// Arithmetic of an op: 2·M·N·K per matmul, two per multiply-add of a
+/// Arithmetic of an op: 2·M·N·K per matmul (or linear), two per multiply-add of a
 /// convolution, one per window tap of a pool, a few FLOPs per element for
 /// transcendental functions, a heap's comparisons per element for `topk`,
 /// one per element otherwise.
@@ -436,7 +436,8 @@ pub fn op_flops(trace: &Trace, op: OpId) -> f64 {
         .map(|v| trace.meta(*v).numel() as f64)
         .unwrap_or(0.0);
     match o.kind {
-        OpKind::Matmul => {
+        // `x @ w^T (+ bias)`: `k` is `x`'s last dim, as for a matmul.
+        OpKind::Matmul | OpKind::Composite(CompositeOp::Linear) => {
             let k = o
                 .operands
                 .first()

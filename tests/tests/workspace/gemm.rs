@@ -255,3 +255,37 @@ fn weights_declared_constant_are_packed_at_compile_time_through_views() {
         .to_string();
     assert!(e.contains("`w`"), "{e}");
 }
+
+#[test]
+fn a_product_and_its_bias_add_run_as_one_linear_whose_tiles_add_the_bias() {
+    // PyTorch's export of a Linear layer: MatMul then Add.
+    let t = parse(
+        "input x: f32[2, 7, 12]\ninput w: f32[12, 9]\ninput b: f32[9]\ninput r: f32[1, 9]\n\
+         y = matmul(x, w)\nz = add(y, b)\nu = matmul(x, w)\nv = add(r, u)\noutput z, v\n",
+    )
+    .unwrap();
+    // The reference also returns the products, which keeps them apart.
+    let apart = parse(
+        "input x: f32[2, 7, 12]\ninput w: f32[12, 9]\ninput b: f32[9]\ninput r: f32[1, 9]\n\
+         y = matmul(x, w)\nz = add(y, b)\nu = matmul(x, w)\nv = add(r, u)\noutput z, v, y, u\n",
+    )
+    .unwrap();
+    let inputs = random_inputs(&t, 5);
+    let want = run(&apart, &inputs).unwrap();
+    let plan = plan_on(&t, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let got = CompiledPlan::compile(plan.clone())
+        .unwrap()
+        .run(&inputs, RunOptions::default())
+        .unwrap();
+    for (g, w) in got.outputs.iter().zip(&want.outputs) {
+        assert_close(g, &w.to_f64_vec().unwrap(), 1e-5);
+    }
+    let linears: Vec<&str> = plan
+        .regions
+        .iter()
+        .flat_map(|r| &r.ops)
+        .map(|&op| plan.trace.op(op).kind.name())
+        .filter(|k| matches!(*k, "linear" | "add" | "matmul"))
+        .collect();
+    assert_eq!(linears, ["linear", "linear"], "{:?}", plan.explanation);
+}

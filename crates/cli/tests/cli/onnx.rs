@@ -65,7 +65,7 @@ fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
         &via_model
     ));
     // A model's weights are constants: its products pack them at compile time.
-    assert!(s.contains("constants: 2 of 6 region inputs"), "{s}");
+    assert!(s.contains("constants: 2 of 7 region inputs"), "{s}");
     // A trace's weights are constants where `--constant` names them.
     let mut command = bin();
     command.args([
@@ -84,7 +84,7 @@ fn an_imported_trace_with_its_weights_runs_as_the_model_does() {
         command.args(["--constant", name]);
     }
     let s = ok(command.output().unwrap());
-    assert!(s.contains("constants: 2 of 6 region inputs"), "{s}");
+    assert!(s.contains("constants: 2 of 7 region inputs"), "{s}");
     let e = fails(sw!(
         "run",
         &trace,

@@ -5,6 +5,7 @@
 
 mod attr;
 mod builder;
+mod compose;
 mod decompose;
 mod einsum;
 mod graph;
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use attr::{Attr, Attrs};
 pub use builder::TraceBuilder;
+pub use compose::compose_linears;
 pub use decompose::decompose_composites;
 pub(crate) use decompose::decompose_round;
 pub use graph::DataflowGraph;

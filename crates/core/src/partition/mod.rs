@@ -107,6 +107,10 @@ pub fn partition_tuned(
 ) -> Result<Plan> {
     let t0 = Instant::now();
     let mut explanation = Explanation::default();
+    // Composites first, so that executors may claim them whole; lowering
+    // decomposes again what none claims.
+    let mut trace = trace;
+    crate::ir::compose_linears(&mut trace);
     let prepared = state::prepare(set)?;
     let execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
     let mut tuning = tune.map(state::Tuning::new);
