@@ -520,3 +520,26 @@ fn what_hooks_derive_from_a_region_is_made_once_per_plan() {
     e.cost(&ops, &cx);
     assert_eq!(made(), 4);
 }
+
+#[test]
+fn branches_of_one_value_that_meet_again_share_a_region_without_horizontal_merging() {
+    // gelu: `x * 0.5` and `1 + erf(x * 0.7)` meet in a mul. The region that
+    // starts with the first branch takes the second, which its consumer
+    // waits on, though independent ops are not merged otherwise.
+    let t = parse(
+        "input x: f32[64]\na = mul(x, 0.5)\nb = mul(x, 0.7)\nc = erf(b)\nd = add(c, 1.0)\ny = mul(a, d)\n\
+         e = exp(x)\noutput y, e\n",
+    )
+    .unwrap();
+    let fuser = Scripted::fuser("fuser");
+    let plan = plan_with(&t, vec![fuser.arc(), fallback()], false).unwrap();
+    plan.verify(Pass::Partition).unwrap();
+    let sizes: Vec<usize> = plan.regions.iter().map(|r| r.ops.len()).collect();
+    assert_eq!(
+        sizes,
+        [5, 1],
+        "the exp, which nothing joins, stays apart:\n{}",
+        switchyard_core::report::render_plan(&plan, true)
+    );
+    same_results(&t, plan);
+}

@@ -15,6 +15,10 @@ use super::state::{ExecId, State};
 /// Regions as the partitioner forms them: an executor and its ops, in order.
 pub(super) type Regions = Vec<(ExecId, Vec<OpId>)>;
 
+/// Units [`Walk::sibling`] looks through for one that frees a blocked
+/// consumer: enough for the branches of an activation, O(1) per region.
+const SIBLING_SEARCH: usize = 8;
+
 /// The region serial of a unit the walk has not taken yet.
 const UNTAKEN: usize = usize::MAX;
 
@@ -255,15 +259,36 @@ impl<'s, 'a> Walk<'s, 'a> {
 
     /// A ready unit that a blocked consumer needs and that may join: taken
     /// so that their consumer can join too (a cat of two computed parts).
+    /// The unit may be a few steps up: a chain of untaken units on this
+    /// executor leads from it to the consumer (gelu's `x * 0.5` and
+    /// `1 + erf(x / sqrt 2)`, two branches from `x` that meet in a mul).
     fn sibling(&self, k: ExecId, g: &Growing) -> Option<usize> {
-        g.blocked.iter().find_map(|&c| {
-            self.units[c]
-                .iter()
-                .flat_map(|&o| self.state.trace.op(o).input_values())
-                .filter_map(|v| self.producers[v.index()])
-                .map(|p| self.unit_of[p.index()])
-                .find(|&p| self.ready_by[k.0].contains(&p) && self.joins(p, k, &g.hints))
-        })
+        let mut budget = SIBLING_SEARCH;
+        g.blocked
+            .iter()
+            .find_map(|&c| self.ready_ancestor(c, k, g, &mut budget))
+    }
+
+    /// A ready unit on `k` that may join, among the producers of `u` or,
+    /// through untaken units on `k` that may join, theirs; at most
+    /// `budget` units are looked through.
+    fn ready_ancestor(&self, u: usize, k: ExecId, g: &Growing, budget: &mut usize) -> Option<usize> {
+        for &p in &self.unit_producers[u] {
+            if self.region_serial[p] != UNTAKEN || !self.joins(p, k, &g.hints) {
+                continue;
+            }
+            if self.ready_by[k.0].contains(&p) {
+                return Some(p);
+            }
+            if *budget == 0 {
+                return None;
+            }
+            *budget -= 1;
+            if let Some(found) = self.ready_ancestor(p, k, g, budget) {
+                return Some(found);
+            }
+        }
+        None
     }
 
     /// The operator units a blocked consumer waits on, to be taken first as

@@ -1,13 +1,16 @@
 //! The partitioner: assigns every op to an executor and cuts the trace into
 //! regions, comparing alternatives by cost and explaining each decision.
 //!
-//! 1. Composites that some enabled executor claims whole stay; the others are
-//!    decomposed, round by round.
+//! 1. Patterns of primitives that compute a composite are composed
+//!    ([`crate::ir::compose_linears`]); composites that some enabled
+//!    executor claims whole stay; the others are decomposed, round by round.
 //! 2. Every executor is asked to claim every op. An op goes to the first fusion
 //!    executor that accepts it, else to its cheapest operator executor.
 //! 3. Regions form by a topological walk that keeps taking ready ops of the
 //!    current fusion executor: consumers of the region first (vertical), then
-//!    any ready op (horizontal, when enabled). When a consumer waits only on
+//!    a ready op that a waiting consumer needs, directly or through a few ops
+//!    of the same executor (two branches of one value that meet again, as in
+//!    gelu), then any ready op (horizontal, when enabled). When a consumer waits only on
 //!    a few operator ops that do not read the region, those go first, as
 //!    regions of their own, and the consumer joins. Regions are runs of one
 //!    topological order, so the region graph can never have a cycle, and the
