@@ -187,9 +187,14 @@ struct RegionKernel {
 
 /// Whether the fallback may run `op` over the thread pool: its matrix
 /// products, windows and recurrences may at any size; a reduction from
-/// [`walk::parallel_min`] elements read on; everything else from that many
-/// written (a row gathered from a large table is one thread's work).
+/// [`walk::parallel_min`] elements read on; a view never; everything else
+/// from that many written (a row gathered from a large table is one
+/// thread's work).
 fn op_uses_threads(trace: &Trace, op: OpId) -> bool {
+    // A view writes nothing.
+    if switchyard_core::cost::is_free_view(trace, op) {
+        return false;
+    }
     let o = trace.op(op);
     let heavy = matches!(
         o.kind,

@@ -261,7 +261,8 @@ fn without_measurements_the_estimates_decide() {
 #[test]
 fn a_composite_claimed_whole_is_decomposed_where_its_parts_measure_faster() {
     let t = parse("input x: f32[16, 64]\ny = softmax(x, dim=1)\nz = neg(y)\noutput z\n").unwrap();
-    // It claims softmax whole, cheaply, and takes 100 µs more than its parts.
+    // It claims softmax whole, cheaply, and takes 2 ms more than its parts:
+    // well beyond the noise of a busy machine (100 µs was within it).
     let whole = |extra: u64| {
         Scripted::operator("whole")
             .with("softmax", Script::Accept(1.0))
@@ -271,7 +272,7 @@ fn a_composite_claimed_whole_is_decomposed_where_its_parts_measure_faster() {
     let execs = |w: Arc<dyn Executor>| vec![w, Arc::new(FallbackExecutor) as Arc<dyn Executor>];
     let estimated = planner(execs(whole(100)), None).plan(&t).unwrap();
     assert_eq!(executor_of(&estimated, "softmax"), "whole");
-    let plan = planner(execs(whole(100)), measuring()).plan(&t).unwrap();
+    let plan = planner(execs(whole(2000)), measuring()).plan(&t).unwrap();
     let a = tuned(&plan);
     assert!(
         plan.trace.ops.iter().all(|o| o.kind.name() != "softmax"),

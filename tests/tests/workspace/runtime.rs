@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use switchyard_core::io::random_inputs;
+use switchyard_core::runtime::CompiledPlan;
 use switchyard_core::text::parse;
 use switchyard_core::{Error, Tensor};
 
@@ -739,4 +740,19 @@ fn a_host_plan_moves_onto_the_pool_only_when_a_kernel_may_use_it() {
                  y = relu(row)\nz = exp(table)\noutput y, z\n";
     let ran_on = probe_threads(whole, &[table, row], false);
     assert!(matches!(ran_on.as_slice(), [Some(_)]), "{ran_on:?}");
+}
+
+#[test]
+fn a_compiled_plan_counts_the_regions_that_may_share_their_work_over_the_pool() {
+    // A large exp is shared over the pool; a transpose of the same tensor
+    // is a view, which writes nothing; a small exp stays on one thread.
+    let t = parse(
+        "input x: f32[512, 512]\ninput s: f32[4]\ny = exp(x)\nv = transpose(x, perm=[1, 0])\n\
+         hint fuse=false {\nz = exp(s)\n}\noutput y, v, z\n",
+    )
+    .unwrap();
+    let plan = plan_on(&t, vec![Arc::new(FallbackExecutor)]).unwrap();
+    assert_eq!(plan.regions.len(), 3);
+    let compiled = CompiledPlan::compile(plan).unwrap();
+    assert_eq!(compiled.threaded_regions(), 1);
 }

@@ -107,6 +107,13 @@ pub struct RunReport {
     /// before the first run, when the run said which inputs are constant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constants: Option<crate::runtime::ConstantsPrepared>,
+    /// Regions whose kernel may share its work over the thread pool; the
+    /// rest run on one thread.
+    #[serde(default)]
+    pub threaded_regions: usize,
+    /// Threads in the pool.
+    #[serde(default)]
+    pub pool_threads: usize,
     /// The peak the plan predicted (equal to `peak_bytes` when the executors
     /// allocate what the plan says they do).
     pub planned_peak_bytes: usize,

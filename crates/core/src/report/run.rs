@@ -62,6 +62,8 @@ impl RunReport {
             first_run_ns: None,
             compile_ns: compiled.compile_ns(),
             constants: None,
+            threaded_regions: compiled.threaded_regions(),
+            pool_threads: rayon::current_num_threads(),
             planned_peak_bytes: plan.planned_peak_bytes().0,
             timeline: memory_report(plan),
             arena_bytes: last.arena_bytes,
@@ -120,6 +122,19 @@ pub fn render_run(r: &RunReport, trace: &str, previews: &[String]) -> String {
         human_ns(max as f64),
         human_ns(r.compile_ns as f64)
     );
+    if r.pool_threads > 1 && !r.regions.is_empty() {
+        let _ = writeln!(
+            s,
+            "threads: {} of {} regions share their work over {} threads; the rest (views, and work too small to pay for waking the pool) run on one",
+            r.threaded_regions,
+            r.regions.len(),
+            r.pool_threads
+        );
+        let _ = writeln!(
+            s,
+            "         (regions run one after another: the arena reuses memory in their order)"
+        );
+    }
     if let Some(c) = r.constants.filter(|c| c.offered > 0) {
         let _ = writeln!(
             s,

@@ -387,6 +387,14 @@ impl CompiledPlan {
         self.kernels.len()
     }
 
+    /// How many regions have a kernel that may share its work over the
+    /// thread pool ([`Kernel::uses_threads`]); the others run on one
+    /// thread. Regions run one after another, never alongside each other:
+    /// the arena reuses memory in their order.
+    pub fn threaded_regions(&self) -> usize {
+        self.kernels.iter().filter(|k| k.uses_threads()).count()
+    }
+
     /// Bytes of the arena a run places the intermediates in.
     pub fn arena_bytes(&self) -> usize {
         self.arena_bytes
