@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use super::*;
 use crate::cost::is_free_view;
 
@@ -22,8 +24,8 @@ impl CompiledPlan {
     /// a kernel recognises them by buffer). Views of them that the plan
     /// makes in regions of views alone (a transposed weight) are made now,
     /// once, and offered too. Each input of a host region that is one of
-    /// these is offered to its kernel ([`Kernel::prepare_constant`]); the time
-    /// counts as compile time.
+    /// these is offered to its kernel ([`Kernel::prepare_constant`]), the
+    /// offers spread over the thread pool; the time counts as compile time.
     ///
     /// A value that is not one of the trace's inputs, or a tensor that does
     /// not match its input's dtype and shape, is an error naming it.
@@ -42,17 +44,17 @@ impl CompiledPlan {
             t.check_meta(&name, trace.meta(*v))?;
             known.insert(*v, t.clone());
         }
-        let mut done = ConstantsPrepared::default();
+        // The offers, in region order, making the views of constants on the
+        // way; then made over the threads (each packs a weight).
+        let mut offers: Vec<(usize, usize, Tensor)> = Vec::new();
         for (r, region) in self.plan.regions.iter().enumerate() {
             // A region on a device is given copies moved there per run.
             if region.device != Device::Cpu {
                 continue;
             }
-            let kernel = &self.kernels[r];
             for (k, v) in region.inputs.iter().enumerate() {
                 if let Some(t) = known.get(v) {
-                    done.offered += 1;
-                    done.kept += kernel.prepare_constant(k, t)? as usize;
+                    offers.push((r, k, t.clone()));
                 }
             }
             let views_only = region.ops.iter().all(|&op| is_free_view(trace, op));
@@ -65,13 +67,22 @@ impl CompiledPlan {
             // what a kernel recognises later is what runs will give it.
             let inputs: Vec<&Tensor> = region.inputs.iter().map(|v| &known[v]).collect();
             let ids: Vec<usize> = inputs.iter().map(|t| t.storage_id()).collect();
-            let outputs = kernel.run(&inputs)?;
+            let outputs = self.kernels[r].run(&inputs)?;
             for (v, t) in region.outputs.iter().zip(outputs) {
                 if ids.contains(&t.storage_id()) {
                     known.insert(*v, t);
                 }
             }
         }
+        let kernels = &self.kernels;
+        let kept = offers
+            .par_iter()
+            .map(|(r, k, t)| kernels[*r].prepare_constant(*k, t))
+            .collect::<Result<Vec<bool>>>()?;
+        let done = ConstantsPrepared {
+            offered: offers.len(),
+            kept: kept.into_iter().filter(|&k| k).count(),
+        };
         self.compile_ns += start.elapsed().as_nanos() as u64;
         tracing::debug!(offered = done.offered, kept = done.kept, "constants prepared");
         Ok(done)
