@@ -35,6 +35,11 @@ fn around(shape: &[usize], dim: usize) -> (usize, usize, usize) {
     (outer, shape[dim], inner)
 }
 
+/// Up to this `k`, a slice's best are kept in order in one pass over it
+/// (each insertion moves up to `k` indices); above, they are selected and
+/// then sorted.
+const KEPT_IN_ORDER: usize = 32;
+
 /// `topk(x, k, dim, largest)`: per slice along `dim`, the indices of its
 /// `k` largest (smallest) elements, from the largest (smallest) on, equal
 /// elements in index order; into `dst` as [`walk::write`] says.
@@ -69,7 +74,6 @@ pub(crate) fn topk(
                 for i in 0..inner {
                     let at = |j: usize| data[(o * size + j) * inner + i];
                     slice.clear();
-                    slice.extend(0..size);
                     // Equal elements in index order: a total order, so the
                     // `k` first are one set in one order however they are
                     // found. Selected, then only they sorted: a `k` of 20
@@ -81,10 +85,29 @@ pub(crate) fn topk(
                         }
                         .then(a.cmp(b))
                     };
-                    if k < size {
-                        slice.select_nth_unstable_by(k, rank);
+                    if k <= KEPT_IN_ORDER {
+                        // One pass keeping the best `k` in order: most
+                        // elements lose to the last kept in one comparison
+                        // (a `k` of 20 from 1 600: 17 us by selection).
+                        for j in 0..size {
+                            if slice.len() == k {
+                                match slice.last() {
+                                    Some(last) if rank(&j, last) == Ordering::Less => {
+                                        slice.pop();
+                                    }
+                                    _ => continue,
+                                }
+                            }
+                            let at = slice.partition_point(|kept| rank(kept, &j) == Ordering::Less);
+                            slice.insert(at, j);
+                        }
+                    } else {
+                        slice.extend(0..size);
+                        if k < size {
+                            slice.select_nth_unstable_by(k, rank);
+                        }
+                        slice[..k].sort_unstable_by(rank);
                     }
-                    slice[..k].sort_unstable_by(rank);
                     for (j, &from) in slice[..k].iter().enumerate() {
                         out[(o * k + j) * inner + i] = MaybeUninit::new(from as i64);
                     }
