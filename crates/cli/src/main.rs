@@ -213,10 +213,9 @@ fn constant_inputs(
 ) -> Result<Vec<(ValueId, Tensor)>> {
     let mut constant = vec![false; trace.inputs.len()];
     if let Some(m) = &program.onnx {
-        for (v, _) in &m.weights {
-            if let Some(k) = program.trace.inputs.iter().position(|i| i == v) {
-                constant[k] = true;
-            }
+        let weights: std::collections::HashSet<ValueId> = m.weights.iter().map(|(v, _)| *v).collect();
+        for (k, v) in program.trace.inputs.iter().enumerate() {
+            constant[k] = weights.contains(v);
         }
     }
     for name in names {

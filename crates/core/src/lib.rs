@@ -40,6 +40,7 @@ pub mod graph;
 pub mod hints;
 pub mod io;
 pub mod ir;
+pub mod kept;
 #[cfg(test)]
 mod layering;
 mod memo;

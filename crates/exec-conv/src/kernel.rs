@@ -1,10 +1,11 @@
 //! The compiled region: a convolution and its epilogue.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use switchyard_core::executor::{Kernel, run_allocating};
 use switchyard_core::ir::window::{ConvGeometry, Window};
+use switchyard_core::kept::KeptByBuffer;
 use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 
 use crate::direct::Direct;
@@ -19,10 +20,6 @@ const NC: usize = 8 * NR;
 /// more, and each tile of positions reads them from L3 (a 320 -> 1280 1x1
 /// convolution at 7 x 7 had 1.6 MB of them).
 const WEIGHTS_BLOCK: usize = 256 << 10;
-
-/// Packed weights and the tensor they were packed from, held so that its
-/// buffer cannot change or be freed while it is the key.
-type Packed = Vec<(Tensor, Arc<PackedWeights>)>;
 
 /// Weight tensors a kernel keeps packed at once: the kernel cache gives
 /// one kernel to every convolution of the same shape (a ResNet stage's
@@ -71,10 +68,10 @@ pub(crate) struct ConvKernel {
     /// Per chunk of `nc` positions `q`: where its output positions are
     /// ([`Direct::runs`]).
     runs: Vec<Vec<(usize, usize, usize)>>,
-    packed: RwLock<Packed>,
-    /// Weights packed before the first run ([`Kernel::prepare_constant`]),
-    /// each region's that shares the kernel: held for the kernel's life.
-    constants: RwLock<Packed>,
+    /// Packed weights by their buffer: those prepared before the first run
+    /// ([`Kernel::prepare_constant`]) for the kernel's life, those packed
+    /// by a run up to [`PACKED_KEPT`].
+    packed: KeptByBuffer<PackedWeights>,
     /// The source buffer of the last run, for the next one (a concurrent
     /// run allocates its own).
     source: Mutex<Vec<f32>>,
@@ -114,8 +111,7 @@ impl ConvKernel {
             tasks,
             mc,
             nc,
-            packed: RwLock::new(Vec::new()),
-            constants: RwLock::new(Vec::new()),
+            packed: KeptByBuffer::new(PACKED_KEPT),
             runs,
             source: Mutex::new(Vec::new()),
         }
@@ -124,31 +120,12 @@ impl ConvKernel {
     /// The weights packed, as an earlier run packed them when the tensor is
     /// the same immutable buffer.
     fn packed(&self, g: &ConvGeometry, direct: &Direct, w: &Tensor, dense: &[f32]) -> Arc<PackedWeights> {
-        let same = |held: &Tensor| {
-            held.storage_id() == w.storage_id()
-                && held.offset() == w.offset()
-                && held.strides() == w.strides()
-                && !w.is_arena()
-        };
-        for kept in [&self.constants, &self.packed] {
-            if let Ok(guard) = kept.read()
-                && let Some((_, p)) = guard.iter().find(|(held, _)| same(held))
-            {
-                return p.clone();
-            }
+        if let Some(p) = self.packed.find(w) {
+            return p;
         }
         let (m_per, c_per) = (g.out_channels / g.groups, g.in_channels / g.groups);
         let p = Arc::new(gemm::pack(direct, dense, g.groups, m_per, c_per));
-        if !w.is_arena()
-            && let Ok(mut guard) = self.packed.write()
-        {
-            if guard.len() == PACKED_KEPT {
-                // The oldest goes: a kernel shared by more weights than
-                // this packs some of them on every run.
-                guard.remove(0);
-            }
-            guard.push((w.clone(), p.clone()));
-        }
+        self.packed.keep(w, p.clone());
         p
     }
 }
@@ -276,16 +253,7 @@ impl Kernel for ConvKernel {
         };
         let (m_per, c_per) = (g.out_channels / g.groups, g.in_channels / g.groups);
         let packed = Arc::new(gemm::pack(direct, dense, g.groups, m_per, c_per));
-        let mut held = self
-            .constants
-            .write()
-            .map_err(|_| switchyard_core::Error::Kernel {
-                executor: crate::NAME.into(),
-                op: "conv".into(),
-                message: "a run panicked while packing".into(),
-            })?;
-        held.push((value.clone(), packed));
-        Ok(true)
+        Ok(self.packed.hold(value, packed))
     }
 
     fn run_into(

@@ -3,10 +3,11 @@
 //! declared constant, else kept from their second run on, the product
 //! computed into the output buffer the runtime gives.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use switchyard_core::executor::Kernel;
+use switchyard_core::kept::KeptByBuffer;
 use switchyard_core::meta::batch_offsets;
 use switchyard_core::{DType, Error, OutputBuffer, Result, Tensor};
 
@@ -17,17 +18,13 @@ use crate::product::{Products, threaded};
 /// Weights a kernel keeps packed at once: the kernel cache gives one
 /// kernel to every product of the same shapes (each layer's), each with
 /// weights of its own.
-const PACKED_KEPT: usize = 64;
+pub(crate) const PACKED_KEPT: usize = 64;
 
 /// Whether `batches` `B`s of `values` values each, packed per run, are
 /// packed over the threads.
 fn packed_in_parallel(batches: usize, values: usize) -> bool {
     batches > 1 && batches.saturating_mul(values) >= 1 << 16
 }
-
-/// Packed weights and the tensor they were packed from, held so that its
-/// buffer can be neither written nor freed while it is the key.
-type Kept = Vec<(Tensor, Arc<PackedB>)>;
 
 /// What the kernel computes.
 #[derive(Clone, Copy, Debug)]
@@ -47,10 +44,10 @@ pub(crate) struct GemmKernel {
     /// Whether `B` is a weight (a trace input, through views at most), whose
     /// packed panels are kept from one run to the next.
     pub(crate) b_is_weight: bool,
-    pub(crate) kept: RwLock<Kept>,
-    /// Weights packed before the first run ([`Kernel::prepare_constant`]),
-    /// each region's that shares the kernel: held for the kernel's life.
-    pub(crate) constants: RwLock<Kept>,
+    /// Packed weights by their buffer: those prepared before the first run
+    /// ([`Kernel::prepare_constant`]) for the kernel's life, those kept from
+    /// a second run up to [`PACKED_KEPT`].
+    pub(crate) packed: KeptByBuffer<PackedB>,
     /// Buffers of `B` read once and not yet kept.
     pub(crate) seen: Mutex<Vec<Seen>>,
     /// What a run packs, kept for the next.
@@ -182,18 +179,8 @@ impl GemmKernel {
     ) -> Option<Arc<PackedB>> {
         let keep = self.b_is_weight && !b.is_arena() && l.b.len() == 1;
         if keep {
-            let same = |held: &Tensor| {
-                held.storage_id() == b.storage_id()
-                    && held.offset() == b.offset()
-                    && held.strides() == b.strides()
-                    && held.shape() == b.shape()
-            };
-            for held in [&self.constants, &self.kept] {
-                if let Ok(kept) = held.read()
-                    && let Some((_, p)) = kept.iter().find(|(t, _)| same(t))
-                {
-                    return Some(p.clone());
-                }
+            if let Some(p) = self.packed.find(b) {
+                return Some(p);
             }
             // Kept from the second run that reads this buffer on: a model
             // input fed anew on every call (a decoder's past keys) is never
@@ -230,14 +217,7 @@ impl GemmKernel {
                 return None;
             }
             let p = Arc::new(PackedB::pack(src, l.b[0], l.k, l.n, Vec::new()));
-            if let Ok(mut kept) = self.kept.write() {
-                if kept.len() == PACKED_KEPT {
-                    // The oldest goes: a kernel shared by more weights than
-                    // this packs some of them on every run.
-                    kept.remove(0);
-                }
-                kept.push((b.clone(), p.clone()));
-            }
+            self.packed.keep(b, p.clone());
             return Some(p);
         }
         let buffers: Vec<Vec<f32>> = (0..l.b.len()).map(|_| pool.pop().unwrap_or_default()).collect();
@@ -310,12 +290,7 @@ impl Kernel for GemmKernel {
             col,
         };
         let packed = Arc::new(PackedB::pack(src, at, self.k, n, Vec::new()));
-        let mut held = self
-            .constants
-            .write()
-            .map_err(|_| fail("a run panicked while packing".into()))?;
-        held.push((value.clone(), packed));
-        Ok(true)
+        Ok(self.packed.hold(value, packed))
     }
 
     fn run_into(
@@ -400,8 +375,7 @@ mod tests {
             out_shape: vec![3, 5],
             k: 4,
             b_is_weight: true,
-            kept: RwLock::new(Vec::new()),
-            constants: RwLock::new(Vec::new()),
+            packed: KeptByBuffer::new(PACKED_KEPT),
             seen: Mutex::new(Vec::new()),
             scratch: Mutex::new(Scratch::default()),
         }
@@ -420,13 +394,13 @@ mod tests {
         for seed in 0..5 {
             k.run(&[&a, &tensor(seed, &[4, 5])]).unwrap();
         }
-        assert_eq!(k.kept.read().unwrap().len(), 0);
+        assert_eq!(k.packed.kept_len(), 0);
         // The same one twice: kept, and the same result from it.
         let w = tensor(9, &[4, 5]);
         let first = k.run(&[&a, &w]).unwrap();
-        assert_eq!(k.kept.read().unwrap().len(), 0);
+        assert_eq!(k.packed.kept_len(), 0);
         let second = k.run(&[&a, &w]).unwrap();
-        assert_eq!(k.kept.read().unwrap().len(), 1);
+        assert_eq!(k.packed.kept_len(), 1);
         let third = k.run(&[&a, &w]).unwrap();
         let values = |t: &[Tensor]| t[0].to_vec::<f32>().unwrap();
         assert_eq!(values(&first), values(&second));
@@ -454,7 +428,7 @@ mod tests {
         // Found among the constants from the first run: nothing remembered
         // or packed again for a second.
         assert!(k.seen.lock().unwrap().is_empty());
-        assert!(k.kept.read().unwrap().is_empty());
+        assert_eq!(k.packed.kept_len(), 0);
         // Another tensor of the same values is not that buffer: packed per run.
         let other = tensor(9, &[4, 5]);
         assert_eq!(k.run(&[&a, &other]).unwrap()[0].to_vec::<f32>().unwrap(), want);

@@ -27,7 +27,7 @@ mod micro;
 mod pack;
 mod product;
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use switchyard_core::cost::is_free_view;
 use switchyard_core::executor::{Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region};
@@ -219,8 +219,7 @@ impl Executor for GemmExecutor {
             out_shape: trace.meta(trace.op(op).outputs[0]).shape.clone(),
             k: depth,
             b_is_weight: is_weight(trace, b),
-            kept: RwLock::new(Vec::new()),
-            constants: RwLock::new(Vec::new()),
+            packed: switchyard_core::kept::KeptByBuffer::new(kernel::PACKED_KEPT),
             seen: Mutex::new(Vec::new()),
             scratch: Mutex::new(Default::default()),
         }))

@@ -9,7 +9,7 @@
 //!   result. The values are the same bits: the bias is added once to each
 //!   finished sum, either way.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 
@@ -78,6 +78,7 @@ pub fn compose_linears(trace: &mut Trace) -> usize {
         return 0;
     }
     let gone: HashSet<OpId> = found.iter().map(|l| l.matmul).collect();
+    let at_add: HashMap<OpId, &Linear> = found.iter().map(|l| (l.add, l)).collect();
     let mut names: HashSet<String> = trace.values.iter().map(|v| v.name.clone()).collect();
     let mut fresh = |base: &str| {
         let mut k = 0usize;
@@ -108,7 +109,7 @@ pub fn compose_linears(trace: &mut Trace) -> usize {
         if gone.contains(&id) {
             continue;
         }
-        let Some(l) = found.iter().find(|l| l.add == id) else {
+        let Some(l) = at_add.get(&id) else {
             push(op.clone(), i, &mut ops);
             continue;
         };

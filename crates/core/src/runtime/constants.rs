@@ -2,7 +2,7 @@
 //! to the kernels once, before the first run, so that what a kernel derives
 //! from them (a weight packed for its microkernel) is made at compile time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rayon::prelude::*;
 
@@ -32,10 +32,11 @@ impl CompiledPlan {
     pub fn prepare_constants(&mut self, constants: &[(ValueId, Tensor)]) -> Result<ConstantsPrepared> {
         let start = Instant::now();
         let trace = &self.plan.trace;
+        let inputs: HashSet<ValueId> = trace.inputs.iter().copied().collect();
         let mut known: HashMap<ValueId, Tensor> = HashMap::with_capacity(constants.len());
         for (v, t) in constants {
             let name = trace.values.get(v.index()).map(|x| x.name.clone());
-            let Some(name) = name.filter(|_| trace.inputs.contains(v)) else {
+            let Some(name) = name.filter(|_| inputs.contains(v)) else {
                 return Err(Error::InvalidTrace(format!(
                     "value {} is offered as a constant but is not an input of the trace",
                     v.index()
