@@ -434,6 +434,7 @@ fn plan(args: PlanArgs) -> Result<()> {
         Err(e) if model::is_model(&args.trace) && staged::needs_stages(&e) => {
             let shapes = switchyard_onnx::ImportOptions {
                 input_shapes: args.planning.model.shapes()?,
+                memory_limit: config.memory_limit_bytes(),
                 ..Default::default()
             };
             return staged::plan(&args.trace, &args.planning, &config, shapes, args.explain).map_err(|_| e);
@@ -555,7 +556,7 @@ fn main() -> ExitCode {
             print,
             json,
             model,
-        } => model::load(&trace, &model, None).and_then(|p| {
+        } => model::load(&trace, &model, None, None).and_then(|p| {
             let t = &p.trace;
             if json {
                 println!("{}", t.to_json()?);

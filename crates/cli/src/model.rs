@@ -54,8 +54,14 @@ pub fn is_model(path: &Path) -> bool {
 
 /// Reads a trace file, or imports a model. `feeds` (the tensors it will
 /// run on, by name) bind a model's symbolic dims and fix the inputs whose
-/// values the import needs.
-pub fn load(path: &Path, args: &ModelArgs, feeds: Option<&HashMap<String, Tensor>>) -> Result<Program> {
+/// values the import needs. `memory_limit` bounds what the import computes
+/// ahead of the run ([`ImportOptions::memory_limit`]).
+pub fn load(
+    path: &Path,
+    args: &ModelArgs,
+    feeds: Option<&HashMap<String, Tensor>>,
+    memory_limit: Option<usize>,
+) -> Result<Program> {
     if !is_model(path) {
         return Ok(Program {
             trace: read_trace(path)?,
@@ -81,8 +87,15 @@ pub fn load(path: &Path, args: &ModelArgs, feeds: Option<&HashMap<String, Tensor
                     ),
                 }
             }
-            let (imported, fixed) = switchyard_onnx::import_for(&model, feeds)
-                .with_context(|| format!("importing {}", path.display()))?;
+            let (imported, fixed) = switchyard_onnx::import_for(
+                &model,
+                feeds,
+                &ImportOptions {
+                    memory_limit,
+                    ..ImportOptions::default()
+                },
+            )
+            .with_context(|| format!("importing {}", path.display()))?;
             if !fixed.is_empty() {
                 eprintln!(
                     "note: the model is specialised to the given values of {} (needed at import)",
@@ -95,6 +108,7 @@ pub fn load(path: &Path, args: &ModelArgs, feeds: Option<&HashMap<String, Tensor
             &model,
             &ImportOptions {
                 input_shapes: shapes,
+                memory_limit,
                 ..ImportOptions::default()
             },
         )

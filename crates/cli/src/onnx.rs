@@ -45,7 +45,7 @@ pub struct ConformanceArgs {
 
 /// Writes a model as a trace and its weights.
 pub fn import_command(args: ImportArgs) -> Result<()> {
-    let program = model::load(&args.model, &args.model_args, None)?;
+    let program = model::load(&args.model, &args.model_args, None, None)?;
     let imported = program.onnx.context("`import` reads ONNX models (.onnx)")?;
     let output = args.output.unwrap_or_else(|| args.model.with_extension("trace"));
     let weights_path = args

@@ -150,7 +150,7 @@ impl Planning {
         config: &Config,
         feeds: Option<&std::collections::HashMap<String, switchyard_core::Tensor>>,
     ) -> Result<Program> {
-        let mut program = model::load(path, &self.model, feeds)?;
+        let mut program = model::load(path, &self.model, feeds, config.memory_limit_bytes())?;
         self.targeting.apply(&mut program.trace, config)?;
         Ok(program)
     }

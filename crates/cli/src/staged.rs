@@ -68,7 +68,8 @@ pub fn run(
     let model = Model::load(path)?;
     let (planner, plugins) = planning.planner(config, false)?;
     let cache = KernelCache::new(config.cache.capacity);
-    let mut runner: StagedRunner<CompiledPlan> = StagedRunner::new(STAGES_KEPT);
+    let mut runner: StagedRunner<CompiledPlan> =
+        StagedRunner::new(STAGES_KEPT).with_memory_limit(config.memory_limit_bytes());
     let mut compile = |imp: &Imported| -> std::result::Result<CompiledPlan, String> {
         let mut trace = imp.trace.clone();
         planning

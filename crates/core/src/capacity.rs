@@ -10,7 +10,10 @@
 //! live at the peak, instead of an allocation that aborts the process or a
 //! run that the system's out-of-memory killer ends.
 //!
-//! Kernels' own scratch memory is not counted: the check is of the tensors.
+//! The running region's kernel scratch
+//! ([`crate::executor::Executor::scratch_bytes`]) counts at its step. What an
+//! ONNX import computes ahead of the run is bounded by the importer itself
+//! (its `ImportOptions::memory_limit`), since it happens before any plan.
 
 use crate::device::transfer_for;
 use crate::error::{Error, Result};

@@ -196,7 +196,7 @@ fn check(model: &Model, data: &Path, run: &Runner) -> Outcome {
     }
     // The suite feeds axes, shapes and pads as graph inputs where real models
     // store them as initializers: those inputs are fixed to their values.
-    let imported = match import_for(model, &feeds) {
+    let imported = match import_for(model, &feeds, &Default::default()) {
         Ok((m, _)) => m,
         Err(e) => return Outcome::Unsupported(e.to_string()),
     };

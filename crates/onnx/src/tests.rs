@@ -320,7 +320,7 @@ fn inputs_the_import_needs_the_value_of_are_fixed_from_the_feeds() {
         ("shape".to_string(), Tensor::from_vec(vec![6i64], &[1]).unwrap()),
     ]
     .into();
-    let (imported, fixed) = import_for(&m, &feeds).unwrap();
+    let (imported, fixed) = import_for(&m, &feeds, &ImportOptions::default()).unwrap();
     assert_eq!(fixed, vec!["shape".to_string()]);
     assert_eq!(imported.inputs.len(), 1);
     let y = run_fallback(&imported.trace, &imported.bind_inputs(&feeds).unwrap()).unwrap();
@@ -966,7 +966,7 @@ fn an_if_on_a_fixed_input_takes_one_branch_when_both_cannot_run() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let (imported, fixed) = import_for(&m, &feeds).unwrap();
+    let (imported, fixed) = import_for(&m, &feeds, &ImportOptions::default()).unwrap();
     assert!(fixed.contains(&"sr".to_string()), "{fixed:?}");
     assert!(
         !imported.trace.ops.iter().any(|o| o.kind == OpKind::Where),
@@ -1026,7 +1026,7 @@ fn a_loop_unrolls_when_its_trip_count_is_known_and_says_what_it_needs_otherwise(
     assert!(e.to_string().contains("trip count comes from data"), "{e}");
     let feeds: HashMap<String, Tensor> =
         [("x".to_string(), x()), ("m".to_string(), Tensor::scalar(2i64))].into();
-    let (imported, fixed) = import_for(&mm, &feeds).unwrap();
+    let (imported, fixed) = import_for(&mm, &feeds, &ImportOptions::default()).unwrap();
     assert_eq!(fixed, vec!["m".to_string()]);
     assert_eq!(
         f32s(&run(&imported, &[("x", x()), ("m", Tensor::scalar(2i64))])[0]),
@@ -1238,4 +1238,20 @@ fn folds_sum_accurately_and_leave_large_constants_to_run_time() {
         "80 MB of constant input is not folded"
     );
     assert_eq!(f32s(&run(&m, &[])[0]), vec![want(n)]);
+}
+
+/// A fold holds its constant inputs and what it computes at once, before
+/// any plan's memory check: the run's memory limit bounds that too.
+#[test]
+fn a_fold_larger_than_the_memory_limit_is_left_to_run_time() {
+    // 4 000 bytes of input and a 4-byte sum.
+    let limited = |limit| {
+        let options = ImportOptions {
+            memory_limit: Some(limit),
+            ..ImportOptions::default()
+        };
+        import(&sum_of_tenths(1000), &options).unwrap().trace.ops.len()
+    };
+    assert_eq!(limited(4004), 0, "4 004 bytes hold the fold");
+    assert_eq!(limited(4003), 1, "4 003 bytes do not");
 }

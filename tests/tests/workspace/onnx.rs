@@ -54,7 +54,7 @@ fn models_match_their_expected_outputs(dir: &std::path::Path, at_least: usize, f
             .into_iter()
             .collect();
         let want = read_safetensors(&m.join("expected.safetensors")).unwrap();
-        let (imported, fixed) = match import_for(&model, &feeds) {
+        let (imported, fixed) = match import_for(&model, &feeds, &Default::default()) {
             Ok(x) => x,
             Err(switchyard_onnx::Error::Unsupported(why)) => {
                 let ops: Vec<&str> = why

@@ -103,7 +103,7 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
             .iter()
             .zip(names)
             .map(|(p, name)| {
-                let program = model::load(p, &args.model, None)?;
+                let program = model::load(p, &args.model, None, config.memory_limit_bytes())?;
                 if let Some(m) = &program.onnx {
                     weights.insert(name.clone(), m.random_inputs(0)?);
                 }

@@ -193,6 +193,33 @@ fn a_model_whose_shapes_depend_on_data_runs_in_stages_and_plan_shows_the_cut() {
     assert!(e.contains("give them with --inputs"), "{e}");
 }
 
+/// What the import computes ahead of the run counts against the config's
+/// memory limit: a sum over 4 MiB of constants was folded at import under
+/// a 2 MiB limit, and the run then reported 4 bytes.
+#[test]
+fn a_fold_over_the_memory_limit_is_left_to_the_run_and_its_check() {
+    let n = 1 << 20;
+    let mut b = ModelBuilder::new("fold", 18);
+    b.initializer("c", &Tensor::from_vec(vec![0.5f32; n], &[n]).unwrap())
+        .unwrap()
+        .node("ReduceSum", &["c"], &["s"], vec![attr_int("keepdims", 0)])
+        .output("s", DType::F32, &[]);
+    let path = scratch("fold-limit.onnx");
+    Model::save(&b.build(), &path).unwrap();
+    let config = |limit: &str| {
+        let cfg = scratch(&format!("fold-limit-{limit}.toml"));
+        std::fs::write(&cfg, format!("memory_limit = \"{limit} MiB\"\n")).unwrap();
+        cfg
+    };
+    let e = fails(sw!("run", &path, "--config", config("2")));
+    assert!(e.contains("the config's `memory_limit` is 2.00 MiB"), "{e}");
+    assert!(e.contains("`c` f32[1048576] 4.00 MiB"), "{e}");
+    // Under 64 MiB it is folded.
+    let s = ok(sw!("run", &path, "--config", config("64")));
+    assert!(s.contains("(0 ops after lowering"), "{s}");
+    assert!(s.contains("s: f32[] [5.2429e5]"), "{s}");
+}
+
 #[test]
 fn import_never_overwrites_its_model_and_inputs_must_be_regular_files() {
     let model = scratch("keep.onnx");

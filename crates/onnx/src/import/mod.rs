@@ -59,7 +59,8 @@ const FOLD_LIMIT_BYTES: usize = 16 << 20;
 /// A fold whose constant inputs, or whose lowering's computed values
 /// together, exceed this is left to run time as well, so that the import
 /// neither spends unbounded time on large constants nor holds unbounded
-/// scratch outside the planner's memory check.
+/// scratch outside the planner's memory check. A lower
+/// [`ImportOptions::memory_limit`] lowers it.
 const FOLD_WORK_LIMIT_BYTES: usize = 64 << 20;
 
 /// What the importer needs besides the model.
@@ -72,6 +73,12 @@ pub struct ImportOptions {
     /// initializers: the model is specialised to them, and they are no
     /// longer inputs of the trace.
     pub input_values: BTreeMap<String, Tensor>,
+    /// Host memory the run may use (the config's `memory_limit`): a node
+    /// whose inputs are all constant is computed at import only while its
+    /// constant inputs and the values it computes fit in this together
+    /// (and in 64 MiB each whatever this says). A larger one is left to run
+    /// time, where the plan's memory check counts it like any other op.
+    pub memory_limit: Option<usize>,
 }
 
 /// A model lowered to a trace.
@@ -153,8 +160,13 @@ impl Imported {
 /// (a shape or axes fed as an input rather than stored as an initializer)
 /// is fixed to its value in `feeds`. The returned list names the inputs so
 /// fixed.
-pub fn import_for(model: &Model, feeds: &HashMap<String, Tensor>) -> Result<(Imported, Vec<String>)> {
-    let mut options = ImportOptions::default();
+/// `options` give everything else (its shapes and values are added to).
+pub fn import_for(
+    model: &Model,
+    feeds: &HashMap<String, Tensor>,
+    options: &ImportOptions,
+) -> Result<(Imported, Vec<String>)> {
+    let mut options = options.clone();
     for (name, t) in feeds {
         options.input_shapes.insert(name.clone(), t.shape().to_vec());
     }
@@ -351,6 +363,9 @@ pub fn import_stage(model: &Model, options: &ImportOptions, resume: &Resume) -> 
     let order = check_graph(graph, &|_| false)?;
     check_supported(graph)?;
     let mut imp = Importer::new(opset);
+    if let Some(limit) = options.memory_limit {
+        imp.fold_budget = imp.fold_budget.min(limit);
+    }
     let mut inputs = Vec::new();
     let initializers: HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let given: HashSet<&str> = graph.input.iter().map(|v| v.name()).collect();
@@ -539,6 +554,9 @@ struct Importer {
     names: Names,
     opset: i64,
     folded: usize,
+    /// The most bytes one fold may hold (its constant inputs and the values
+    /// it computes together).
+    fold_budget: usize,
     /// The input a failed lowering needed the value of.
     needs_value: Option<String>,
 }
@@ -553,6 +571,7 @@ impl Importer {
             names: Names::default(),
             opset,
             folded: 0,
+            fold_budget: 2 * FOLD_WORK_LIMIT_BYTES,
             needs_value: None,
         }
     }
@@ -660,7 +679,7 @@ impl Importer {
         }
         let all_constant = known.iter().flatten().all(|k| k.constant.is_some());
         let outputs = if all_constant {
-            match fold(n, lower, self.opset, &known).map_err(fail)? {
+            match fold(n, lower, self.opset, &known, self.fold_budget).map_err(fail)? {
                 Some(values) => {
                     self.folded += 1;
                     values
@@ -788,12 +807,14 @@ fn add_weight(
 
 /// Computes a node whose inputs are all constant by running its lowering on
 /// the fallback executor; `None` when its results would be too large to keep
-/// as constants.
+/// as constants, or its inputs and computed values together exceed
+/// `budget` bytes.
 fn fold(
     n: &NodeProto,
     lower: ops::LowerFn,
     opset: i64,
     known: &[Option<Known>],
+    budget: usize,
 ) -> Result<Option<Vec<Tensor>>, String> {
     let mut b = TraceBuilder::new();
     let mut feeds = Vec::new();
@@ -847,6 +868,7 @@ fn fold(
     if bytes > FOLD_LIMIT_BYTES
         || inputs_bytes > FOLD_WORK_LIMIT_BYTES
         || computed_bytes > FOLD_WORK_LIMIT_BYTES
+        || inputs_bytes + computed_bytes > budget
     {
         return Ok(None);
     }

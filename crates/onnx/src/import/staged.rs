@@ -75,6 +75,7 @@ pub struct StagedRunner<P> {
     capacity: usize,
     /// Least recently used first.
     cache: Vec<(Vec<u8>, Arc<Stage<P>>)>,
+    memory_limit: Option<usize>,
 }
 
 /// What a cut passed on to the stages after it.
@@ -132,7 +133,15 @@ impl<P> StagedRunner<P> {
         StagedRunner {
             capacity: capacity.max(1),
             cache: Vec::new(),
+            memory_limit: None,
         }
+    }
+
+    /// The same runner importing each stage with
+    /// [`ImportOptions::memory_limit`] set to `limit`.
+    pub fn with_memory_limit(mut self, limit: Option<usize>) -> StagedRunner<P> {
+        self.memory_limit = limit;
+        self
     }
 
     /// How many compiled stages are kept.
@@ -165,7 +174,10 @@ impl<P> StagedRunner<P> {
         compile: &mut dyn FnMut(&Imported) -> std::result::Result<P, String>,
         exec: &mut StageExec<P>,
     ) -> Result<StagedRun> {
-        let mut options = ImportOptions::default();
+        let mut options = ImportOptions {
+            memory_limit: self.memory_limit,
+            ..ImportOptions::default()
+        };
         for (name, t) in feeds {
             options.input_shapes.insert(name.clone(), t.shape().to_vec());
         }
