@@ -32,6 +32,7 @@ pub mod config;
 pub mod cost;
 pub mod device;
 pub mod dtype;
+pub mod epilogue;
 pub mod error;
 pub mod executor;
 pub mod explain;

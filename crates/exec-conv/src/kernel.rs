@@ -9,7 +9,7 @@ use switchyard_core::kept::KeptByBuffer;
 use switchyard_core::{DType, OutputBuffer, Result, Tensor};
 
 use crate::direct::Direct;
-use crate::epilogue::{At, Epilogue, Head};
+use crate::epilogue::{At, Epilogue, Head, split_head};
 use crate::gemm::{self, MR, NR, PackedWeights, fast_kernel, wide_kernel};
 use crate::window::{self, Planes, Reduce, Windows};
 
@@ -93,7 +93,7 @@ impl ConvKernel {
             _ => None,
         };
         let (head, tail) = match &anchor {
-            Anchor::Conv { .. } => epilogue.split_head(),
+            Anchor::Conv { .. } => split_head(epilogue),
             _ => (Head::default(), epilogue),
         };
         let runs = match &direct {
@@ -352,8 +352,9 @@ impl ConvKernel {
         let (mc, nc, tasks) = (self.mc, self.nc, &self.tasks);
         let ptr = Out(out.as_mut_ptr());
         let total = out.len();
-        let fast = fast_kernel(switchyard_simd::Simd::current());
-        let wide = wide_kernel(switchyard_simd::Simd::current());
+        let simd = switchyard_simd::Simd::current();
+        let fast = fast_kernel(simd);
+        let wide = wide_kernel(simd);
         tasks.par_iter().for_each(|&(n, grp, m0, q0)| {
             crate::scratch::with(|[acc, regs, scratch]| {
                 let rows = mc.min(m_per - m0);
@@ -415,7 +416,7 @@ impl ConvKernel {
                     let runs = if r < full_rows { &rest[..] } else { runs };
                     self.head
                         .scatter((&acc[r * ldc..], q0), (row, p0), runs, &at, fast);
-                    self.tail.apply(row, &at, regs, fast);
+                    self.tail.apply(row, &at, regs, simd);
                 }
             })
         });

@@ -126,7 +126,8 @@ pub(crate) fn run(
     let groups = m.div_ceil(LANES);
     let bands = grid.output[0].div_ceil(grid.band);
     let band_elements = LANES * grid.band * grid.output[1];
-    let fast = crate::gemm::fast_kernel(switchyard_simd::Simd::current());
+    let simd = switchyard_simd::Simd::current();
+    let fast = crate::gemm::fast_kernel(simd);
     let ptr = Out(out.as_mut_ptr());
     // Bands of one group of planes next to each other: a thread's run of
     // tasks reads on down the same planes.
@@ -160,7 +161,7 @@ pub(crate) fn run(
                 let dsts = &mut dsts[..count];
                 store(fast, sums, dsts, head.rows(data, first));
                 for (l, dst) in dsts.iter_mut().enumerate() {
-                    finish(reduce, epilogue, (dst, start), &at(l), regs, fast);
+                    finish(reduce, epilogue, (dst, start), &at(l), regs, simd);
                 }
             })
         });

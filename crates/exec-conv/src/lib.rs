@@ -51,7 +51,6 @@ mod scratch;
 mod transpose;
 mod window;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use switchyard_core::executor::{
@@ -59,10 +58,10 @@ use switchyard_core::executor::{
 };
 use switchyard_core::ir::window::conv_geometry;
 use switchyard_core::ir::window::pool_window;
-use switchyard_core::ir::{OpId, OpKind, Operand, PoolOp, ValueId};
+use switchyard_core::ir::{OpId, OpKind, PoolOp, ValueId};
 use switchyard_core::{DType, Device, Result, Trace};
 
-use epilogue::{Epilogue, Src, Step, binary_supported, unary_supported};
+use epilogue::{Epilogue, Src, Step};
 
 /// The executor's registered name.
 pub const NAME: &str = "conv";
@@ -76,9 +75,6 @@ inventory::submit! {
     // first; what this executor hands back goes to the fuser.
     ExecutorFactory { name: NAME, default_rank: 5, create: || Arc::new(ConvExecutor) }
 }
-
-/// Epilogue ops past a convolution that an op may be, at most.
-const MAX_EPILOGUE: usize = 16;
 
 /// Whether `op` is a convolution or pool this executor runs: the op a
 /// kernel is built around, which an epilogue may finish.
@@ -97,56 +93,17 @@ fn runs_anchor(trace: &Trace, op: OpId) -> bool {
         && o.operands.iter().all(|x| x.value().is_some())
 }
 
-/// Whether `op` is an elementwise op an epilogue can compute, in f32 on
-/// the CPU.
-fn elementwise(trace: &Trace, op: OpId) -> bool {
-    let o = trace.op(op);
-    let supported = match o.kind {
-        OpKind::Unary(u) => unary_supported(u),
-        OpKind::Binary(b) => binary_supported(b),
-        _ => false,
-    };
-    supported
-        && o.outputs.len() == 1
-        && trace.meta(o.outputs[0]).dtype == DType::F32
-        && trace.meta(o.outputs[0]).device == Device::Cpu
-}
-
 /// A convolution whose result `op` finishes, when `op` is an elementwise op
-/// an epilogue can compute on it: one of its operands is that result, or an
-/// earlier epilogue op's (searched back a few ops), and the others are
-/// scalars, one value per channel, tensors of the result's shape, or also
-/// such results.
+/// an epilogue can compute on it ([`switchyard_core::epilogue::root`]), its
+/// other operands scalars, one value per channel, tensors of the result's
+/// shape, or also such results.
 fn epilogue_root(trace: &Trace, op: OpId) -> Option<OpId> {
-    if !elementwise(trace, op) {
-        return None;
-    }
-    let shape = &trace.meta(trace.op(op).outputs[0]).shape;
-    // Breadth-first back through epilogue-able ops of the same shape.
-    let mut frontier: Vec<OpId> = vec![op];
-    let mut seen = 0;
-    let mut root = None;
-    'search: while let Some(at) = frontier.pop() {
-        for v in trace.op(at).input_values() {
-            if trace.meta(v).shape != *shape {
-                continue;
-            }
-            let Some(p) = trace.producer(v) else { continue };
-            if runs_anchor(trace, p) {
-                root = Some(p);
-                break 'search;
-            }
-            seen += 1;
-            if seen > MAX_EPILOGUE {
-                return None;
-            }
-            if elementwise(trace, p) {
-                frontier.insert(0, p);
-            }
-        }
-    }
-    let readable = |v: ValueId| trace.meta(v).shape == *shape || classify(trace, v, shape).is_some();
-    root.filter(|_| trace.op(op).input_values().all(readable))
+    switchyard_core::epilogue::root(
+        trace,
+        op,
+        |p| runs_anchor(trace, p),
+        |v, shape| classify(trace, v, shape).is_some(),
+    )
 }
 
 /// How an epilogue reads value `v` beside a result of `shape`: one value in
@@ -190,57 +147,13 @@ impl Executor for ConvExecutor {
 
     fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
         let trace = cx.trace;
-        let mut out = Refinement::default();
-        let convs: Vec<OpId> = region
-            .iter()
-            .copied()
-            .filter(|&op| runs_anchor(trace, op))
-            .collect();
-        let Some(&anchor) = convs.first() else {
-            for &op in region {
-                out.handed_back
-                    .push((op, "no convolution or pool in its region to finish".into()));
-            }
-            return out;
-        };
-        for &c in &convs[1..] {
-            out.leads.push((c, "one convolution or pool per kernel".into()));
-        }
-        // The anchor's epilogue: ops reading a value it computes; an op
-        // finishing another convolution of the region waits for its own
-        // region, and anything else goes back.
-        let mut computed: Vec<ValueId> = vec![trace.op(anchor).outputs[0]];
-        let mut chain: Vec<OpId> = vec![anchor];
-        let mut later: Vec<ValueId> = convs[1..].iter().map(|&c| trace.op(c).outputs[0]).collect();
-        for &op in region {
-            let o = trace.op(op);
-            if convs.contains(&op) {
-                continue;
-            }
-            let reads = |set: &[ValueId]| o.input_values().any(|v| set.contains(&v));
-            if reads(&later) {
-                later.push(o.outputs[0]);
-            } else if reads(&computed) {
-                computed.push(o.outputs[0]);
-                chain.push(op);
-            } else {
-                out.handed_back
-                    .push((op, "does not finish a convolution of its region".into()));
-            }
-        }
-        // Only the last value may be read past the kernel: an earlier one
-        // read elsewhere ends the epilogue there.
-        let last = *chain.last().expect("holds the anchor");
-        if let Some(cut) = chain
-            .iter()
-            .position(|&op| op != last && cx.uses.escapes(trace.op(op).outputs[0], |u| chain.contains(&u)))
-        {
-            for &op in &chain[cut + 1..] {
-                out.handed_back
-                    .push((op, "an earlier result of its region is read elsewhere".into()));
-            }
-        }
-        out
+        switchyard_core::epilogue::refine(
+            trace,
+            region,
+            |op| runs_anchor(trace, op),
+            cx.uses,
+            "convolution or pool",
+        )
     }
 
     fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
@@ -318,12 +231,7 @@ impl Executor for ConvExecutor {
         let x = slot(operand(0))?;
         let x_shape = &trace.meta(operand(0)).shape;
         let out_shape = trace.meta(anchor.outputs[0]).shape.clone();
-        let mut epilogue = Epilogue {
-            registers: 1,
-            ..Epilogue::default()
-        };
-        let mut register: HashMap<ValueId, usize> = HashMap::new();
-        register.insert(anchor.outputs[0], 0);
+        let mut prefix = Vec::new();
         let what = match anchor.kind {
             OpKind::Conv | OpKind::ConvTranspose => {
                 let transposed = anchor.kind == OpKind::ConvTranspose;
@@ -331,7 +239,7 @@ impl Executor for ConvExecutor {
                     conv_geometry(&anchor.attrs, x_shape, &trace.meta(operand(1)).shape, transposed)
                         .map_err(fail)?;
                 if let Some(b) = anchor.operands.get(2).and_then(|o| o.value()) {
-                    epilogue.steps.push(Step::Binary {
+                    prefix.push(Step::Binary {
                         op: switchyard_core::ir::BinaryOp::Add,
                         a: Src::Reg(0),
                         b: Src::Channel {
@@ -364,64 +272,16 @@ impl Executor for ConvExecutor {
             }
             _ => return Err(fail(format!("`{}` is not a convolution or pool", anchor.kind))),
         };
-        // Which values each later step reads: a register whose value no
-        // later step reads takes the step's result (in place, for a chain).
-        let reads: Vec<Vec<ValueId>> = rest
-            .iter()
-            .map(|&op| trace.op(op).input_values().collect())
-            .collect();
-        for (s, &op) in rest.iter().enumerate() {
-            let o = trace.op(op);
-            let src = |operand: &Operand| -> Result<Src> {
-                match operand {
-                    Operand::Scalar(s) => Ok(Src::Scalar(s.as_f64() as f32)),
-                    Operand::Value(v) => match register.get(v) {
-                        Some(&r) => Ok(Src::Reg(r)),
-                        None => match classify(trace, *v, &out_shape) {
-                            Some(Some(per_channel)) => Ok(Src::Channel {
-                                slot: slot(*v)?,
-                                per_channel,
-                            }),
-                            Some(None) => Ok(Src::Full(slot(*v)?)),
-                            None => Err(fail(format!(
-                                "`{}` cannot be read by an epilogue",
-                                trace.value(*v).name
-                            ))),
-                        },
-                    },
-                }
-            };
-            let dying = o
-                .input_values()
-                .filter(|v| !reads[s + 1..].iter().any(|r| r.contains(v)))
-                .find_map(|v| register.get(&v).copied());
-            let dst = match dying {
-                Some(r) => r,
-                None => {
-                    epilogue.registers += 1;
-                    epilogue.registers - 1
-                }
-            };
-            let step = match o.kind {
-                OpKind::Unary(u) => Step::Unary {
-                    op: u,
-                    a: src(&o.operands[0])?,
-                    dst,
-                },
-                OpKind::Binary(b) => Step::Binary {
-                    op: b,
-                    a: src(&o.operands[0])?,
-                    b: src(&o.operands[1])?,
-                    dst,
-                },
-                _ => return Err(fail(format!("`{}` is not an epilogue op", o.kind))),
-            };
-            epilogue.steps.push(step);
-            register.insert(o.outputs[0], dst);
-        }
-        epilogue.result = *register
-            .get(&region.outputs[0])
-            .ok_or_else(|| fail("the region's output is not its last value".into()))?;
+        let read = |v: ValueId| match classify(trace, v, &out_shape) {
+            Some(Some(per_channel)) => Ok(Src::Channel {
+                slot: slot(v).map_err(|e| e.to_string())?,
+                per_channel,
+            }),
+            Some(None) => Ok(Src::Full(slot(v).map_err(|e| e.to_string())?)),
+            None => Err(format!("`{}` cannot be read by an epilogue", trace.value(v).name)),
+        };
+        let epilogue =
+            Epilogue::build(trace, anchor.outputs[0], rest, region.outputs[0], prefix, read).map_err(fail)?;
         Ok(Box::new(kernel::ConvKernel::new(what, x, epilogue, out_shape)))
     }
 }

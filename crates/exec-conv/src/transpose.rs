@@ -42,7 +42,7 @@ pub(crate) fn run(
     let plane: usize = win.input.iter().product();
     let rows = m_per * taps;
     let threads = rayon::current_num_threads();
-    let fast = crate::gemm::fast_kernel(switchyard_simd::Simd::current());
+    let simd = switchyard_simd::Simd::current();
     let mut cols = vec![0f32; rows * positions];
     for n in 0..g.batch {
         for grp in 0..groups {
@@ -99,7 +99,7 @@ pub(crate) fn run(
                             channel,
                             offset: first + mi * plane + i * EPILOGUE_CHUNK,
                         };
-                        epilogue.apply(chunk, &at, regs, fast);
+                        epilogue.apply(chunk, &at, regs, simd);
                     }
                 });
         }

@@ -134,7 +134,7 @@ pub(crate) fn run(
                     let i = task * per_task + j;
                     let acc = rows.plane_at(simd, i, x, buf);
                     head.scatter((acc, 0), (plane, 0), &windows.runs, &at(i), fast);
-                    finish(reduce, epilogue, (plane, 0), &at(i), regs, fast);
+                    finish(reduce, epilogue, (plane, 0), &at(i), regs, simd);
                 }
             })
         });
@@ -150,7 +150,7 @@ pub(crate) fn finish(
     (part, from): (&mut [f32], usize),
     at: &At,
     regs: &mut Vec<f32>,
-    fast: bool,
+    simd: Simd,
 ) {
     if let Reduce::Mean(divisors) = reduce {
         for (o, &d) in part.iter_mut().zip(&divisors[from..]) {
@@ -162,7 +162,7 @@ pub(crate) fn finish(
             offset: at.offset + k * EPILOGUE_CHUNK,
             ..*at
         };
-        epilogue.apply(chunk, &at, regs, fast);
+        epilogue.apply(chunk, &at, regs, simd);
     }
 }
 

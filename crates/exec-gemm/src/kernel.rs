@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
+use switchyard_core::epilogue::Epilogue;
 use switchyard_core::executor::Kernel;
 use switchyard_core::kept::KeptByBuffer;
 use switchyard_core::meta::batch_offsets;
@@ -13,7 +14,7 @@ use switchyard_core::{DType, Error, OutputBuffer, Result, Tensor};
 
 use crate::micro::NR;
 use crate::pack::{PackedB, Strided};
-use crate::product::{Products, threaded};
+use crate::product::{Finisher, Products, threaded};
 
 /// Weights a kernel keeps packed at once: the kernel cache gives one
 /// kernel to every product of the same shapes (each layer's), each with
@@ -38,6 +39,8 @@ pub(crate) enum Form {
 /// The kernel of one product.
 pub(crate) struct GemmKernel {
     pub(crate) form: Form,
+    /// The elementwise ops that finish the product (none: the product).
+    pub(crate) epilogue: Epilogue,
     pub(crate) out_shape: Vec<usize>,
     /// The depth of the product (`A`'s columns).
     pub(crate) k: usize,
@@ -240,6 +243,14 @@ impl GemmKernel {
     }
 }
 
+/// `t`, copied where its elements are not dense in its buffer.
+fn dense(t: &Tensor) -> Result<std::borrow::Cow<'_, Tensor>> {
+    Ok(match t.contiguous_data::<f32>() {
+        Some(_) => std::borrow::Cow::Borrowed(t),
+        None => std::borrow::Cow::Owned(t.contiguous()?),
+    })
+}
+
 /// A tensor's whole buffer as f32s.
 fn f32s<'a>(t: &'a Tensor, what: &str) -> Result<&'a [f32]> {
     if t.dtype() != DType::F32 {
@@ -346,6 +357,24 @@ impl Kernel for GemmKernel {
             Some(p) => vec![p.as_ref()],
             None => fresh.iter().collect(),
         };
+        // The inputs the epilogue reads, dense; the others are not looked at.
+        let read = self.epilogue.inputs();
+        let dense: Vec<Option<std::borrow::Cow<Tensor>>> = (0..inputs.len())
+            .map(|i| match read.contains(&i) {
+                false => Ok(None),
+                true => dense(inputs[i]).map(Some),
+            })
+            .collect::<Result<_>>()?;
+        let finish_inputs: Vec<&[f32]> = dense
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t {
+                None => Ok(&[][..]),
+                Some(t) => t
+                    .contiguous_data::<f32>()
+                    .ok_or_else(|| fail(format!("input {i} of the epilogue is {}, not f32", t.dtype()))),
+            })
+            .collect::<Result<_>>()?;
         let mut buf = OutputBuffer::given_or_new(given, 0, DType::F32, &self.out_shape)?;
         let c = buf.slice_mut::<f32>().expect("an f32 buffer");
         Products {
@@ -356,6 +385,11 @@ impl Kernel for GemmKernel {
             a_at: &l.a,
             b: &packed,
             bias: bias.map(|_| scratch.bias.as_slice()),
+            finish: Some(Finisher {
+                epilogue: &self.epilogue,
+                inputs: &finish_inputs,
+                simd: switchyard_simd::Simd::current(),
+            }),
         }
         .run(c, &mut scratch.a);
         drop(packed);
@@ -372,6 +406,7 @@ mod tests {
     fn kernel() -> GemmKernel {
         GemmKernel {
             form: Form::Matmul { a: 0, b: 1 },
+            epilogue: Epilogue::default(),
             out_shape: vec![3, 5],
             k: 4,
             b_is_weight: true,

@@ -20,6 +20,12 @@
 //! (attention's heads) and the row blocks and panel runs of a large one
 //! are tasks shared over the threads. A `linear`'s bias is added in the
 //! tile's last store.
+//!
+//! The elementwise ops that finish a product (an activation, a residual
+//! add, a scale: [`switchyard_core::epilogue`]) are claimed with it and
+//! applied to each task's rows of the result as soon as they are final,
+//! while they are in cache, instead of in a pass of their own over memory:
+//! a linear and its gelu are one kernel.
 #![deny(missing_docs)]
 
 mod kernel;
@@ -30,7 +36,10 @@ mod product;
 use std::sync::{Arc, Mutex};
 
 use switchyard_core::cost::is_free_view;
-use switchyard_core::executor::{Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Region};
+use switchyard_core::epilogue::{Epilogue, Src};
+use switchyard_core::executor::{
+    Claim, Context, Executor, ExecutorFactory, ExecutorInfo, Kernel, Refinement, Region,
+};
 use switchyard_core::ir::{CompositeOp, OpId, OpKind, ValueId};
 use switchyard_core::{DType, Device, Error, Result, Trace};
 
@@ -44,8 +53,8 @@ pub const NAME: &str = "gemm";
 pub struct GemmExecutor;
 
 inventory::submit! {
-    // Before the fuser and the fallback: it is an operator executor, and
-    // where its estimate ties with the fallback's it is the one chosen.
+    // Before the fuser, so that a product's epilogue is offered here first;
+    // what this executor hands back goes to the fuser.
     ExecutorFactory { name: NAME, default_rank: 6, create: || Arc::new(GemmExecutor) }
 }
 
@@ -102,6 +111,48 @@ fn product(trace: &Trace, op: OpId) -> std::result::Result<(Form, Vec<ValueId>),
     }
 }
 
+/// Whether `op` is a product this executor runs: the op a kernel is built
+/// around, which an epilogue may finish.
+fn runs_anchor(trace: &Trace, op: OpId) -> bool {
+    product(trace, op).is_ok()
+}
+
+/// How an epilogue reads `v` beside a product's result of `shape`: whole
+/// (the same shape, dense), one value per column (`[n]`, or `[1, .., 1,
+/// n]`), or one value for all; `None` where it cannot.
+fn classify(trace: &Trace, v: ValueId, shape: &[usize]) -> Option<Src> {
+    let m = trace.meta(v);
+    if m.dtype != DType::F32 || m.device != Device::Cpu || !m.is_contiguous() {
+        return None;
+    }
+    let columns = shape.last().copied().unwrap_or(1);
+    let count: usize = m.shape.iter().product();
+    // A placeholder slot: `compile` fills in the input's.
+    if m.shape == shape {
+        Some(Src::Full(0))
+    } else if count == 1 && m.rank() <= shape.len() {
+        Some(Src::Channel {
+            slot: 0,
+            per_channel: false,
+        })
+    } else if m.rank() <= shape.len() && m.shape.last() == Some(&columns) && count == columns {
+        Some(Src::Column { slot: 0, columns })
+    } else {
+        None
+    }
+}
+
+/// The product whose result `op` finishes, when `op` is an elementwise op
+/// an epilogue can compute on it ([`switchyard_core::epilogue::root`]).
+fn epilogue_root(trace: &Trace, op: OpId) -> Option<OpId> {
+    switchyard_core::epilogue::root(
+        trace,
+        op,
+        |p| runs_anchor(trace, p),
+        |v, shape| classify(trace, v, shape).is_some(),
+    )
+}
+
 /// Whether `v` is a trace input, or a view of one: a weight, which does not
 /// change between runs (the kernel keeps it packed, holding the tensor so
 /// that nothing writes or frees its buffer meanwhile).
@@ -142,18 +193,44 @@ fn packed_bytes(trace: &Trace, op: OpId) -> usize {
 
 impl Executor for GemmExecutor {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo::operator(NAME, env!("CARGO_PKG_VERSION"), &["cpu"])
+        ExecutorInfo::fusion(NAME, env!("CARGO_PKG_VERSION"), &["cpu"])
     }
 
     fn claim(&self, op: OpId, cx: &Context) -> Claim {
-        match product(cx.trace, op) {
-            Ok(_) => Claim::Accept(cx.device.op_ns(cx.trace, op)),
+        let trace = cx.trace;
+        match product(trace, op) {
+            Ok(_) => Claim::Accept(cx.device.op_ns(trace, op)),
+            Err(_) if epilogue_root(trace, op).is_some() => {
+                // In the product's output write it moves only its other operands.
+                Claim::Accept(cx.device.host_overhead_ns.min(1.0))
+            }
+            Err(_) if matches!(trace.op(op).kind, OpKind::Unary(_) | OpKind::Binary(_)) => Claim::Reject(
+                "runs matmul and linear, and the elementwise ops that finish them; this one finishes none"
+                    .into(),
+            ),
             Err(why) => Claim::Reject(why),
         }
     }
 
+    fn refine(&self, region: &[OpId], cx: &Context) -> Refinement {
+        let trace = cx.trace;
+        switchyard_core::epilogue::refine(
+            trace,
+            region,
+            |op| runs_anchor(trace, op),
+            cx.uses,
+            "matrix product",
+        )
+    }
+
+    fn cost(&self, region: &[OpId], cx: &Context) -> f64 {
+        // The product's arithmetic and one pass over its result: as the
+        // device model prices the region fused.
+        cx.device.fused_ns(cx.trace, region, cx.uses)
+    }
+
     fn detail(&self, region: &[OpId], cx: &Context) -> Option<String> {
-        let &[op] = region else { return None };
+        let &op = region.first()?;
         let (form, values) = product(cx.trace, op).ok()?;
         let b = match form {
             Form::Matmul { b, .. } => values[b],
@@ -179,22 +256,41 @@ impl Executor for GemmExecutor {
             op: format!("region {}", region.id),
             message,
         };
-        let &[op] = region.ops.as_slice() else {
-            return Err(fail(format!(
-                "a region is one product, and this one has {} ops",
-                region.ops.len()
-            )));
+        let Some((&op, rest)) = region.ops.split_first() else {
+            return Err(fail("an empty region".into()));
         };
+        if region.outputs.len() != 1 {
+            return Err(fail(format!(
+                "a region is one product and its epilogue, with one result; this one has {}",
+                region.outputs.len()
+            )));
+        }
         let (form, values) =
             product(trace, op).map_err(|why| fail(format!("{}: {why}", trace.describe_op(op))))?;
-        let slot = |i: usize| {
-            region.inputs.iter().position(|&v| v == values[i]).ok_or_else(|| {
-                fail(format!(
-                    "`{}` is not an input of the region",
-                    trace.value(values[i]).name
-                ))
-            })
+        let input = |v: ValueId| {
+            region
+                .inputs
+                .iter()
+                .position(|&i| i == v)
+                .ok_or_else(|| format!("`{}` is not an input of the region", trace.value(v).name))
         };
+        let slot = |i: usize| input(values[i]).map_err(fail);
+        let out = trace.op(op).outputs[0];
+        let out_shape = trace.meta(out).shape.clone();
+        let read = |v: ValueId| match classify(trace, v, &out_shape) {
+            Some(Src::Full(_)) => Ok(Src::Full(input(v)?)),
+            Some(Src::Column { columns, .. }) => Ok(Src::Column {
+                slot: input(v)?,
+                columns,
+            }),
+            Some(Src::Channel { per_channel, .. }) => Ok(Src::Channel {
+                slot: input(v)?,
+                per_channel,
+            }),
+            _ => Err(format!("`{}` cannot be read by an epilogue", trace.value(v).name)),
+        };
+        let epilogue =
+            Epilogue::build(trace, out, rest, region.outputs[0], Vec::new(), read).map_err(fail)?;
         let (form, b) = match form {
             Form::Matmul { a, b } => (
                 Form::Matmul {
@@ -216,7 +312,8 @@ impl Executor for GemmExecutor {
         let depth = trace.meta(values[0]).shape.last().copied().unwrap_or(0);
         Ok(Box::new(GemmKernel {
             form,
-            out_shape: trace.meta(trace.op(op).outputs[0]).shape.clone(),
+            epilogue,
+            out_shape,
             k: depth,
             b_is_weight: is_weight(trace, b),
             packed: switchyard_core::kept::KeptByBuffer::new(kernel::PACKED_KEPT),

@@ -12,7 +12,10 @@
 //! over the threads; a product too small to pay for waking them runs on
 //! the calling thread.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
+use switchyard_core::epilogue::{At, Epilogue};
 
 use crate::micro::{self, Finish, Isa, MR, NR, Rows};
 use crate::pack::{PackedA, PackedB, Strided, aligned};
@@ -40,6 +43,27 @@ const MC: usize = 132;
 /// fetched ahead.
 const PREFETCH_TILES: usize = 8;
 
+/// Values an epilogue finishes at once: its registers stay in L1, and the
+/// cost of a call is spread over many (whole rows of a narrow product are
+/// finished several at once, where no step reads by column).
+const EPILOGUE_CHUNK: usize = 1024;
+
+thread_local! {
+    /// An epilogue's registers, per thread (a task's rows are finished on
+    /// the thread that computed them).
+    static REGISTERS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The elementwise ops that finish each product's result, and the inputs
+/// they read (dense f32, by the kernel's input slot).
+#[derive(Clone, Copy)]
+pub(crate) struct Finisher<'a> {
+    pub(crate) epilogue: &'a Epilogue,
+    pub(crate) inputs: &'a [&'a [f32]],
+    /// The calling thread's SIMD level, which the tasks compute at.
+    pub(crate) simd: switchyard_simd::Simd,
+}
+
 /// The products of one run: `batches` of `C[m, n] = A[m, k] B[k, n]`.
 pub(crate) struct Products<'a> {
     pub(crate) m: usize,
@@ -52,6 +76,8 @@ pub(crate) struct Products<'a> {
     pub(crate) b: &'a [&'a PackedB],
     /// `n` values added to every row of `C`, padded to whole panels.
     pub(crate) bias: Option<&'a [f32]>,
+    /// What finishes `C` once its values are final.
+    pub(crate) finish: Option<Finisher<'a>>,
 }
 
 /// Where a task reads its rows of `A`.
@@ -110,6 +136,8 @@ impl Products<'_> {
                     None => row.fill(0.0),
                 }
             }
+            let rows = c.len() / n;
+            self.finish_rows(0, (0, rows), (0, n), c.as_mut_ptr());
             return;
         }
         let work = batches.saturating_mul(m).saturating_mul(n).saturating_mul(k);
@@ -166,12 +194,58 @@ impl Products<'_> {
                 false => A::Packed(&packed[batch]),
             };
             self.block(a, b, (r0, rows), (p0, p1), c, isa);
+            // Its values final, while they are in cache; on one thread,
+            // once at the end, in a few long spans rather than many short
+            // ones (a call costs what tens of values do).
+            if threads > 1 && tasks > 1 {
+                let cols = (p0 * NR, (p1 * NR).min(n));
+                self.finish_rows(batch * m * n, (r0, rows), cols, c);
+            }
         };
         if threads == 1 || tasks == 1 {
             (0..tasks).for_each(task);
+            self.finish_rows(0, (0, batches * m), (0, n), c.as_mut_ptr());
         } else {
             (0..tasks).into_par_iter().for_each(task);
         }
+    }
+
+    /// Applies the epilogue, if any, to rows `[r0, r0 + rows)` and columns
+    /// `[c0, c1)` of the product at `c` (its `m x n`), which lies at
+    /// `base` in the output.
+    fn finish_rows(&self, base: usize, (r0, rows): (usize, usize), (c0, c1): (usize, usize), c: *mut f32) {
+        let Some(f) = self.finish else { return };
+        if f.epilogue.steps.is_empty() {
+            return;
+        }
+        let n = self.n;
+        REGISTERS.with(|registers| {
+            let mut registers = registers.borrow_mut();
+            // The `len` values from `start` of the product, which lie in
+            // `c`; no other task writes them.
+            let mut span = |start: usize, len: usize| {
+                for j in (0..len).step_by(EPILOGUE_CHUNK) {
+                    let chunk = EPILOGUE_CHUNK.min(len - j);
+                    // SAFETY: as said above.
+                    let row = unsafe { std::slice::from_raw_parts_mut(c.add(start + j), chunk) };
+                    let at = At {
+                        inputs: f.inputs,
+                        channel: 0,
+                        offset: base + start + j,
+                    };
+                    f.epilogue.apply(row, &at, &mut registers, f.simd);
+                }
+            };
+            // Whole rows lie one after another: one span, where no step
+            // reads by column (which ties a span to one row).
+            if c0 == 0 && c1 == n && !f.epilogue.reads_columns() {
+                span(r0 * n, rows * n);
+            } else {
+                for r in r0..r0 + rows {
+                    span(r * n + c0, c1 - c0);
+                }
+            }
+        });
     }
 
     /// Rows `[r0, r0 + rows)` (`r0` a multiple of [`MR`]) of panels

@@ -289,3 +289,96 @@ fn a_product_and_its_bias_add_run_as_one_linear_whose_tiles_add_the_bias() {
         .collect();
     assert_eq!(linears, ["linear", "linear"], "{:?}", plan.explanation);
 }
+
+/// Plans on the gemm executor and the fallback and checks that each
+/// product's region holds `ops` ops in all (the product and what finishes
+/// it), then compares with the fallback alone.
+fn check_finished(src: &str, ops_on_gemm: usize) {
+    let trace = parse(src).unwrap();
+    let plan = plan_on(&trace, vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)]).unwrap();
+    let on_gemm: usize = plan
+        .regions
+        .iter()
+        .filter(|r| plan.executor_name(r) == "gemm")
+        .map(|r| r.ops.len())
+        .sum();
+    assert_eq!(on_gemm, ops_on_gemm, "{src}\n{:?}", plan.explanation);
+    runs_match_the_fallback(&trace, plan, 11, 2, 1e-4);
+}
+
+#[test]
+fn the_elementwise_ops_that_finish_a_product_run_in_its_output_write() {
+    // BERT's gelu (erf) after a linear with a bias: large enough to share
+    // over the threads, with a last panel narrower than a tile.
+    check_finished(
+        "input x: f32[2, 70, 300]\ninput w: f32[520, 300]\ninput b: f32[520]\n\
+         y = linear(x, w, b)\nh = mul(y, 0.70710677)\ne = erf(h)\ne1 = add(e, 1.0)\n\
+         g = mul(y, 0.5)\no = mul(g, e1)\noutput o\n",
+        6,
+    );
+    // GPT-2's gelu (tanh, a cube), on one thread.
+    check_finished(
+        "input x: f32[5, 24]\ninput w: f32[24, 40]\ny = matmul(x, w)\n\
+         c = pow(y, 3.0)\nc1 = mul(c, 0.044715)\ni = add(y, c1)\ni1 = mul(i, 0.7978846)\n\
+         t = tanh(i1)\nt1 = add(t, 1.0)\nh = mul(y, 0.5)\no = mul(h, t1)\noutput o\n",
+        9,
+    );
+    // A residual add and a Relu; a scale per column and one for all.
+    check_finished(
+        "input x: f32[3, 17, 33]\ninput w: f32[33, 21]\ninput r: f32[3, 17, 21]\n\
+         input s: f32[1, 21]\ninput t: f32[1]\n\
+         y = matmul(x, w)\nz = add(r, y)\nu = relu(z)\nv = mul(u, s)\no = sub(t, v)\noutput o\n",
+        5,
+    );
+    // Attention's scores scaled, each head a product of its own.
+    check_finished(
+        "input q: f32[4, 30, 16]\ninput k: f32[4, 30, 16]\nkt = transpose(k, perm=[0, 2, 1])\n\
+         s = matmul(q, kt)\no = div(s, 4.0)\noutput o\n",
+        2,
+    );
+    // SwiGLU: the gate's silu finishes the gate, and the product with the
+    // up projection finishes the up projection, reading the gate's result.
+    check_finished(
+        "input x: f32[6, 32]\ninput wg: f32[48, 32]\ninput wu: f32[48, 32]\n\
+         g = linear(x, wg)\nu = linear(x, wu)\nsg = sigmoid(g)\na = mul(g, sg)\no = mul(a, u)\noutput o\n",
+        5,
+    );
+    // No depth: the result is the bias, then finished.
+    check_finished(
+        "input x: f32[3, 0]\ninput w: f32[5, 0]\ninput b: f32[5]\ny = linear(x, w, b)\no = exp(y)\noutput o\n",
+        2,
+    );
+}
+
+#[test]
+fn an_epilogue_ends_where_its_values_are_read_elsewhere_or_cannot_be_read() {
+    // `r` is returned too: the add after it is not the kernel's.
+    check_finished(
+        "input x: f32[4, 8]\ninput w: f32[8, 8]\ninput c: f32[4, 8]\n\
+         y = matmul(x, w)\nr = relu(y)\nz = add(r, c)\noutput r, z\n",
+        2,
+    );
+    // A mask broadcast over rows, not columns: read by no epilogue.
+    check_finished(
+        "input x: f32[4, 8]\ninput w: f32[8, 8]\ninput m: f32[4, 1]\n\
+         y = matmul(x, w)\nz = add(y, m)\noutput z\n",
+        1,
+    );
+    // A power by an exponent the epilogue does not compute as multiplies.
+    check_finished(
+        "input x: f32[4, 8]\ninput w: f32[8, 8]\ny = matmul(x, w)\nz = pow(y, 1.5)\noutput z\n",
+        1,
+    );
+}
+
+#[test]
+fn an_epilogue_gives_the_same_results_at_every_simd_level() {
+    let src = "input x: f32[9, 40]\ninput w: f32[40, 36]\ninput r: f32[9, 36]\n\
+               y = matmul(x, w)\nz = add(y, r)\ns = sigmoid(z)\nc = pow(s, 2.0)\nq = sqrt(c)\noutput q\n";
+    every_simd_level_within(
+        &parse(src).unwrap(),
+        vec![Arc::new(GemmExecutor), Arc::new(FallbackExecutor)],
+        5,
+        1e-5,
+    );
+}

@@ -92,7 +92,8 @@ fn run_json_has_the_report_fields() {
         let exec = r["executor"].as_str().unwrap();
         let ops = r["ops"].as_array().unwrap().len();
         assert!(
-            exec == "fuser" || (matches!(exec, "fallback" | "gemm") && ops == 1),
+            // gemm's regions are a product and the ops that finish it.
+            matches!(exec, "fuser" | "gemm") || (exec == "fallback" && ops == 1),
             "{exec} with {ops} ops"
         );
         assert!(r["time_ns"].as_u64().is_some());
@@ -340,9 +341,12 @@ fn plugins_load_from_the_command_line_and_config() {
     .unwrap();
     let out = sw!("run", example("transformer_block.trace"), "--config", &cfg);
     let s = ok(out);
-    // Its two attention matmuls; the seven linears stay whole on gemm,
-    // which claims them whole (the plugin claims matmul only).
-    assert!(s.contains("2 on tiled_matmul") && s.contains("7 on gemm"), "{s}");
+    // The attention matmul of probabilities and values; the seven linears
+    // stay whole on gemm, which claims them whole (the plugin claims matmul
+    // only), and so does the scores' matmul, whose scale gemm applies as it
+    // stores the product: 2.1 us fused, against the plugin's 1.7 us (its
+    // call's overhead) plus the scale alone.
+    assert!(s.contains("1 on tiled_matmul") && s.contains("8 on gemm"), "{s}");
 }
 
 #[test]
