@@ -357,24 +357,23 @@ impl Kernel for GemmKernel {
             Some(p) => vec![p.as_ref()],
             None => fresh.iter().collect(),
         };
-        // The inputs the epilogue reads, dense; the others are not looked at.
-        let read = self.epilogue.inputs();
-        let dense: Vec<Option<std::borrow::Cow<Tensor>>> = (0..inputs.len())
-            .map(|i| match read.contains(&i) {
-                false => Ok(None),
-                true => dense(inputs[i]).map(Some),
-            })
-            .collect::<Result<_>>()?;
-        let finish_inputs: Vec<&[f32]> = dense
+        // The inputs the epilogue reads, dense; the others are not looked at
+        // (and nothing is gathered for a product alone).
+        let finishing = !self.epilogue.steps.is_empty();
+        let read = match finishing {
+            true => self.epilogue.inputs(),
+            false => Vec::new(),
+        };
+        let dense: Vec<(usize, std::borrow::Cow<Tensor>)> = read
             .iter()
-            .enumerate()
-            .map(|(i, t)| match t {
-                None => Ok(&[][..]),
-                Some(t) => t
-                    .contiguous_data::<f32>()
-                    .ok_or_else(|| fail(format!("input {i} of the epilogue is {}, not f32", t.dtype()))),
-            })
+            .map(|&i| dense(inputs[i]).map(|t| (i, t)))
             .collect::<Result<_>>()?;
+        let mut finish_inputs: Vec<&[f32]> = vec![&[]; if finishing { inputs.len() } else { 0 }];
+        for (i, t) in &dense {
+            finish_inputs[*i] = t
+                .contiguous_data::<f32>()
+                .ok_or_else(|| fail(format!("input {i} of the epilogue is {}, not f32", t.dtype())))?;
+        }
         let mut buf = OutputBuffer::given_or_new(given, 0, DType::F32, &self.out_shape)?;
         let c = buf.slice_mut::<f32>().expect("an f32 buffer");
         Products {
@@ -385,7 +384,7 @@ impl Kernel for GemmKernel {
             a_at: &l.a,
             b: &packed,
             bias: bias.map(|_| scratch.bias.as_slice()),
-            finish: Some(Finisher {
+            finish: finishing.then(|| Finisher {
                 epilogue: &self.epilogue,
                 inputs: &finish_inputs,
                 simd: switchyard_simd::Simd::current(),
