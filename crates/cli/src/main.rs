@@ -35,19 +35,6 @@ use switchyard_core::{Device, Tensor};
 use crate::model::{ModelArgs, read_feeds};
 use crate::planning::Planning;
 
-/// Keeps the built-in executors and device layers linked: their `inventory`
-/// entries live in crates this binary would otherwise never reference.
-fn link_builtin_executors() {
-    let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
-    let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
-    let _ = std::hint::black_box(switchyard_exec_conv::ConvExecutor);
-    let _ = std::hint::black_box(switchyard_exec_gemm::GemmExecutor);
-    let _ = std::hint::black_box(switchyard_exec_rnn::RnnExecutor);
-    let _ = std::hint::black_box(switchyard_exec_cublas::CublasExecutor);
-    let _ = std::hint::black_box(switchyard_exec_cudnn::CudnnExecutor);
-    let _ = std::hint::black_box(switchyard_cuda::layer::CudaTransfer);
-}
-
 #[derive(Parser)]
 #[command(
     name = "switchyard",
@@ -484,7 +471,7 @@ fn die_on_closed_pipe() {
 
 fn main() -> ExitCode {
     die_on_closed_pipe();
-    link_builtin_executors();
+    switchyard::link_builtin_executors();
     // Warnings show unless SWITCHYARD_LOG says otherwise; colours only on
     // a terminal, never into a pipe or a file.
     use std::io::IsTerminal;

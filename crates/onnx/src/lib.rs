@@ -43,6 +43,7 @@ pub mod error;
 pub mod import;
 pub mod model;
 mod ops;
+pub mod signature;
 pub mod tensor;
 
 pub use error::{Error, Result};
@@ -52,6 +53,7 @@ pub use import::{
 };
 pub use model::Model;
 pub use ops::supported_op_types;
+pub use signature::{Dim, ValueSpec};
 
 #[cfg(test)]
 mod tests;

@@ -26,6 +26,7 @@ mod primitives;
 mod rnn;
 mod runtime;
 mod schedule;
+mod session;
 mod small_ints;
 mod text_format;
 mod verify;

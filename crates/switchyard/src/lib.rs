@@ -1,0 +1,573 @@
+//! # switchyard
+//!
+//! switchyard as a library: the crate a program depends on to run a model.
+//! A [`Session`] holds an ONNX model (or a trace), the executors a config
+//! chooses and their kernels; [`Session::run`] takes tensors by input name
+//! and gives the outputs by name.
+//!
+//! ```
+//! use switchyard::{Session, SessionOptions, Tensor};
+//! # let dir = std::env::temp_dir().join(format!("switchyard-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir).unwrap();
+//! # let path = dir.join("double.trace");
+//! # std::fs::write(&path, "input x: f32[2, 3]\ny = mul(x, 2.0)\noutput y\n").unwrap();
+//! let session = Session::from_trace(&path, &SessionOptions::default())?;
+//! assert_eq!(session.inputs()[0].to_string(), "x: f32[2, 3]");
+//! let x = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], &[2, 3])?;
+//! let outputs = session.run(&[("x", x)])?;
+//! assert_eq!(outputs[0].0, "y");
+//! assert_eq!(outputs[0].1.to_vec::<f32>().unwrap(), vec![2., 4., 6., 8., 10., 12.]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **Shapes that change between calls.** A model whose inputs have
+//! symbolic dims (`batch`, `sequence`) is read once. Each new signature of
+//! the input shapes (and of the values of inputs the import needs, such as
+//! a shape fed as an input) is imported, planned and compiled on its first
+//! run and kept, least recently used out past
+//! [`SessionOptions::shapes_kept`]; later runs of that signature plan
+//! nothing. [`Session::stats`] says how many were compiled and what they
+//! cost. A model whose shapes depend on the values of its data (NonZero,
+//! a TopK whose `k` is computed) runs stage by stage, as `switchyard run`
+//! runs it: the part before such a node, then the rest planned for the
+//! values it gave, each stage kept for runs that meet the same values.
+//!
+//! The executors are those linked into this crate (the fallback, the
+//! fuser, gemm, conv, rnn, and cuBLAS and cuDNN where a GPU is found) and
+//! the plugins the config or [`SessionOptions::plugins`] name.
+#![deny(missing_docs)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use switchyard_core::Trace;
+use switchyard_core::autotune::Mode;
+use switchyard_core::cache::KernelCache;
+use switchyard_core::config::{Choices, Config};
+use switchyard_core::ir::ValueId;
+use switchyard_core::pipeline::Planner;
+use switchyard_core::plugin::LoadedPlugin;
+use switchyard_core::runtime::{CompiledPlan, RunOptions};
+use switchyard_onnx::{ImportOptions, Imported, Model, StagedRunner};
+
+pub use switchyard_core::{DType, Device, Tensor};
+pub use switchyard_onnx::{Dim, ValueSpec};
+
+/// What can go wrong, by where.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Planning, compiling or running, or a bad tensor or config.
+    #[error(transparent)]
+    Core(#[from] switchyard_core::Error),
+    /// Reading or importing the model.
+    #[error(transparent)]
+    Onnx(#[from] switchyard_onnx::Error),
+    /// A plugin that was asked for and could not be loaded.
+    #[error("{0}")]
+    Plugin(String),
+    /// A file that could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The tensors given to a run.
+    #[error("input `{input}`: {message}")]
+    Input {
+        /// The input's name.
+        input: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// The crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a session plans and runs. The default is what the CLI does with no
+/// flags: the default config, every linked executor, this machine's cores.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// A config file (TOML, as `--config` takes); `None`: the defaults.
+    pub config: Option<PathBuf>,
+    /// The executors to use, comma-separated, in order of preference (as
+    /// `--executors`); `None`: the config's.
+    pub executors: Option<String>,
+    /// Threads for the kernels' pool; `None`: the config's, or every core.
+    /// The pool is the process's: the first session to size it sizes it.
+    pub threads: Option<usize>,
+    /// Host bytes a plan may peak at, below what the machine has; `None`:
+    /// the config's.
+    pub memory_limit: Option<usize>,
+    /// The autotune mode; `None`: the config's.
+    pub autotune: Option<Mode>,
+    /// Plugin libraries to load besides the config's.
+    pub plugins: Vec<PathBuf>,
+    /// Compiled input-shape signatures kept at once (at least 1).
+    pub shapes_kept: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> SessionOptions {
+        SessionOptions {
+            config: None,
+            executors: None,
+            threads: None,
+            memory_limit: None,
+            autotune: None,
+            plugins: Vec::new(),
+            shapes_kept: 16,
+        }
+    }
+}
+
+/// What a session's compiles have cost so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SessionStats {
+    /// Runs made.
+    pub runs: u64,
+    /// Input-shape signatures imported, planned and compiled.
+    pub compiles: u64,
+    /// Time those took, in all.
+    pub compile_time: Duration,
+    /// Of `runs`, those that found their signature compiled.
+    pub reused: u64,
+}
+
+/// One compiled signature.
+struct Compiled {
+    /// The input shapes it was made for, by name.
+    shapes: Vec<(String, Vec<usize>)>,
+    /// Inputs whose values the import needed, fixed to these.
+    fixed: Vec<(String, Tensor)>,
+    plan: CompiledPlan,
+    binding: Binding,
+}
+
+/// How a run's tensors become the plan's inputs.
+enum Binding {
+    /// Through the import: weights and graph inputs by ONNX name.
+    Onnx(Box<Imported>),
+    /// A trace's inputs in order, each fed by its name or bound to a
+    /// constant.
+    Trace(Vec<(String, Option<Tensor>)>),
+}
+
+/// What a session was made from.
+enum Source {
+    Onnx(Box<Model>),
+    Trace {
+        trace: Trace,
+        constants: Vec<(String, Tensor)>,
+    },
+}
+
+/// A model (or trace) ready to run on tensors by name, planned and
+/// compiled once per input-shape signature. Runs may come from several
+/// threads at once.
+pub struct Session {
+    source: Source,
+    inputs: Vec<ValueSpec>,
+    outputs: Vec<ValueSpec>,
+    planner: Planner,
+    /// Plugins that may fail to compile a kernel (set aside then).
+    may_fail: Vec<String>,
+    /// Holds the plugins' libraries for the session's life.
+    _plugins: Vec<LoadedPlugin>,
+    cache: KernelCache,
+    memory_limit: Option<usize>,
+    kept: usize,
+    /// Least recently used first.
+    compiled: Mutex<Vec<Arc<Compiled>>>,
+    /// Set once the model is found to need stages: its runs go through
+    /// `stages` from then on.
+    staged: AtomicBool,
+    stages: Mutex<StagedRunner<CompiledPlan>>,
+    stats: Mutex<SessionStats>,
+}
+
+/// Compiled stages a staged session keeps.
+const STAGES_KEPT: usize = 32;
+
+impl Session {
+    /// A session for the ONNX model at `path`.
+    pub fn from_onnx(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Session> {
+        let model = Model::load(path.as_ref())?;
+        let inputs = model.inputs()?;
+        let outputs = model.outputs()?;
+        Session::new(Source::Onnx(Box::new(model)), inputs, outputs, options)
+    }
+
+    /// A session for the trace in `path` (the text format, or JSON for a
+    /// `.json` file); every trace input is fed by name.
+    pub fn from_trace(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Session> {
+        let path = path.as_ref();
+        let text = switchyard_core::io::read_regular_text(path, switchyard_core::io::MAX_TRACE_FILE_BYTES)
+            .map_err(|source| Error::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let name = path.display().to_string();
+        let trace = match path.extension().is_some_and(|e| e == "json") {
+            true => Trace::from_json(&text)?,
+            false => switchyard_core::text::parse_named(&text, Some(&name))?,
+        };
+        Session::from_trace_with(trace, Vec::new(), options)
+    }
+
+    /// A session for `trace`, with `constants` bound to the trace inputs of
+    /// their names (a model's weights, as `import` writes them): those are
+    /// not fed, and their kernels prepare them at compile time.
+    pub fn from_trace_with(
+        trace: Trace,
+        constants: Vec<(String, Tensor)>,
+        options: &SessionOptions,
+    ) -> Result<Session> {
+        let spec = |v: ValueId| {
+            let m = trace.meta(v);
+            ValueSpec {
+                name: trace.value(v).name.clone(),
+                dtype: m.dtype,
+                dims: Some(m.shape.iter().map(|&d| Dim::Fixed(d)).collect()),
+            }
+        };
+        for (name, t) in &constants {
+            let v = trace_input(&trace, name).ok_or_else(|| Error::Input {
+                input: name.clone(),
+                message: "a constant was given for it, but the trace has no input of this name".into(),
+            })?;
+            t.check_meta(name, trace.meta(v))?;
+        }
+        let fed = |v: &ValueId| !constants.iter().any(|(n, _)| *n == trace.value(*v).name);
+        let inputs = trace.inputs.iter().filter(|v| fed(v)).map(|&v| spec(v)).collect();
+        let outputs = trace.outputs.iter().map(|&v| spec(v)).collect();
+        Session::new(Source::Trace { trace, constants }, inputs, outputs, options)
+    }
+
+    fn new(
+        source: Source,
+        inputs: Vec<ValueSpec>,
+        outputs: Vec<ValueSpec>,
+        options: &SessionOptions,
+    ) -> Result<Session> {
+        link_builtin_executors();
+        let mut config = match &options.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        if options.threads.is_some() {
+            config.threads = options.threads;
+        }
+        switchyard_core::threads::configure(config.threads)?;
+        let (plugins, failed) =
+            switchyard_plugin_host::load_configured_with(&config, &options.plugins, false);
+        let required: Vec<String> = failed
+            .iter()
+            .filter(|f| !f.optional)
+            .map(|f| f.error.to_string())
+            .collect();
+        for f in failed.iter().filter(|f| f.optional) {
+            tracing::warn!("{} (optional: skipped)", f.error);
+        }
+        if !required.is_empty() {
+            return Err(Error::Plugin(required.join("\n")));
+        }
+        let choices = Choices {
+            executors: options.executors.clone(),
+            autotune: options.autotune,
+            ..Choices::default()
+        };
+        let mut planner = config.planner(&choices, &plugins)?;
+        let memory_limit = options.memory_limit.or(config.memory_limit_bytes());
+        planner.memory_limit = memory_limit;
+        Ok(Session {
+            source,
+            inputs,
+            outputs,
+            planner,
+            may_fail: plugins.iter().map(|p| p.executor.info().name).collect(),
+            _plugins: plugins,
+            cache: KernelCache::new(config.cache.capacity),
+            memory_limit,
+            kept: options.shapes_kept.max(1),
+            compiled: Mutex::new(Vec::new()),
+            staged: AtomicBool::new(false),
+            stages: Mutex::new(StagedRunner::new(STAGES_KEPT).with_memory_limit(memory_limit)),
+            stats: Mutex::new(SessionStats::default()),
+        })
+    }
+
+    /// The inputs a run feeds, with their declared dims.
+    pub fn inputs(&self) -> &[ValueSpec] {
+        &self.inputs
+    }
+
+    /// The outputs a run gives, in this order.
+    pub fn outputs(&self) -> &[ValueSpec] {
+        &self.outputs
+    }
+
+    /// What the session's compiles have cost so far.
+    pub fn stats(&self) -> SessionStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs on `feeds` (every input, by name) and gives every output by
+    /// name, in [`Session::outputs`]' order. A signature of input shapes
+    /// not seen before is planned and compiled first.
+    pub fn run(&self, feeds: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        let mut by_name: HashMap<String, Tensor> = HashMap::with_capacity(feeds.len());
+        for (name, t) in feeds {
+            if !self.inputs.iter().any(|i| i.name == *name) {
+                let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+                return Err(Error::Input {
+                    input: name.to_string(),
+                    message: format!(
+                        "the model has no input of this name (inputs: {})",
+                        known.join(", ")
+                    ),
+                });
+            }
+            if by_name.insert(name.to_string(), t.clone()).is_some() {
+                return Err(Error::Input {
+                    input: name.to_string(),
+                    message: "given twice".into(),
+                });
+            }
+        }
+        if let Some(missing) = self.inputs.iter().find(|i| !by_name.contains_key(&i.name)) {
+            return Err(Error::Input {
+                input: missing.name.clone(),
+                message: format!("no tensor was given for it; it is {missing}"),
+            });
+        }
+        if !self.staged.load(Ordering::Relaxed) {
+            match self.compiled_for(&by_name) {
+                Ok(compiled) => return self.run_compiled(&compiled, &by_name),
+                // A value computed from data decides shapes: stages.
+                Err(Error::Onnx(switchyard_onnx::Error::NeedsValue { .. })) => {
+                    self.staged.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.run_staged(&by_name)
+    }
+
+    fn run_compiled(
+        &self,
+        compiled: &Compiled,
+        by_name: &HashMap<String, Tensor>,
+    ) -> Result<Vec<(String, Tensor)>> {
+        let inputs = match &compiled.binding {
+            Binding::Onnx(imported) => imported.bind_inputs(by_name)?,
+            Binding::Trace(inputs) => bind_trace(&compiled.plan, inputs, by_name)?,
+        };
+        let result = compiled.plan.run(&inputs, RunOptions::default())?;
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).runs += 1;
+        Ok(self
+            .outputs
+            .iter()
+            .map(|o| o.name.clone())
+            .zip(result.outputs)
+            .collect())
+    }
+
+    /// A run stage by stage; runs of a staged session take turns.
+    fn run_staged(&self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
+        let Source::Onnx(model) = &self.source else {
+            unreachable!("only an ONNX import needs values");
+        };
+        let mut spent = Duration::ZERO;
+        let mut compile = |imported: &Imported| -> std::result::Result<CompiledPlan, String> {
+            let t0 = Instant::now();
+            let plan = self
+                .plan_and_prepare(&imported.trace, imported.weights.clone())
+                .map_err(|e| e.to_string());
+            spent += t0.elapsed();
+            plan
+        };
+        let mut exec = |_: &Imported, plan: &CompiledPlan, inputs: Vec<Tensor>| {
+            plan.run(&inputs, RunOptions::default())
+                .map(|r| r.outputs)
+                .map_err(|e| e.to_string())
+        };
+        let run = self.stages.lock().unwrap_or_else(|e| e.into_inner()).run(
+            model,
+            feeds,
+            &mut compile,
+            &mut exec,
+        )?;
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.runs += 1;
+        stats.compiles += run.compiled as u64;
+        stats.compile_time += spent;
+        if run.compiled == 0 {
+            stats.reused += 1;
+        }
+        Ok(run.outputs)
+    }
+
+    /// The compiled signature of `feeds`, compiled now if it is new.
+    fn compiled_for(&self, feeds: &HashMap<String, Tensor>) -> Result<Arc<Compiled>> {
+        let shapes: Vec<(String, Vec<usize>)> = self
+            .inputs
+            .iter()
+            .map(|i| (i.name.clone(), feeds[&i.name].shape().to_vec()))
+            .collect();
+        {
+            let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+            let found = kept
+                .iter()
+                .position(|c| c.shapes == shapes && c.fixed.iter().all(|(n, t)| same_values(t, &feeds[n])));
+            if let Some(i) = found {
+                let c = kept.remove(i);
+                kept.push(Arc::clone(&c));
+                self.stats.lock().unwrap_or_else(|e| e.into_inner()).reused += 1;
+                return Ok(c);
+            }
+        }
+        let t0 = Instant::now();
+        let compiled = Arc::new(self.compile(shapes, feeds)?);
+        let spent = t0.elapsed();
+        tracing::debug!(?spent, "compiled a new input-shape signature");
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.compiles += 1;
+            stats.compile_time += spent;
+        }
+        let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= self.kept {
+            kept.remove(0);
+        }
+        kept.push(Arc::clone(&compiled));
+        Ok(compiled)
+    }
+
+    fn compile(
+        &self,
+        shapes: Vec<(String, Vec<usize>)>,
+        feeds: &HashMap<String, Tensor>,
+    ) -> Result<Compiled> {
+        let (trace, binding, fixed, constants) = match &self.source {
+            Source::Onnx(model) => {
+                let options = ImportOptions {
+                    memory_limit: self.memory_limit,
+                    ..ImportOptions::default()
+                };
+                let (imported, fixed) = switchyard_onnx::import_for(model, feeds, &options)?;
+                let fixed: Vec<(String, Tensor)> = fixed
+                    .into_iter()
+                    .map(|n| (n.clone(), feeds[&n].clone()))
+                    .collect();
+                let constants = imported.weights.clone();
+                (
+                    imported.trace.clone(),
+                    Binding::Onnx(Box::new(imported)),
+                    fixed,
+                    constants,
+                )
+            }
+            Source::Trace { trace, constants } => {
+                let inputs: Vec<(String, Option<Tensor>)> = trace
+                    .inputs
+                    .iter()
+                    .map(|&v| {
+                        let name = &trace.value(v).name;
+                        let constant = constants.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone());
+                        (name.clone(), constant)
+                    })
+                    .collect();
+                let constants: Vec<(ValueId, Tensor)> = constants
+                    .iter()
+                    .map(|(n, t)| (trace_input(trace, n).expect("checked when made"), t.clone()))
+                    .collect();
+                (trace.clone(), Binding::Trace(inputs), Vec::new(), constants)
+            }
+        };
+        let plan = self.plan_and_prepare(&trace, constants)?;
+        Ok(Compiled {
+            shapes,
+            fixed,
+            plan,
+            binding,
+        })
+    }
+}
+
+/// Keeps the built-in executors and device layers linked into the
+/// program: their `inventory` registrations are kept by the linker only in
+/// crates something refers to. A session calls it; a program that plans
+/// through `switchyard_core` directly calls it once first.
+pub fn link_builtin_executors() {
+    let _ = std::hint::black_box(switchyard_exec_fallback::FallbackExecutor);
+    let _ = std::hint::black_box(switchyard_exec_fuser::FuserExecutor);
+    let _ = std::hint::black_box(switchyard_exec_conv::ConvExecutor);
+    let _ = std::hint::black_box(switchyard_exec_gemm::GemmExecutor);
+    let _ = std::hint::black_box(switchyard_exec_rnn::RnnExecutor);
+    let _ = std::hint::black_box(switchyard_exec_cublas::CublasExecutor);
+    let _ = std::hint::black_box(switchyard_exec_cudnn::CudnnExecutor);
+    let _ = std::hint::black_box(switchyard_cuda::layer::CudaTransfer);
+}
+
+impl Session {
+    /// `trace` planned and compiled, with `constants` (by the trace's
+    /// values) prepared by its kernels.
+    fn plan_and_prepare(&self, trace: &Trace, constants: Vec<(ValueId, Tensor)>) -> Result<CompiledPlan> {
+        let (mut plan, set_aside) = self.planner.compile(trace, &self.cache, &self.may_fail)?;
+        for why in set_aside {
+            tracing::warn!("{why}");
+        }
+        // The plan's trace keeps the inputs in order, under values of its
+        // own numbering.
+        let planned = &plan.plan().trace.inputs;
+        let constants: Vec<(ValueId, Tensor)> = constants
+            .into_iter()
+            .filter_map(|(v, t)| trace.inputs.iter().position(|&i| i == v).map(|k| (planned[k], t)))
+            .collect();
+        plan.prepare_constants(&constants)?;
+        Ok(plan)
+    }
+}
+
+/// The trace input named `name`.
+fn trace_input(trace: &Trace, name: &str) -> Option<ValueId> {
+    trace
+        .inputs
+        .iter()
+        .copied()
+        .find(|&v| trace.value(v).name == name)
+}
+
+/// Every input of `plan`'s trace, in order: a constant, or the fed tensor
+/// of its name, checked against its dtype and shape.
+fn bind_trace(
+    plan: &CompiledPlan,
+    inputs: &[(String, Option<Tensor>)],
+    feeds: &HashMap<String, Tensor>,
+) -> Result<Vec<Tensor>> {
+    let trace = &plan.plan().trace;
+    inputs
+        .iter()
+        .zip(&trace.inputs)
+        .map(|((name, constant), &v)| match constant {
+            Some(t) => Ok(t.clone()),
+            None => {
+                let t = &feeds[name];
+                t.check_meta(name, trace.meta(v))?;
+                Ok(t.clone())
+            }
+        })
+        .collect()
+}
+
+/// Whether two tensors hold the same values (of an input the import
+/// fixed: a shape, axes).
+fn same_values(a: &Tensor, b: &Tensor) -> bool {
+    a.dtype() == b.dtype() && a.shape() == b.shape() && a.to_f64_vec().ok() == b.to_f64_vec().ok()
+}

@@ -1,0 +1,322 @@
+//! The library's `Session`: inputs and outputs as declared, runs by name,
+//! one compile per input-shape signature, the fallback as the oracle, and
+//! errors that name the input.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use switchyard::{Dim, Session, SessionOptions, Tensor};
+use switchyard_core::DType;
+use switchyard_onnx::Model;
+use switchyard_onnx::builder::{Dim as B, ModelBuilder, attr_int};
+use switchyard_tests::assert_close;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// y = softmax(x * w) over rows of 3, x of a symbolic batch.
+fn softmax_model() -> PathBuf {
+    let mut b = ModelBuilder::new("sm", 18);
+    b.input("x", DType::F32, &[B::from("batch"), B::Fixed(3)])
+        .initializer("w", &Tensor::from_vec(vec![1f32, 2., 3.], &[3]).unwrap())
+        .unwrap()
+        .node("Mul", &["x", "w"], &["m"], vec![])
+        .node("Softmax", &["m"], &["y"], vec![attr_int("axis", -1)])
+        .output("y", DType::F32, &[B::from("batch"), B::Fixed(3)]);
+    let path = scratch("softmax.onnx");
+    Model::save(&b.build(), &path).unwrap();
+    path
+}
+
+fn softmax_of(x: &[f32]) -> Vec<f64> {
+    x.chunks(3)
+        .flat_map(|r| {
+            let m: Vec<f64> = r
+                .iter()
+                .zip([1.0, 2.0, 3.0])
+                .map(|(&a, w)| a as f64 * w)
+                .collect();
+            let top = m.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = m.iter().map(|v| (v - top).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(move |v| v / s)
+        })
+        .collect()
+}
+
+fn rows(batch: usize, seed: f32) -> Tensor {
+    let v: Vec<f32> = (0..batch * 3).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+    Tensor::from_vec(v, &[batch, 3]).unwrap()
+}
+
+#[test]
+fn a_model_with_a_symbolic_batch_compiles_once_per_shape_and_reuses_it() {
+    let s = Session::from_onnx(softmax_model(), &SessionOptions::default()).unwrap();
+    assert_eq!(s.inputs().len(), 1, "the initializer is not an input");
+    assert_eq!(s.inputs()[0].to_string(), "x: f32[batch, 3]");
+    assert_eq!(
+        s.outputs()[0].dims,
+        Some(vec![Dim::Symbol("batch".into()), Dim::Fixed(3)])
+    );
+    for (batch, seed, compiles) in [(2, 0.0, 1), (2, 1.0, 1), (5, 2.0, 2), (2, 3.0, 2), (5, 4.0, 2)] {
+        let x = rows(batch, seed);
+        let out = s.run(&[("x", x.clone())]).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, "y");
+        assert_eq!(out[0].1.shape(), &[batch, 3]);
+        assert_close(&out[0].1, &softmax_of(&x.to_vec::<f32>().unwrap()), 1e-6);
+        assert_eq!(s.stats().compiles, compiles, "batch {batch}");
+    }
+    let stats = s.stats();
+    assert_eq!((stats.runs, stats.reused), (5, 3));
+    assert!(stats.compile_time > std::time::Duration::ZERO);
+}
+
+#[test]
+fn signatures_past_the_kept_count_are_compiled_again() {
+    let options = SessionOptions {
+        shapes_kept: 1,
+        ..SessionOptions::default()
+    };
+    let s = Session::from_onnx(softmax_model(), &options).unwrap();
+    for batch in [1, 2, 1, 2] {
+        s.run(&[("x", rows(batch, 0.5))]).unwrap();
+    }
+    assert_eq!(s.stats().compiles, 4);
+}
+
+#[test]
+fn a_model_runs_as_on_the_fallback_alone() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/models/mlp.onnx");
+    let default = Session::from_onnx(&path, &SessionOptions::default()).unwrap();
+    let oracle = Session::from_onnx(
+        &path,
+        &SessionOptions {
+            executors: Some("fallback".into()),
+            ..SessionOptions::default()
+        },
+    )
+    .unwrap();
+    let spec = &default.inputs()[0];
+    let shape: Vec<usize> = spec
+        .dims
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => *n,
+            _ => 3,
+        })
+        .collect();
+    let n: usize = shape.iter().product();
+    let x = Tensor::from_vec(
+        (0..n).map(|i| (i as f32 * 0.01).cos()).collect::<Vec<f32>>(),
+        &shape,
+    )
+    .unwrap();
+    let want = oracle.run(&[(spec.name.as_str(), x.clone())]).unwrap();
+    let got = default.run(&[(spec.name.as_str(), x)]).unwrap();
+    assert_eq!(got.len(), want.len());
+    for ((gn, g), (wn, w)) in got.iter().zip(&want) {
+        assert_eq!(gn, wn);
+        assert_close(g, &w.to_f64_vec().unwrap(), 1e-4);
+    }
+}
+
+#[test]
+fn runs_from_several_threads_share_one_session() {
+    let s = Arc::new(Session::from_onnx(softmax_model(), &SessionOptions::default()).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                for k in 0..20 {
+                    let x = rows(1 + (t + k) % 3, t as f32 + k as f32);
+                    let out = s.run(&[("x", x.clone())]).unwrap();
+                    assert_close(&out[0].1, &softmax_of(&x.to_vec::<f32>().unwrap()), 1e-6);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = s.stats();
+    assert_eq!(stats.runs, 160);
+    // Three shapes; threads that met a new one together may each compile it.
+    assert!((3..=24).contains(&stats.compiles), "{stats:?}");
+}
+
+#[test]
+fn a_trace_with_constants_feeds_only_the_rest() {
+    let trace =
+        switchyard_core::text::parse("input x: f32[2, 2]\ninput w: f32[2, 2]\ny = matmul(x, w)\noutput y\n")
+            .unwrap();
+    let w = Tensor::from_vec(vec![1f32, 0., 0., 2.], &[2, 2]).unwrap();
+    let s = Session::from_trace_with(trace, vec![("w".into(), w)], &SessionOptions::default()).unwrap();
+    let names: Vec<&str> = s.inputs().iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["x"]);
+    let x = Tensor::from_vec(vec![1f32, 2., 3., 4.], &[2, 2]).unwrap();
+    let out = s.run(&[("x", x)]).unwrap();
+    assert_eq!(out[0].1.to_vec::<f32>().unwrap(), vec![1., 4., 3., 8.]);
+    let e = Session::from_trace_with(
+        switchyard_core::text::parse("input x: f32[2]\ny = exp(x)\noutput y\n").unwrap(),
+        vec![("v".into(), Tensor::from_vec(vec![1f32], &[1]).unwrap())],
+        &SessionOptions::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("input `v`: a constant was given for it, but the trace has no input"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_feeds_are_errors_that_name_the_input() {
+    let s = Session::from_onnx(softmax_model(), &SessionOptions::default()).unwrap();
+    let err = |feeds: &[(&str, Tensor)]| s.run(feeds).err().unwrap().to_string();
+    let e = err(&[("z", rows(2, 0.0))]);
+    assert!(
+        e.contains("input `z`: the model has no input of this name (inputs: x)"),
+        "{e}"
+    );
+    let e = err(&[]);
+    assert!(
+        e.contains("input `x`: no tensor was given for it; it is x: f32[batch, 3]"),
+        "{e}"
+    );
+    let e = err(&[("x", rows(2, 0.0)), ("x", rows(2, 0.0))]);
+    assert!(e.contains("input `x`: given twice"), "{e}");
+    let e = err(&[("x", Tensor::from_vec(vec![1f64; 6], &[2, 3]).unwrap())]);
+    assert!(e.contains("x") && e.contains("f64"), "{e}");
+    let e = err(&[("x", Tensor::from_vec(vec![1f32; 6], &[3, 2]).unwrap())]);
+    assert!(e.contains("x"), "{e}");
+    let e = Session::from_onnx(scratch("missing.onnx"), &SessionOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("missing.onnx"), "{e}");
+}
+
+/// The greedy generation loop of `gpt2-kv-decode/generate.json` through one
+/// session: the prompt, then 63 single-token steps whose past keys and
+/// values grow by one each, the same tokens as ONNX Runtime gave and each
+/// step's largest logit within 1e-4.
+#[test]
+fn a_decoder_generates_the_reference_tokens_with_its_cache_growing() {
+    let Some(dir) = switchyard_tests::shared_data("onnx/models/gpt2-kv-decode") else {
+        return;
+    };
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("generate.json")).unwrap()).unwrap();
+    let ints = |key: &str| -> Vec<i64> {
+        reference[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect()
+    };
+    let (prompt, generated) = (ints("prompt"), ints("generated"));
+    let logits_max: Vec<f64> = reference["logits_max"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let s = Session::from_onnx(dir.join("model.onnx"), &SessionOptions::default()).unwrap();
+    let past_names: Vec<String> = s
+        .inputs()
+        .iter()
+        .map(|i| i.name.clone())
+        .filter(|n| n.starts_with("past_key_values."))
+        .collect();
+    let i64s = |v: Vec<i64>| {
+        let n = v.len();
+        Tensor::from_vec(v, &[1, n]).unwrap()
+    };
+    let mut past: Vec<Tensor> = past_names
+        .iter()
+        .map(|_| Tensor::from_vec(Vec::<f32>::new(), &[1, 4, 0, 16]).unwrap())
+        .collect();
+    let mut tokens = prompt.clone();
+    let mut got = Vec::new();
+    for (step, &want_max) in logits_max.iter().enumerate().take(generated.len()) {
+        let past_len = past[0].shape()[2];
+        let ids = match step {
+            0 => prompt.clone(),
+            _ => vec![*tokens.last().unwrap()],
+        };
+        let positions: Vec<i64> = (past_len as i64..(past_len + ids.len()) as i64).collect();
+        let mut feeds: Vec<(&str, Tensor)> = vec![
+            ("input_ids", i64s(ids.clone())),
+            ("attention_mask", i64s(vec![1; past_len + ids.len()])),
+            ("position_ids", i64s(positions)),
+        ];
+        for (name, t) in past_names.iter().zip(&past) {
+            feeds.push((name.as_str(), t.clone()));
+        }
+        let out = s.run(&feeds).unwrap();
+        let logits = &out.iter().find(|(n, _)| n == "logits").unwrap().1;
+        let vocab = *logits.shape().last().unwrap();
+        let row: Vec<f32> = logits.to_vec::<f32>().unwrap();
+        let last = &row[row.len() - vocab..];
+        let (best, max) =
+            last.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |(b, m), (i, &v)| if v > m { (i, v) } else { (b, m) },
+            );
+        assert!(
+            (max as f64 - want_max).abs() < 1e-4,
+            "step {step}: largest logit {max}, reference {want_max}"
+        );
+        got.push(best as i64);
+        tokens.push(best as i64);
+        past = past_names
+            .iter()
+            .map(|n| {
+                let present = n.replace("past_key_values", "present");
+                out.iter().find(|(o, _)| *o == present).unwrap().1.clone()
+            })
+            .collect();
+    }
+    assert_eq!(got, generated);
+    // One signature per past length (0, 8, 9, ..., 70): planned per shape
+    // until plans serve every length.
+    assert_eq!(s.stats().compiles, generated.len() as u64);
+}
+
+#[test]
+fn a_model_whose_shapes_depend_on_its_data_runs_in_stages() {
+    // y = x[nonzero(relu(x))]: how many elements y has depends on x.
+    let mut b = ModelBuilder::new("nz", 17);
+    b.input("x", DType::F32, &[B::Fixed(6)])
+        .initializer("flat", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
+        .unwrap()
+        .node("Relu", &["x"], &["r"], vec![])
+        .node("NonZero", &["r"], &["nz"], vec![])
+        .node("Reshape", &["nz", "flat"], &["idx"], vec![])
+        .node("Gather", &["x", "idx"], &["y"], vec![])
+        .output("y", DType::F32, &[B::from("k")]);
+    let path = scratch("nonzero.onnx");
+    Model::save(&b.build(), &path).unwrap();
+    let s = Session::from_onnx(&path, &SessionOptions::default()).unwrap();
+    let run = |v: Vec<f32>| {
+        let out = s.run(&[("x", Tensor::from_vec(v, &[6]).unwrap())]).unwrap();
+        assert_eq!(out[0].0, "y");
+        out[0].1.to_vec::<f32>().unwrap()
+    };
+    assert_eq!(run(vec![1.5, -2., 0., 4., -1., 0.5]), vec![1.5, 4., 0.5]);
+    assert_eq!(s.stats().compiles, 2, "the part before the cut, and the rest");
+    // As many nonzeros: the stages are reused.
+    assert_eq!(run(vec![-1., 2., 3., 0., 7., 0.]), vec![2., 3., 7.]);
+    assert_eq!(s.stats().compiles, 2);
+    assert_eq!(run(vec![1., 1., 0., 0., 0., 0.]), vec![1., 1.]);
+    let stats = s.stats();
+    assert_eq!((stats.runs, stats.reused, stats.compiles), (3, 1, 3));
+}
