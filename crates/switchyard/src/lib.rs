@@ -53,6 +53,9 @@ use switchyard_core::plugin::LoadedPlugin;
 use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_onnx::{ImportOptions, Imported, Model, StagedRunner};
 
+#[cfg(feature = "ndarray")]
+pub mod array;
+
 pub use switchyard_core::{DType, Device, Tensor};
 pub use switchyard_onnx::{Dim, ValueSpec};
 

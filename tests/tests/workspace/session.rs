@@ -320,3 +320,34 @@ fn a_model_whose_shapes_depend_on_its_data_runs_in_stages() {
     let stats = s.stats();
     assert_eq!((stats.runs, stats.reused, stats.compiles), (3, 1, 3));
 }
+
+#[test]
+fn arrays_go_in_and_come_out_without_copies_where_their_layout_allows() {
+    use switchyard::array::{as_array, from_array};
+    // A row-major array is the tensor's buffer itself.
+    let a = ndarray::Array2::from_shape_fn((4, 3), |(i, j)| (i * 3 + j) as f32 * 0.25);
+    let owned = a.clone();
+    let at = owned.as_ptr();
+    let x = from_array(owned).unwrap();
+    assert_eq!(x.shape(), &[4, 3]);
+    assert_eq!(x.contiguous_data::<f32>().unwrap().as_ptr(), at, "no copy");
+    // A transposed one is copied into row-major order.
+    let t = from_array(a.clone().reversed_axes()).unwrap();
+    assert_eq!(t.shape(), &[3, 4]);
+    assert_eq!(t.to_vec::<f32>().unwrap()[..4], [0.0, 0.75, 1.5, 2.25]);
+    // Out: a view of the tensor's own buffer, strided views included.
+    let v = as_array::<f32>(&x).unwrap();
+    assert_eq!(v.as_ptr(), at);
+    assert_eq!(v, a.clone().into_dyn());
+    let strided = x.view(vec![3, 4], vec![1, 3], 0).unwrap();
+    assert_eq!(as_array::<f32>(&strided).unwrap(), a.t().into_dyn());
+    assert!(as_array::<f64>(&x).is_none(), "another element type");
+    // Through a session: softmax rows of an array.
+    let s = Session::from_onnx(softmax_model(), &SessionOptions::default()).unwrap();
+    let out = s.run(&[("x", from_array(a.clone()).unwrap())]).unwrap();
+    let y = as_array::<f32>(&out[0].1).unwrap();
+    let want = softmax_of(a.as_slice().unwrap());
+    for (g, w) in y.iter().zip(&want) {
+        assert!((*g as f64 - w).abs() < 1e-6, "{g} {w}");
+    }
+}
