@@ -294,3 +294,20 @@ pub fn concurrent_runs_match_single_runs(
         }
     });
 }
+
+/// Saves at `path` the model `y = x[nonzero(relu(x))]` over 6 values, `y`
+/// of symbolic length `k`: how many elements `y` has depends on `x`, so
+/// the program is cut before the NonZero and run in stages.
+pub fn save_nonzero_model(path: &std::path::Path) {
+    use switchyard_onnx::builder::{Dim, ModelBuilder};
+    let mut b = ModelBuilder::new("nz", 17);
+    b.input("x", switchyard_core::DType::F32, &[Dim::Fixed(6)])
+        .initializer("flat", &Tensor::from_vec(vec![-1i64], &[1]).expect("a shape"))
+        .expect("an initializer")
+        .node("Relu", &["x"], &["r"], vec![])
+        .node("NonZero", &["r"], &["nz"], vec![])
+        .node("Reshape", &["nz", "flat"], &["idx"], vec![])
+        .node("Gather", &["x", "idx"], &["y"], vec![])
+        .output("y", switchyard_core::DType::F32, &[Dim::from("k")]);
+    switchyard_onnx::model::Model::save(&b.build(), path).expect("the model is written");
+}

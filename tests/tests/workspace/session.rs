@@ -293,18 +293,8 @@ fn a_decoder_generates_the_reference_tokens_with_its_cache_growing() {
 
 #[test]
 fn a_model_whose_shapes_depend_on_its_data_runs_in_stages() {
-    // y = x[nonzero(relu(x))]: how many elements y has depends on x.
-    let mut b = ModelBuilder::new("nz", 17);
-    b.input("x", DType::F32, &[B::Fixed(6)])
-        .initializer("flat", &Tensor::from_vec(vec![-1i64], &[1]).unwrap())
-        .unwrap()
-        .node("Relu", &["x"], &["r"], vec![])
-        .node("NonZero", &["r"], &["nz"], vec![])
-        .node("Reshape", &["nz", "flat"], &["idx"], vec![])
-        .node("Gather", &["x", "idx"], &["y"], vec![])
-        .output("y", DType::F32, &[B::from("k")]);
     let path = scratch("nonzero.onnx");
-    Model::save(&b.build(), &path).unwrap();
+    switchyard_tests::save_nonzero_model(&path);
     let s = Session::from_onnx(&path, &SessionOptions::default()).unwrap();
     let run = |v: Vec<f32>| {
         let out = s.run(&[("x", Tensor::from_vec(v, &[6]).unwrap())]).unwrap();
