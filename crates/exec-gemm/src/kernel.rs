@@ -41,6 +41,9 @@ pub(crate) struct GemmKernel {
     pub(crate) form: Form,
     /// The elementwise ops that finish the product (none: the product).
     pub(crate) epilogue: Epilogue,
+    /// The kernel inputs `epilogue` reads ([`Epilogue::inputs`]), and
+    /// whether it reads one value per column: worked out once, not per run.
+    pub(crate) epilogue_reads: (Vec<usize>, bool),
     pub(crate) out_shape: Vec<usize>,
     /// The depth of the product (`A`'s columns).
     pub(crate) k: usize,
@@ -360,10 +363,7 @@ impl Kernel for GemmKernel {
         // The inputs the epilogue reads, dense; the others are not looked at
         // (and nothing is gathered for a product alone).
         let finishing = !self.epilogue.steps.is_empty();
-        let read = match finishing {
-            true => self.epilogue.inputs(),
-            false => Vec::new(),
-        };
+        let (read, by_column) = &self.epilogue_reads;
         let dense: Vec<(usize, std::borrow::Cow<Tensor>)> = read
             .iter()
             .map(|&i| dense(inputs[i]).map(|t| (i, t)))
@@ -387,6 +387,7 @@ impl Kernel for GemmKernel {
             finish: finishing.then(|| Finisher {
                 epilogue: &self.epilogue,
                 inputs: &finish_inputs,
+                by_column: *by_column,
                 simd: switchyard_simd::Simd::current(),
             }),
         }
@@ -406,6 +407,7 @@ mod tests {
         GemmKernel {
             form: Form::Matmul { a: 0, b: 1 },
             epilogue: Epilogue::default(),
+            epilogue_reads: (Vec::new(), false),
             out_shape: vec![3, 5],
             k: 4,
             b_is_weight: true,

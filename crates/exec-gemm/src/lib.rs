@@ -312,6 +312,7 @@ impl Executor for GemmExecutor {
         let depth = trace.meta(values[0]).shape.last().copied().unwrap_or(0);
         Ok(Box::new(GemmKernel {
             form,
+            epilogue_reads: (epilogue.inputs(), epilogue.reads_columns()),
             epilogue,
             out_shape,
             k: depth,

@@ -60,6 +60,8 @@ thread_local! {
 pub(crate) struct Finisher<'a> {
     pub(crate) epilogue: &'a Epilogue,
     pub(crate) inputs: &'a [&'a [f32]],
+    /// Whether a step reads one value per column ([`Epilogue::reads_columns`]).
+    pub(crate) by_column: bool,
     /// The calling thread's SIMD level, which the tasks compute at.
     pub(crate) simd: switchyard_simd::Simd,
 }
@@ -238,7 +240,7 @@ impl Products<'_> {
             };
             // Whole rows lie one after another: one span, where no step
             // reads by column (which ties a span to one row).
-            if c0 == 0 && c1 == n && !f.epilogue.reads_columns() {
+            if c0 == 0 && c1 == n && !f.by_column {
                 span(r0 * n, rows * n);
             } else {
                 for r in r0..r0 + rows {

@@ -37,7 +37,7 @@
 //! the plugins the config or [`SessionOptions::plugins`] name.
 #![deny(missing_docs)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -144,8 +144,8 @@ pub struct SessionStats {
 
 /// One compiled signature.
 struct Compiled {
-    /// The input shapes it was made for, by name.
-    shapes: Vec<(String, Vec<usize>)>,
+    /// The input shapes it was made for, in [`Session::inputs`]' order.
+    shapes: Vec<Vec<usize>>,
     /// Inputs whose values the import needed, fixed to these.
     fixed: Vec<(String, Tensor)>,
     plan: CompiledPlan,
@@ -176,6 +176,8 @@ enum Source {
 pub struct Session {
     source: Source,
     inputs: Vec<ValueSpec>,
+    /// Their names, for a run's lookups.
+    input_names: HashSet<String>,
     outputs: Vec<ValueSpec>,
     planner: Planner,
     /// Plugins that may fail to compile a kernel (set aside then).
@@ -290,6 +292,7 @@ impl Session {
         planner.memory_limit = memory_limit;
         Ok(Session {
             source,
+            input_names: inputs.iter().map(|i| i.name.clone()).collect(),
             inputs,
             outputs,
             planner,
@@ -326,7 +329,7 @@ impl Session {
     pub fn run(&self, feeds: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>> {
         let mut by_name: HashMap<String, Tensor> = HashMap::with_capacity(feeds.len());
         for (name, t) in feeds {
-            if !self.inputs.iter().any(|i| i.name == *name) {
+            if !self.input_names.contains(*name) {
                 let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
                 return Err(Error::Input {
                     input: name.to_string(),
@@ -418,16 +421,19 @@ impl Session {
 
     /// The compiled signature of `feeds`, compiled now if it is new.
     fn compiled_for(&self, feeds: &HashMap<String, Tensor>) -> Result<Arc<Compiled>> {
-        let shapes: Vec<(String, Vec<usize>)> = self
-            .inputs
-            .iter()
-            .map(|i| (i.name.clone(), feeds[&i.name].shape().to_vec()))
-            .collect();
         {
+            // Compared where the shapes lie: a run that finds its signature
+            // builds nothing.
+            let same_shapes = |c: &Compiled| {
+                c.shapes
+                    .iter()
+                    .zip(&self.inputs)
+                    .all(|(s, i)| feeds[&i.name].shape() == s)
+            };
             let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
             let found = kept
                 .iter()
-                .position(|c| c.shapes == shapes && c.fixed.iter().all(|(n, t)| same_values(t, &feeds[n])));
+                .position(|c| same_shapes(c) && c.fixed.iter().all(|(n, t)| same_values(t, &feeds[n])));
             if let Some(i) = found {
                 let c = kept.remove(i);
                 kept.push(Arc::clone(&c));
@@ -436,6 +442,11 @@ impl Session {
             }
         }
         let t0 = Instant::now();
+        let shapes = self
+            .inputs
+            .iter()
+            .map(|i| feeds[&i.name].shape().to_vec())
+            .collect();
         let compiled = Arc::new(self.compile(shapes, feeds)?);
         let spent = t0.elapsed();
         tracing::debug!(?spent, "compiled a new input-shape signature");
@@ -452,11 +463,7 @@ impl Session {
         Ok(compiled)
     }
 
-    fn compile(
-        &self,
-        shapes: Vec<(String, Vec<usize>)>,
-        feeds: &HashMap<String, Tensor>,
-    ) -> Result<Compiled> {
+    fn compile(&self, shapes: Vec<Vec<usize>>, feeds: &HashMap<String, Tensor>) -> Result<Compiled> {
         let (trace, binding, fixed, constants) = match &self.source {
             Source::Onnx(model) => {
                 let options = ImportOptions {
