@@ -221,12 +221,18 @@ pub fn repo_path(rel: &str) -> std::path::PathBuf {
 
 /// A folder of the project's shared data (`../shared/REL` beside the
 /// checkout), or `None`, printing why the calling test skips, when a fresh
-/// clone does not have it.
+/// clone does not have it (a failure where `SWITCHYARD_REQUIRE_DATA=1`).
 pub fn shared_data(rel: &str) -> Option<std::path::PathBuf> {
     let p = repo_path("../shared").join(rel);
     if p.is_dir() {
         Some(p)
     } else {
+        // CI has the data: there, its absence is a failure, not a skip.
+        assert!(
+            std::env::var("SWITCHYARD_REQUIRE_DATA").map_or(true, |v| v != "1"),
+            "{} is absent, and SWITCHYARD_REQUIRE_DATA=1 requires it",
+            p.display()
+        );
         println!(
             "skipped: {} is absent (a clone without the shared data)",
             p.display()

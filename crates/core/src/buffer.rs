@@ -1,6 +1,7 @@
 //! The raw memory tensors live in: host blocks cut into buffers (an arena's,
-//! or one of a buffer's own), and device memory, which a device layer hands
-//! out from a caching [`Pool`].
+//! or one of a buffer's own), host memory another owner holds (an array
+//! handed in without a copy), and device memory, which a device layer
+//! hands out from a caching [`Pool`].
 //!
 //! These are below [`crate::tensor`]: a tensor holds one of them, and
 //! nothing here knows what a tensor is.
@@ -118,6 +119,67 @@ impl ArenaBuf {
     pub(crate) fn ptr(&self) -> *mut u8 {
         // SAFETY: `Arena::take` checked that the range lies in the block.
         unsafe { self.block.base().add(self.offset) }
+    }
+}
+
+/// Host memory another owner holds: an array of another library (numpy,
+/// ndarray), or a DLPack tensor. It is only read, and `owner` is kept
+/// until the last tensor over it is dropped, which is what keeps the
+/// memory alive.
+pub(crate) struct ForeignBuf {
+    ptr: *const u8,
+    dtype: DType,
+    len: usize,
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+// SAFETY: the memory is only read, through shared slices, and the owner
+// (which is `Send + Sync`) keeps it alive; `Tensor::from_foreign`'s caller
+// promises that nothing writes it while tensors over it live.
+unsafe impl Send for ForeignBuf {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for ForeignBuf {}
+
+impl std::fmt::Debug for ForeignBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ForeignBuf({} {} elements at {:p})",
+            self.len, self.dtype, self.ptr
+        )
+    }
+}
+
+impl ForeignBuf {
+    /// # Safety
+    /// As [`crate::Tensor::from_foreign`].
+    pub(crate) unsafe fn new(
+        ptr: *const u8,
+        dtype: DType,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> ForeignBuf {
+        ForeignBuf {
+            ptr,
+            dtype,
+            len,
+            _owner: owner,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub(crate) fn ptr(&self) -> *const u8 {
+        self.ptr
     }
 }
 

@@ -44,7 +44,7 @@ impl<T> KeptByBuffer<T> {
 
     /// What was derived from `t`, if it is a tensor held here.
     pub fn find(&self, t: &Tensor) -> Option<Arc<T>> {
-        if t.is_arena() {
+        if t.may_change() {
             return None;
         }
         [&self.constants, &self.kept].into_iter().find_map(|entries| {
@@ -59,14 +59,14 @@ impl<T> KeptByBuffer<T> {
     /// Holds `value`, derived from the constant `t`, for the store's life.
     /// Returns whether it is held (an arena buffer is not).
     pub fn hold(&self, t: &Tensor, value: Arc<T>) -> bool {
-        !t.is_arena() && Self::push(&self.constants, t, value, usize::MAX)
+        !t.may_change() && Self::push(&self.constants, t, value, usize::MAX)
     }
 
     /// Keeps `value`, derived from `t` in a run, the oldest kept going
     /// when there are already as many as the limit. Returns whether it is
     /// kept (an arena buffer is not).
     pub fn keep(&self, t: &Tensor, value: Arc<T>) -> bool {
-        !t.is_arena() && Self::push(&self.kept, t, value, self.limit)
+        !t.may_change() && Self::push(&self.kept, t, value, self.limit)
     }
 
     fn push(entries: &RwLock<Entries<T>>, t: &Tensor, value: Arc<T>, limit: usize) -> bool {

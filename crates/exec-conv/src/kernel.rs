@@ -245,7 +245,7 @@ impl Kernel for ConvKernel {
         };
         let expected = [g.out_channels, g.in_channels / g.groups.max(1)];
         let fits = value.rank() >= 2 && value.shape()[..2] == expected;
-        if input != *w || !fits || value.is_arena() || value.dtype() != DType::F32 {
+        if input != *w || !fits || value.may_change() || value.dtype() != DType::F32 {
             return Ok(false);
         }
         let Some(dense) = value.contiguous_data::<f32>() else {

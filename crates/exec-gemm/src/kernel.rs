@@ -183,7 +183,7 @@ impl GemmKernel {
         pool: &mut Vec<Vec<f32>>,
         fresh: &mut Vec<PackedB>,
     ) -> Option<Arc<PackedB>> {
-        let keep = self.b_is_weight && !b.is_arena() && l.b.len() == 1;
+        let keep = self.b_is_weight && !b.may_change() && l.b.len() == 1;
         if keep {
             if let Some(p) = self.packed.find(b) {
                 return Some(p);
@@ -287,7 +287,8 @@ impl Kernel for GemmKernel {
         };
         let rank = value.rank();
         let one_matrix = rank >= 2 && value.shape()[..rank - 2].iter().all(|&d| d == 1);
-        if input != b || !self.b_is_weight || !one_matrix || value.is_arena() || value.dtype() != DType::F32 {
+        if input != b || !self.b_is_weight || !one_matrix || value.may_change() || value.dtype() != DType::F32
+        {
             return Ok(false);
         }
         let Some(src) = value.buffer::<f32>() else {

@@ -56,7 +56,8 @@ use switchyard_onnx::{ImportOptions, Imported, Model, StagedRunner};
 #[cfg(feature = "ndarray")]
 pub mod array;
 
-pub use switchyard_core::{DType, Device, Tensor};
+pub use switchyard_core::config::ByteSize;
+pub use switchyard_core::{DType, Device, Stored, Tensor};
 pub use switchyard_onnx::{Dim, ValueSpec};
 
 /// What can go wrong, by where.
@@ -208,6 +209,15 @@ impl Session {
         Session::new(Source::Onnx(Box::new(model)), inputs, outputs, options)
     }
 
+    /// A session for an ONNX model held in memory (a model with external
+    /// data needs its file: [`Session::from_onnx`]).
+    pub fn from_onnx_bytes(bytes: Vec<u8>, options: &SessionOptions) -> Result<Session> {
+        let model = Model::from_bytes(bytes, "<model bytes>", None)?;
+        let inputs = model.inputs()?;
+        let outputs = model.outputs()?;
+        Session::new(Source::Onnx(Box::new(model)), inputs, outputs, options)
+    }
+
     /// A session for the trace in `path` (the text format, or JSON for a
     /// `.json` file); every trace input is fed by name.
     pub fn from_trace(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Session> {
@@ -318,9 +328,82 @@ impl Session {
         &self.outputs
     }
 
+    /// The executors the session plans onto, in order of preference (as
+    /// `--executors` or the config chose them, plugins included).
+    pub fn executors(&self) -> Vec<String> {
+        self.planner.set.executors.iter().map(|e| e.info().name).collect()
+    }
+
     /// What the session's compiles have cost so far.
     pub fn stats(&self) -> SessionStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The plan the session makes for inputs of these shapes, to read
+    /// rather than run: which executor runs each part, and why. Every
+    /// input whose dims are not all fixed needs its shape here; a model
+    /// whose shapes depend on the values of its data cannot be planned
+    /// without them, and the error says so.
+    pub fn plan(&self, shapes: &[(&str, &[usize])]) -> Result<PlanView> {
+        for (name, _) in shapes {
+            if !self.input_names.contains(*name) {
+                return Err(self.unknown_input(name));
+            }
+        }
+        let fixed = |i: &ValueSpec| {
+            i.dims
+                .as_ref()
+                .is_some_and(|d| d.iter().all(|d| matches!(d, Dim::Fixed(_))))
+        };
+        if let Some(i) = self
+            .inputs
+            .iter()
+            .find(|i| !fixed(i) && !shapes.iter().any(|(n, _)| *n == i.name))
+        {
+            return Err(Error::Input {
+                input: i.name.clone(),
+                message: format!("its dims are not all fixed ({i}): give its shape to plan for"),
+            });
+        }
+        let trace = match &self.source {
+            Source::Onnx(model) => {
+                let options = ImportOptions {
+                    input_shapes: shapes.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(),
+                    memory_limit: self.memory_limit,
+                    ..ImportOptions::default()
+                };
+                switchyard_onnx::import(model, &options)?.trace
+            }
+            Source::Trace { trace, .. } => {
+                for (name, shape) in shapes {
+                    let v = trace_input(trace, name).expect("an input of the session");
+                    if trace.meta(v).shape.as_slice() != *shape {
+                        return Err(Error::Input {
+                            input: name.to_string(),
+                            message: format!(
+                                "the trace fixes its shape to {:?}, not {shape:?}",
+                                trace.meta(v).shape
+                            ),
+                        });
+                    }
+                }
+                trace.clone()
+            }
+        };
+        Ok(PlanView {
+            plan: self.planner.plan(&trace)?,
+        })
+    }
+
+    fn unknown_input(&self, name: &str) -> Error {
+        let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+        Error::Input {
+            input: name.to_string(),
+            message: format!(
+                "the model has no input of this name (inputs: {})",
+                known.join(", ")
+            ),
+        }
     }
 
     /// Runs on `feeds` (every input, by name) and gives every output by
@@ -330,14 +413,7 @@ impl Session {
         let mut by_name: HashMap<String, Tensor> = HashMap::with_capacity(feeds.len());
         for (name, t) in feeds {
             if !self.input_names.contains(*name) {
-                let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
-                return Err(Error::Input {
-                    input: name.to_string(),
-                    message: format!(
-                        "the model has no input of this name (inputs: {})",
-                        known.join(", ")
-                    ),
-                });
+                return Err(self.unknown_input(name));
             }
             if by_name.insert(name.to_string(), t.clone()).is_some() {
                 return Err(Error::Input {
@@ -507,6 +583,56 @@ impl Session {
             plan,
             binding,
         })
+    }
+}
+
+/// A plan made to be read ([`Session::plan`]).
+pub struct PlanView {
+    plan: switchyard_core::plan::Plan,
+}
+
+impl PlanView {
+    /// The summary `switchyard plan` prints: each region, its executor,
+    /// the estimated time and the planned peak memory.
+    pub fn summary(&self) -> String {
+        switchyard_core::report::render_plan(&self.plan, false)
+    }
+
+    /// The summary, and for every op the executors that could take it,
+    /// their costs, and why the chosen one won (`switchyard plan --explain`).
+    pub fn explain(&self) -> String {
+        switchyard_core::report::render_plan(&self.plan, true)
+    }
+
+    /// The plan itself.
+    pub fn plan(&self) -> &switchyard_core::plan::Plan {
+        &self.plan
+    }
+}
+
+impl std::fmt::Display for PlanView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary())
+    }
+}
+
+/// Every executor linked into the program, in default order, whether or
+/// not it can run here (cuBLAS without a GPU).
+pub fn available_executors() -> Vec<String> {
+    link_builtin_executors();
+    switchyard_core::executor::registered()
+        .iter()
+        .map(|f| f.name.to_string())
+        .collect()
+}
+
+/// The address of `t`'s first element in host memory (0 for a tensor on a
+/// device): equal for a tensor made over another library's memory and
+/// that memory, which is how a caller checks that nothing was copied.
+pub fn data_address(t: &Tensor) -> usize {
+    match t.host_data() {
+        Some(d) => d.as_ptr() as usize + t.offset() * t.dtype().size(),
+        None => 0,
     }
 }
 

@@ -23,6 +23,7 @@ mod plan_files;
 mod plan_scale;
 mod plugins;
 mod primitives;
+mod python;
 mod rnn;
 mod runtime;
 mod schedule;

@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 
-use crate::buffer::ArenaBuf;
+use crate::buffer::{ArenaBuf, ForeignBuf};
 use crate::dtype::{DType, Element};
 
 /// A typed, dense buffer of elements.
@@ -343,6 +343,16 @@ impl ArenaBuf {
         let p = self.ptr();
         // SAFETY: as `data` for the range; the caller promises exclusivity.
         unsafe { typed!(self.dtype(), HostDataMut, from_raw_parts_mut, p, self.len()) }
+    }
+}
+
+impl ForeignBuf {
+    /// The elements.
+    #[inline]
+    pub(crate) fn data(&self) -> HostData<'_> {
+        // SAFETY: `Tensor::from_foreign`'s caller promised `len` valid,
+        // aligned elements that nothing writes while this buffer lives.
+        unsafe { typed!(self.dtype(), HostData, from_raw_parts, self.ptr(), self.len()) }
     }
 }
 

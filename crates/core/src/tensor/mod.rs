@@ -1,5 +1,6 @@
 //! Tensors: a shared buffer plus a strided view of it. The buffer is host
-//! memory ([`Storage`]) or a device layer's memory ([`DeviceBuffer`]).
+//! memory ([`Storage`], or a plan's arena), host memory another owner holds
+//! ([`Tensor::from_foreign`]), or a device layer's memory ([`DeviceBuffer`]).
 //!
 //! Views (reshape, transpose, slice, broadcast) share the buffer, so the runtime
 //! can tell a new allocation from a view by the buffer's identity.
@@ -8,7 +9,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::buffer::{ArenaBuf, DeviceBuffer};
+use crate::buffer::{ArenaBuf, DeviceBuffer, ForeignBuf};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::meta::{Device, ShapeDisplay, TensorMeta, fill_contiguous_strides, is_contiguous, numel};
@@ -24,6 +25,7 @@ use crate::with_storage;
 enum Buffer {
     Host(Arc<Storage>),
     Arena(Arc<ArenaBuf>),
+    Foreign(Arc<ForeignBuf>),
     Device(Arc<dyn DeviceBuffer>),
 }
 
@@ -32,6 +34,7 @@ impl Buffer {
         match self {
             Buffer::Host(s) => s.len(),
             Buffer::Arena(a) => a.len(),
+            Buffer::Foreign(f) => f.len(),
             Buffer::Device(d) => d.len(),
         }
     }
@@ -115,6 +118,36 @@ impl Tensor {
         })
     }
 
+    /// A contiguous tensor over host memory another owner holds (an array
+    /// of another library, a DLPack tensor), without a copy: `owner` is
+    /// kept, and dropped with the last tensor over the memory. The memory
+    /// is only read. Fails where `ptr` is not aligned for `dtype`.
+    ///
+    /// # Safety
+    /// `ptr` must point to `numel(shape)` valid elements of `dtype` (bools
+    /// 0 or 1) that stay in place, unwritten, while `owner` lives.
+    pub unsafe fn from_foreign(
+        ptr: *const u8,
+        dtype: DType,
+        shape: &[usize],
+        owner: impl std::any::Any + Send + Sync,
+    ) -> Result<Tensor> {
+        if ptr.is_null() || !(ptr as usize).is_multiple_of(dtype.size()) {
+            return Err(Error::Tensor {
+                name: "<foreign>".into(),
+                message: format!("its memory at {ptr:p} is not aligned for {dtype} elements"),
+            });
+        }
+        // SAFETY: the caller's promise, passed on.
+        let buf = unsafe { ForeignBuf::new(ptr, dtype, numel(shape), Box::new(owner)) };
+        Ok(Tensor {
+            buffer: Buffer::Foreign(Arc::new(buf)),
+            strides: dense_strides(shape),
+            shape: SmallVec::from_slice(shape),
+            offset: 0,
+        })
+    }
+
     /// A contiguous tensor from a vec of elements.
     pub fn from_vec<T: Stored>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
         Tensor::from_storage(T::into_storage(data), shape)
@@ -179,6 +212,7 @@ impl Tensor {
         match &self.buffer {
             Buffer::Host(s) => s.dtype(),
             Buffer::Arena(a) => a.dtype(),
+            Buffer::Foreign(f) => f.dtype(),
             Buffer::Device(d) => d.dtype(),
         }
     }
@@ -187,7 +221,7 @@ impl Tensor {
     #[inline]
     pub fn device(&self) -> Device {
         match &self.buffer {
-            Buffer::Host(_) | Buffer::Arena(_) => Device::Cpu,
+            Buffer::Host(_) | Buffer::Arena(_) | Buffer::Foreign(_) => Device::Cpu,
             Buffer::Device(d) => d.device(),
         }
     }
@@ -195,7 +229,7 @@ impl Tensor {
     /// The device layer's buffer, for a tensor off the host.
     pub fn device_buffer(&self) -> Option<&Arc<dyn DeviceBuffer>> {
         match &self.buffer {
-            Buffer::Host(_) | Buffer::Arena(_) => None,
+            Buffer::Host(_) | Buffer::Arena(_) | Buffer::Foreign(_) => None,
             Buffer::Device(d) => Some(d),
         }
     }
@@ -236,6 +270,7 @@ impl Tensor {
         match &self.buffer {
             Buffer::Host(s) => Some(s.data()),
             Buffer::Arena(a) => Some(a.data()),
+            Buffer::Foreign(f) => Some(f.data()),
             Buffer::Device(_) => None,
         }
     }
@@ -276,12 +311,25 @@ impl Tensor {
         })
     }
 
-    /// Whether the buffer is a plan's arena block, which the plan writes
-    /// again on its next run: what is read from it cannot be kept by
-    /// identity, unlike a host buffer, which nothing writes while it is
-    /// shared.
-    pub fn is_arena(&self) -> bool {
-        matches!(self.buffer, Buffer::Arena(_))
+    /// Whether the elements may change while tensors over the buffer live:
+    /// a plan's arena block, which the plan writes again on its next run,
+    /// or memory another owner holds ([`Tensor::from_foreign`]). What is
+    /// derived from such a tensor cannot be kept by the buffer's identity,
+    /// unlike from a host buffer, which nothing writes while it is shared.
+    pub fn may_change(&self) -> bool {
+        matches!(self.buffer, Buffer::Arena(_) | Buffer::Foreign(_))
+    }
+
+    /// Whether this tensor is the only reference to its host buffer and
+    /// nothing else writes it (not a plan's arena, which its next run
+    /// writes; not memory another owner holds): such a buffer can be
+    /// handed to another library, to own, without a copy.
+    pub fn owns_buffer(&self) -> bool {
+        match &self.buffer {
+            Buffer::Host(s) => Arc::strong_count(s) == 1,
+            Buffer::Arena(a) => !a.in_arena() && Arc::strong_count(a) == 1,
+            Buffer::Foreign(_) | Buffer::Device(_) => false,
+        }
     }
 
     /// Identity of the buffer: equal for views of one allocation.
@@ -290,6 +338,7 @@ impl Tensor {
         match &self.buffer {
             Buffer::Host(s) => Arc::as_ptr(s) as usize,
             Buffer::Arena(a) => Arc::as_ptr(a) as usize,
+            Buffer::Foreign(f) => Arc::as_ptr(f) as usize,
             Buffer::Device(d) => Arc::as_ptr(d) as *const u8 as usize,
         }
     }
@@ -299,6 +348,7 @@ impl Tensor {
         match &self.buffer {
             Buffer::Host(s) => Arc::strong_count(s),
             Buffer::Arena(a) => Arc::strong_count(a),
+            Buffer::Foreign(f) => Arc::strong_count(f),
             Buffer::Device(d) => Arc::strong_count(d),
         }
     }
@@ -490,6 +540,46 @@ impl Iterator for StridedOffsets<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn foreign_memory_is_read_in_place_and_its_owner_dropped_with_the_last_tensor() {
+        struct Owner {
+            _data: Arc<Vec<f32>>,
+            dropped: Arc<std::sync::atomic::AtomicBool>,
+        }
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                self.dropped.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let data = Arc::new(vec![1f32, 2., 3., 4., 5., 6.]);
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let owner = Owner {
+            _data: Arc::clone(&data),
+            dropped: Arc::clone(&dropped),
+        };
+        // SAFETY: `data` is kept by the owner and never written.
+        let t = unsafe { Tensor::from_foreign(data.as_ptr().cast(), DType::F32, &[2, 3], owner) }.unwrap();
+        assert_eq!(t.contiguous_data::<f32>().unwrap().as_ptr(), data.as_ptr());
+        assert!(t.may_change(), "nothing may be kept by its identity");
+        assert!(!t.owns_buffer(), "the memory is its owner's");
+        let host = Tensor::from_vec(vec![1f32, 2.], &[2]).unwrap();
+        assert!(host.owns_buffer());
+        let shared = host.clone();
+        assert!(!host.owns_buffer() && !shared.owns_buffer());
+        let view = t.view(vec![3, 2], vec![1, 3], 0).unwrap();
+        drop(t);
+        assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(view.to_vec::<f32>().unwrap(), vec![1., 4., 2., 5., 3., 6.]);
+        drop(view);
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+        // Misaligned memory is refused, not read.
+        let words = [0u32; 4];
+        let odd = words.as_ptr().cast::<u8>().wrapping_add(1);
+        // SAFETY: refused before anything is read.
+        let e = unsafe { Tensor::from_foreign(odd, DType::F32, &[2], ()) };
+        assert!(e.unwrap_err().to_string().contains("not aligned"));
+    }
 
     #[test]
     fn transposed_view_iterates_in_logical_order() {
