@@ -213,11 +213,13 @@ impl InferenceSession {
     /// switchyard's executor names (or ONNX Runtime's
     /// `CPUExecutionProvider`, meaning the defaults); `executors` does too,
     /// as one comma-separated string. `sess_options` may be ONNX Runtime's
-    /// `SessionOptions`: its `intra_op_num_threads` is used.
+    /// `SessionOptions`: its `intra_op_num_threads` is used. `target`
+    /// (`"cuda:0"`) puts the whole model on that device, costed with
+    /// `device_model` (`"h100"`, or a profile file) or the config's.
     #[new]
     #[pyo3(signature = (path_or_bytes, sess_options=None, providers=None, provider_options=None, *,
         executors=None, config=None, threads=None, memory_limit=None, autotune=None, plugins=None,
-        shapes_kept=16))]
+        shapes_kept=16, target=None, device_model=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -232,6 +234,8 @@ impl InferenceSession {
         autotune: Option<String>,
         plugins: Option<Vec<PathBuf>>,
         shapes_kept: usize,
+        target: Option<String>,
+        device_model: Option<String>,
     ) -> PyResult<InferenceSession> {
         let _ = provider_options;
         let from_providers = executors_from_providers(providers)?;
@@ -253,6 +257,20 @@ impl InferenceSession {
                 .transpose()?,
             plugins: plugins.unwrap_or_default(),
             shapes_kept,
+            target: target
+                .map(|t| {
+                    switchyard::Device::parse(&t).ok_or_else(|| {
+                        PyValueError::new_err(format!("target {t:?} is not a device (cpu or cuda:N)"))
+                    })
+                })
+                .transpose()?,
+            device_model: device_model
+                .map(|m| {
+                    switchyard::DeviceModel::load(&m)
+                        .map_err(|e| PyValueError::new_err(format!("device_model: {e}")))
+                })
+                .transpose()?,
+            ..SessionOptions::default()
         };
         let session = if let Ok(bytes) = path_or_bytes.extract::<Vec<u8>>()
             && !path_or_bytes.is_instance_of::<PyString>()
@@ -269,6 +287,7 @@ impl InferenceSession {
             })
         }
         .map_err(to_py)?;
+        say_warnings(py, &session)?;
         let args = |specs: &[ValueSpec]| -> PyResult<Vec<Py<NodeArg>>> {
             specs.iter().map(|s| Py::new(py, NodeArg::new(s))).collect()
         };
@@ -328,6 +347,7 @@ impl InferenceSession {
                 self.session.run(&feeds)
             })
             .map_err(to_py)?;
+        say_warnings(py, &self.session)?;
         let picked: Vec<(String, Tensor)> = match wanted {
             None => outputs,
             Some(ks) => {
@@ -417,6 +437,16 @@ impl InferenceSession {
         })
         .map_err(to_py)
     }
+}
+
+/// What the session warned of (optional plugins skipped, plugins set
+/// aside), as Python warnings.
+fn say_warnings(py: Python<'_>, session: &Session) -> PyResult<()> {
+    for w in session.take_warnings() {
+        let message = std::ffi::CString::new(w).unwrap_or_default();
+        PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyUserWarning>(), &message, 1)?;
+    }
+    Ok(())
 }
 
 /// A tensor over `value`'s memory where its layout allows, else over a

@@ -56,6 +56,8 @@ class InferenceSession:
         autotune: Optional[str] = None,
         plugins: Optional[Sequence[_Path]] = None,
         shapes_kept: int = 16,
+        target: Optional[str] = None,
+        device_model: Optional[str] = None,
     ) -> None: ...
     def run(
         self,

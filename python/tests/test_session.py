@@ -111,7 +111,18 @@ def test_errors_are_exceptions_with_switchyards_messages(double_trace, tmp_path)
         switchyard.InferenceSession(double_trace, memory_limit="lots")
     with pytest.raises(switchyard.SwitchyardError, match="nope"):
         switchyard.InferenceSession(double_trace, executors="nope")
+    with pytest.raises(ValueError, match="gpu0"):
+        switchyard.InferenceSession(double_trace, target="gpu0")
+    with pytest.raises(switchyard.SwitchyardError, match="target cuda:0 needs a GPU cost model"):
+        switchyard.InferenceSession(double_trace, target="cuda:0")
     assert issubclass(switchyard.InvalidArgument, switchyard.SwitchyardError)
+
+
+def test_what_the_session_warns_of_is_a_python_warning(double_trace, tmp_path):
+    config = tmp_path / "optional.toml"
+    config.write_text('[[plugin]]\npath = "/no/such/plugin.so"\noptional = true\n')
+    with pytest.warns(UserWarning, match=r"/no/such/plugin.so.*optional: skipped"):
+        switchyard.InferenceSession(double_trace, config=config)
 
 
 def test_executors_are_chosen_as_providers(double_trace):

@@ -17,15 +17,15 @@ mod planning;
 mod plugin_check;
 mod staged;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use switchyard_core::cache::KernelCache;
+use switchyard::Session;
 use switchyard_core::capacity::MemoryLimits;
 use switchyard_core::io::{preview, try_random_inputs, write_safetensors};
-use switchyard_core::ir::ValueId;
 use switchyard_core::report::{
     RunReport, memory_timeline_svg, plan_dot, plan_report, render_plan, render_run,
 };
@@ -188,49 +188,6 @@ struct RunArgs {
     constants: Vec<String>,
 }
 
-/// The trace inputs a run treats as constants, with the tensors it is
-/// given: a model's weights, and the inputs `--constant` names. `trace` is
-/// the plan's, whose inputs are the program's in the same order (lowering
-/// may number values anew).
-fn constant_inputs(
-    program: &model::Program,
-    trace: &switchyard_core::Trace,
-    inputs: &[Tensor],
-    names: &[String],
-) -> Result<Vec<(ValueId, Tensor)>> {
-    let mut constant = vec![false; trace.inputs.len()];
-    if let Some(m) = &program.onnx {
-        let weights: std::collections::HashSet<ValueId> = m.weights.iter().map(|(v, _)| *v).collect();
-        for (k, v) in program.trace.inputs.iter().enumerate() {
-            constant[k] = weights.contains(v);
-        }
-    }
-    for name in names {
-        match trace.inputs.iter().position(|&v| trace.value(v).name == *name) {
-            Some(k) => constant[k] = true,
-            None => {
-                let known: Vec<&str> = trace
-                    .inputs
-                    .iter()
-                    .map(|&v| trace.value(v).name.as_str())
-                    .collect();
-                bail!(
-                    "--constant {name}: the trace has no input of that name (its inputs: {})",
-                    known.join(", ")
-                )
-            }
-        }
-    }
-    Ok(trace
-        .inputs
-        .iter()
-        .zip(inputs)
-        .zip(constant)
-        .filter(|(_, c)| *c)
-        .map(|((&v, t), _)| (v, t.clone()))
-        .collect())
-}
-
 fn run(args: RunArgs) -> Result<()> {
     // Where the outputs go is checked before anything runs, not after.
     if let Some(path) = &args.outputs {
@@ -260,7 +217,18 @@ fn run(args: RunArgs) -> Result<()> {
         allocate_per_call: args.no_arena,
         no_graphs: args.no_graphs,
     };
-    let program = match args.planning.program(&args.trace, &config, feeds.as_ref()) {
+    let prepared = session_and_feeds(&args, &config, feeds.as_ref()).and_then(|(session, fed)| {
+        let fed: Vec<(&str, Tensor)> = fed.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let prepared = session.prepare(&fed).map_err(|e| match e {
+            switchyard::Error::Onnx(e) => {
+                anyhow::Error::new(e).context(format!("importing {}", args.trace.display()))
+            }
+            e => e.into(),
+        });
+        say_warnings(&session);
+        prepared
+    });
+    let prepared = match prepared {
         Ok(p) => p,
         // A value computed from data decides shapes: run a stage at a time.
         Err(e) if model::is_model(&args.trace) && staged::needs_stages(&e) => {
@@ -277,41 +245,23 @@ fn run(args: RunArgs) -> Result<()> {
         }
         Err(e) => return Err(e),
     };
-    let (planner, plugins) = args.planning.planner(&config, false)?;
-    let cache = KernelCache::new(config.cache.capacity);
-    let (mut compiled, set_aside) = planner.compile(&program.trace, &cache, &plugins)?;
-    for why in set_aside {
-        eprintln!("warning: {why}");
-    }
-    // Lowering keeps the inputs, so the plan's trace names them as the file did.
-    let trace = &compiled.plan().trace;
-    let inputs = match (&program.onnx, &feeds) {
-        (Some(m), Some(feeds)) => m.bind_inputs(feeds)?,
-        (Some(m), None) => m.random_inputs(args.seed)?,
-        (None, Some(feeds)) => {
-            let files: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();
-            switchyard_core::io::take_inputs(trace, feeds, &files.join(", "))?
-        }
-        (None, None) => try_random_inputs(trace, args.seed)?,
-    };
-    let constants = constant_inputs(&program, trace, &inputs, &args.constants)?;
-    let prepared = compiled.prepare_constants(&constants)?;
+    let compiled = prepared.plan();
     let mut times = Vec::with_capacity(args.repeat as usize);
     let mut region_times: Vec<Vec<u64>> = vec![Vec::new(); compiled.plan().regions.len()];
     // A first run warms what runs keep (thread pools, the arena, caches):
     // timed apart, so that the reported time is the steady state's.
     let t0 = std::time::Instant::now();
-    let first = compiled.run(&inputs, opts)?;
+    let first = prepared.run(opts)?;
     let first_run_ns = t0.elapsed().as_nanos() as u64;
     let mut last: Option<switchyard_core::runtime::RunResult> = Some(first);
     for _ in 0..args.repeat {
         // The outputs of the run before are done with: the plan writes
         // this run's into them, as a caller running it in a loop would.
         if let Some(r) = last.take() {
-            compiled.recycle(r.outputs);
+            prepared.recycle(r.outputs);
         }
         let t0 = std::time::Instant::now();
-        let r = compiled.run(&inputs, opts)?;
+        let r = prepared.run(opts)?;
         times.push(t0.elapsed().as_nanos() as u64);
         for (acc, t) in region_times.iter_mut().zip(&r.region_ns) {
             acc.push(*t);
@@ -321,17 +271,7 @@ fn run(args: RunArgs) -> Result<()> {
     let Some(result) = last else {
         bail!("--repeat must be at least 1")
     };
-    let plan = compiled.plan();
-    // A model's outputs keep their names in the model.
-    let out_names: Vec<String> = match &program.onnx {
-        Some(m) => m.output_names(),
-        None => plan
-            .trace
-            .outputs
-            .iter()
-            .map(|v| plan.trace.value(*v).name.clone())
-            .collect(),
-    };
+    let out_names = prepared.output_names();
     // Outputs on a device are shown and written from host copies.
     let host_outputs = result
         .outputs
@@ -346,9 +286,10 @@ fn run(args: RunArgs) -> Result<()> {
             .collect();
         write_safetensors(path, &named)?;
     }
-    let mut report = RunReport::new(&compiled, &result, times, &region_times, &out_names);
+    let mut report = RunReport::new(compiled, &result, times, &region_times, out_names);
     report.first_run_ns = Some(first_run_ns);
-    report.constants = Some(prepared);
+    report.constants = Some(prepared.constants());
+    report.signature_ns = Some(prepared.compile_time().as_nanos() as u64);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -362,9 +303,119 @@ fn run(args: RunArgs) -> Result<()> {
         }
     }
     if args.check {
-        check_against_fallback(plan, &inputs, args.json)?;
+        check_against_fallback(compiled.plan(), prepared.inputs(), args.json)?;
     }
     Ok(())
+}
+
+/// The session `run` makes and the tensors it feeds by name: `--inputs`'
+/// (checked against a model's `--input-shape`s) or random ones; a trace's
+/// `--constant`s are bound into the session, not fed.
+fn session_and_feeds(
+    args: &RunArgs,
+    config: &switchyard_core::config::Config,
+    feeds: Option<&HashMap<String, Tensor>>,
+) -> Result<(Session, Vec<(String, Tensor)>)> {
+    let files = || {
+        let files: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();
+        files.join(", ")
+    };
+    if model::is_model(&args.trace) {
+        if let Some(name) = args.constants.first() {
+            bail!(
+                "--constant {name}: a model's weights are constants already; --constant names inputs of a trace"
+            );
+        }
+        let session = args.planning.session(&args.trace, config, false)?;
+        say_warnings(&session);
+        let shapes = args.planning.model.shapes()?;
+        let fed = match feeds {
+            Some(feeds) => {
+                model::shapes_agree(&shapes, feeds)?;
+                let mut held: Vec<&str> = feeds.keys().map(String::as_str).collect();
+                held.sort_unstable();
+                session
+                    .inputs()
+                    .iter()
+                    .map(|i| match feeds.get(&i.name) {
+                        Some(t) => Ok((i.name.clone(), t.clone())),
+                        None => Err(anyhow::anyhow!(
+                            "tensor `{}`: not found in {} (it holds: {})",
+                            i.name,
+                            files(),
+                            held.join(", ")
+                        )),
+                    })
+                    .collect::<Result<_>>()?
+            }
+            None => {
+                model::shapes_bound(&session, &shapes)?;
+                let shapes: Vec<(&str, &[usize])> =
+                    shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
+                fits_before_inputs_are_made(&session, &shapes, config)?;
+                session
+                    .random_feeds(&shapes, args.seed)
+                    .with_context(|| format!("importing {}", args.trace.display()))?
+            }
+        };
+        return Ok((session, fed));
+    }
+    let trace = model::read_trace(&args.trace)?;
+    let options = args.planning.session_options(config, false)?;
+    let names: Vec<String> = trace
+        .inputs
+        .iter()
+        .map(|&v| trace.value(v).name.clone())
+        .collect();
+    if let Some(name) = args.constants.iter().find(|n| !names.contains(n)) {
+        bail!(
+            "--constant {name}: the trace has no input of that name (its inputs: {})",
+            names.join(", ")
+        );
+    }
+    if args.constants.is_empty() {
+        let session = Session::from_trace_with(trace.clone(), Vec::new(), &options)?;
+        say_warnings(&session);
+        let all = match feeds {
+            Some(feeds) => switchyard_core::io::take_inputs(&trace, feeds, &files())?,
+            None => {
+                fits_before_inputs_are_made(&session, &[], config)?;
+                try_random_inputs(&trace, args.seed)?
+            }
+        };
+        return Ok((session, names.into_iter().zip(all).collect()));
+    }
+    // The constants' values are the session's before it runs.
+    let all = match feeds {
+        Some(feeds) => switchyard_core::io::take_inputs(&trace, feeds, &files())?,
+        None => try_random_inputs(&trace, args.seed)?,
+    };
+    let (constants, fed): (Vec<_>, Vec<_>) = names
+        .into_iter()
+        .zip(all)
+        .partition(|(n, _)| args.constants.contains(n));
+    let session = Session::from_trace_with(trace, constants, &options)?;
+    say_warnings(&session);
+    Ok((session, fed))
+}
+
+/// Refuses a plan this machine cannot hold before its random inputs are
+/// made, which may be what does not fit.
+fn fits_before_inputs_are_made(
+    session: &Session,
+    shapes: &[(&str, &[usize])],
+    config: &switchyard_core::config::Config,
+) -> Result<()> {
+    let view = session.plan(shapes)?;
+    let limits = MemoryLimits::for_plan(view.plan(), config.memory_limit_bytes());
+    Ok(view.plan().check_fits(&limits)?)
+}
+
+/// Prints what the session warned of.
+fn say_warnings(session: &Session) {
+    for w in session.take_warnings() {
+        eprintln!("warning: {w}");
+    }
 }
 
 /// `run --check`: each region not on the fallback against it (on stdout,
@@ -416,43 +467,53 @@ fn check_against_fallback(
 
 fn plan(args: PlanArgs) -> Result<()> {
     let config = args.planning.config()?;
-    let trace = match args.planning.program(&args.trace, &config, None) {
-        Ok(p) => p.trace,
-        Err(e) if model::is_model(&args.trace) && staged::needs_stages(&e) => {
-            let shapes = switchyard_onnx::ImportOptions {
-                input_shapes: args.planning.model.shapes()?,
-                memory_limit: config.memory_limit_bytes(),
-                ..Default::default()
-            };
-            return staged::plan(&args.trace, &args.planning, &config, shapes, args.explain).map_err(|_| e);
+    let session = args.planning.session(&args.trace, &config, true)?;
+    say_warnings(&session);
+    let shapes = args.planning.model.shapes()?;
+    model::shapes_bound(&session, &shapes)?;
+    let shape_refs: Vec<(&str, &[usize])> = shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
+    let view = match session.plan(&shape_refs) {
+        Ok(v) => v,
+        Err(switchyard::Error::Onnx(e)) => {
+            let e = anyhow::Error::new(e).context(format!("importing {}", args.trace.display()));
+            if staged::needs_stages(&e) {
+                let shapes = switchyard_onnx::ImportOptions {
+                    input_shapes: shapes,
+                    memory_limit: config.memory_limit_bytes(),
+                    ..Default::default()
+                };
+                return staged::plan(&args.trace, &args.planning, &config, shapes, args.explain)
+                    .map_err(|_| e);
+            }
+            return Err(e);
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
-    let plan = args.planning.planner(&config, true)?.0.plan(&trace)?;
+    let plan = view.plan();
     // A plan for this machine that it cannot hold is worth knowing before
     // `run` refuses it.
     if args.planning.targeting.target.is_none() {
-        let limits = MemoryLimits::for_plan(&plan, config.memory_limit_bytes());
+        let limits = MemoryLimits::for_plan(plan, config.memory_limit_bytes());
         if let Err(e) = plan.check_fits(&limits) {
             eprintln!("warning: `run` would refuse this plan here: {e}");
         }
     }
     if let Some(path) = &args.dot {
-        std::fs::write(path, plan_dot(&plan)).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, plan_dot(plan)).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote the plan's graph (Graphviz dot) to {}", path.display());
     }
     if let Some(path) = &args.memory_timeline {
-        std::fs::write(path, memory_timeline_svg(&plan))
+        std::fs::write(path, memory_timeline_svg(plan))
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote the memory timeline (SVG) to {}", path.display());
     }
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&plan_report(&plan, args.explain))?
+            serde_json::to_string_pretty(&plan_report(plan, args.explain))?
         );
     } else {
-        print!("{}", render_plan(&plan, args.explain));
+        print!("{}", render_plan(plan, args.explain));
     }
     Ok(())
 }

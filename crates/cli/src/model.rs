@@ -72,21 +72,7 @@ pub fn load(
     let shapes = args.shapes()?;
     let imported = match feeds {
         Some(feeds) => {
-            // The inputs given fix the shapes; one also given otherwise
-            // must agree, rather than be ignored.
-            for (name, dims) in &shapes {
-                match feeds.get(name) {
-                    Some(t) if t.shape() == dims.as_slice() => {}
-                    Some(t) => bail!(
-                        "--input-shape {name}={} conflicts with --inputs, whose `{name}` is {:?}",
-                        dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
-                        t.shape()
-                    ),
-                    None => bail!(
-                        "--input-shape names `{name}`, which --inputs does not hold (with --inputs, the shapes are the tensors')"
-                    ),
-                }
-            }
+            shapes_agree(&shapes, feeds)?;
             let (imported, fixed) = switchyard_onnx::import_for(
                 &model,
                 feeds,
@@ -118,6 +104,44 @@ pub fn load(
         trace: imported.trace.clone(),
         onnx: Some(imported),
     })
+}
+
+/// The inputs given fix the shapes; one also given by `--input-shape`
+/// must agree, rather than be ignored.
+pub fn shapes_agree(shapes: &BTreeMap<String, Vec<usize>>, feeds: &HashMap<String, Tensor>) -> Result<()> {
+    for (name, dims) in shapes {
+        match feeds.get(name) {
+            Some(t) if t.shape() == dims.as_slice() => {}
+            Some(t) => bail!(
+                "--input-shape {name}={} conflicts with --inputs, whose `{name}` is {:?}",
+                dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+                t.shape()
+            ),
+            None => bail!(
+                "--input-shape names `{name}`, which --inputs does not hold (with --inputs, the shapes are the tensors')"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, naming the dim, an input of `session` whose dims are not all
+/// fixed and that `shapes` (`--input-shape`) does not bind.
+pub fn shapes_bound(session: &switchyard::Session, shapes: &BTreeMap<String, Vec<usize>>) -> Result<()> {
+    use switchyard::Dim;
+    for input in session.inputs().iter().filter(|i| !shapes.contains_key(&i.name)) {
+        let name = &input.name;
+        let how = format!("bind it with --input-shape {name}=... or an inputs file");
+        let Some(dims) = &input.dims else {
+            bail!("input `{name}`: its shape is not declared; {how}");
+        };
+        match dims.iter().enumerate().find(|(_, d)| !matches!(d, Dim::Fixed(_))) {
+            Some((k, Dim::Symbol(p))) => bail!("input `{name}`: dim {k} is the symbol `{p}`; {how}"),
+            Some((k, _)) => bail!("input `{name}`: dim {k} is unknown; {how}"),
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// The same file, symlinks followed: two paths that do not both exist are

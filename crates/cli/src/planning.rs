@@ -4,13 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use switchyard::{Session, SessionOptions};
 use switchyard_core::config::{Choices, Config};
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::pipeline::Planner;
 use switchyard_core::plugin::LoadedPlugin;
 use switchyard_core::{Device, Trace};
 
-use crate::model::{self, ModelArgs, Program};
+use crate::model::{self, ModelArgs};
 
 /// How to choose executors and cost a plan.
 #[derive(clap::Args)]
@@ -95,17 +96,22 @@ impl Targeting {
     /// Moves `trace` to `--target` when one is given, refusing to cost a GPU
     /// target with the CPU model.
     pub(crate) fn apply(&self, trace: &mut Trace, config: &Config) -> Result<()> {
-        let Some(target) = self.device()? else {
-            return Ok(());
-        };
-        if target != Device::Cpu && self.model(config)?.name == "cpu" {
-            anyhow::bail!(
+        self.check_model(config)?;
+        if let Some(target) = self.device()? {
+            trace.retarget(target);
+        }
+        Ok(())
+    }
+
+    /// Refuses a `--target` on a GPU costed with the CPU model.
+    pub(crate) fn check_model(&self, config: &Config) -> Result<()> {
+        match self.device()? {
+            Some(target) if target != Device::Cpu && self.model(config)?.name == "cpu" => anyhow::bail!(
                 "--target {target} needs a GPU cost model: pass --device-model (h200, h100, a100 or a profile \
                  file) or set [cost] profile"
-            );
+            ),
+            _ => Ok(()),
         }
-        trace.retarget(target);
-        Ok(())
     }
 
     /// Refuses, first, a `--target` this machine cannot run on (a GPU
@@ -142,17 +148,47 @@ impl Targeting {
 }
 
 impl Planning {
-    /// The trace or model in `path`, moved to `--target` when one is
-    /// given; `feeds` are the tensors a model will run on.
-    pub(crate) fn program(
-        &self,
-        path: &Path,
-        config: &Config,
-        feeds: Option<&std::collections::HashMap<String, switchyard_core::Tensor>>,
-    ) -> Result<Program> {
-        let mut program = model::load(path, &self.model, feeds, config.memory_limit_bytes())?;
-        self.targeting.apply(&mut program.trace, config)?;
-        Ok(program)
+    /// A session for the trace or model at `path` with this command
+    /// line's choices (`plan_only`: for a plan made for `--target` alone).
+    pub(crate) fn session(&self, path: &Path, config: &Config, plan_only: bool) -> Result<Session> {
+        let options = self.session_options(config, plan_only)?;
+        Ok(match model::is_model(path) {
+            true => Session::from_onnx(path, &options)?,
+            false => Session::from_trace(path, &options)?,
+        })
+    }
+
+    /// The session options of this command line (`plan_only`: for a plan
+    /// made for `--target` alone).
+    pub(crate) fn session_options(&self, config: &Config, plan_only: bool) -> Result<SessionOptions> {
+        self.targeting.check_model(config)?;
+        let strategy = match &self.schedule {
+            Some(name) => Some(
+                name.parse()
+                    .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
+            ),
+            None => None,
+        };
+        let device_model = match &self.targeting.device_model {
+            Some(name) => Some(DeviceModel::load(name).with_context(|| "--device-model")?),
+            None => None,
+        };
+        let options = SessionOptions {
+            config: self.config.clone(),
+            executors: self.executors.clone(),
+            autotune: self.autotune.mode()?,
+            plugins: self.plugin.clone(),
+            plugins_isolated: self.plugin_isolated,
+            allow_tf32: self.allow_tf32,
+            schedule: strategy,
+            device_model,
+            target: self.targeting.device()?,
+            plan_only,
+            // A command runs one signature.
+            shapes_kept: 1,
+            ..SessionOptions::default()
+        };
+        Ok(options)
     }
 
     /// The config file (or the default), with `--allow-tf32`.

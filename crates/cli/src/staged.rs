@@ -27,6 +27,9 @@ pub fn needs_stages(e: &anyhow::Error) -> bool {
         matches!(
             c.downcast_ref::<switchyard_onnx::Error>(),
             Some(switchyard_onnx::Error::NeedsValue { .. })
+        ) || matches!(
+            c.downcast_ref::<switchyard::Error>(),
+            Some(switchyard::Error::Onnx(switchyard_onnx::Error::NeedsValue { .. }))
         )
     })
 }

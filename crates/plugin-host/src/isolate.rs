@@ -484,6 +484,10 @@ fn failed(why: String) -> (i32, String) {
 }
 
 impl Calls for Worker {
+    fn gone(&self) -> Option<String> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).dead.clone()
+    }
+
     fn info(&self) -> (i32, Vec<u8>) {
         let got = self.call("info", &[tag::INFO]).and_then(|a| {
             let mut r = Reader(&a);

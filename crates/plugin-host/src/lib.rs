@@ -334,6 +334,11 @@ pub(crate) trait Calls: Send + Sync {
     fn run(&self, kernel: u64, inputs: &[&Tensor], outputs: &mut [OutputBuffer]) -> (i32, String);
     /// `drop_kernel`.
     fn drop_kernel(&self, kernel: u64);
+    /// Why the plugin can answer nothing more (its worker process is
+    /// gone), if so.
+    fn gone(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Calls for Library {
@@ -570,6 +575,12 @@ impl Executor for PluginExecutor {
     }
 
     fn check_options(&self, options: &toml::Table) -> std::result::Result<(), String> {
+        // A plugin whose process is gone is unavailable (its availability
+        // says why, and plans skip it): there is nothing to check options
+        // with, and nothing that would use them.
+        if self.calls.gone().is_some() {
+            return Ok(());
+        }
         let json = serde_json::to_vec(options).map_err(|e| e.to_string())?;
         match self.calls.check_options(&json) {
             // A plugin that cannot check options takes none, rather than

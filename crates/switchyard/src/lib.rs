@@ -50,13 +50,15 @@ use switchyard_core::config::{Choices, Config};
 use switchyard_core::ir::ValueId;
 use switchyard_core::pipeline::Planner;
 use switchyard_core::plugin::LoadedPlugin;
-use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_onnx::{ImportOptions, Imported, Model, StagedRunner};
 
 #[cfg(feature = "ndarray")]
 pub mod array;
 
 pub use switchyard_core::config::ByteSize;
+pub use switchyard_core::cost::DeviceModel;
+pub use switchyard_core::runtime::{CompiledPlan, ConstantsPrepared, RunOptions, RunResult};
+pub use switchyard_core::schedule::Strategy;
 pub use switchyard_core::{DType, Device, Stored, Tensor};
 pub use switchyard_onnx::{Dim, ValueSpec};
 
@@ -80,6 +82,9 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A target device the session cannot plan for or run on.
+    #[error("{0}")]
+    Target(String),
     /// The tensors given to a run.
     #[error("input `{input}`: {message}")]
     Input {
@@ -114,6 +119,23 @@ pub struct SessionOptions {
     pub plugins: Vec<PathBuf>,
     /// Compiled input-shape signatures kept at once (at least 1).
     pub shapes_kept: usize,
+    /// Put the whole model on this device (`cuda:0`) instead of the
+    /// devices it declares; `None`: as declared (the host for a model). A
+    /// GPU target needs a GPU cost model (`device_model` or the config's).
+    pub target: Option<Device>,
+    /// The cost model; `None`: the config's.
+    pub device_model: Option<DeviceModel>,
+    /// The order regions run in; `None`: the config's.
+    pub schedule: Option<Strategy>,
+    /// Let f32 matrix products run on TF32 tensor cores (besides the
+    /// config's `allow_tf32`).
+    pub allow_tf32: bool,
+    /// Run the plugins in processes of their own: a crash, exit or hang in
+    /// one is then an error naming it.
+    pub plugins_isolated: bool,
+    /// Plan for `target` whether or not this machine has it: the session
+    /// plans ([`Session::plan`]) and does not run.
+    pub plan_only: bool,
 }
 
 impl Default for SessionOptions {
@@ -126,6 +148,12 @@ impl Default for SessionOptions {
             autotune: None,
             plugins: Vec::new(),
             shapes_kept: 16,
+            target: None,
+            device_model: None,
+            schedule: None,
+            allow_tf32: false,
+            plugins_isolated: false,
+            plan_only: false,
         }
     }
 }
@@ -151,6 +179,10 @@ struct Compiled {
     fixed: Vec<(String, Tensor)>,
     plan: CompiledPlan,
     binding: Binding,
+    /// What preparing the constants did.
+    constants: ConstantsPrepared,
+    /// Importing, planning and compiling it took this long.
+    compile_time: Duration,
 }
 
 /// How a run's tensors become the plan's inputs.
@@ -187,6 +219,7 @@ pub struct Session {
     _plugins: Vec<LoadedPlugin>,
     cache: KernelCache,
     memory_limit: Option<usize>,
+    target: Option<Device>,
     kept: usize,
     /// Least recently used first.
     compiled: Mutex<Vec<Arc<Compiled>>>,
@@ -195,6 +228,8 @@ pub struct Session {
     staged: AtomicBool,
     stages: Mutex<StagedRunner<CompiledPlan>>,
     stats: Mutex<SessionStats>,
+    /// Said since the last `take_warnings`.
+    warnings: Mutex<Vec<String>>,
 }
 
 /// Compiled stages a staged session keeps.
@@ -278,24 +313,38 @@ impl Session {
         if options.threads.is_some() {
             config.threads = options.threads;
         }
+        config.allow_tf32 |= options.allow_tf32;
         switchyard_core::threads::configure(config.threads)?;
+        if let Some(target) = options.target {
+            check_target(target, options, &config)?;
+        }
         let (plugins, failed) =
-            switchyard_plugin_host::load_configured_with(&config, &options.plugins, false);
-        let required: Vec<String> = failed
+            switchyard_plugin_host::load_configured_with(&config, &options.plugins, options.plugins_isolated);
+        let mut required: Vec<String> = failed
             .iter()
             .filter(|f| !f.optional)
             .map(|f| f.error.to_string())
             .collect();
-        for f in failed.iter().filter(|f| f.optional) {
-            tracing::warn!("{} (optional: skipped)", f.error);
-        }
+        let warnings: Vec<String> = failed
+            .iter()
+            .filter(|f| f.optional)
+            .map(|f| format!("{} (optional: skipped)", f.error))
+            .collect();
         if !required.is_empty() {
+            if failed.iter().any(|f| !f.optional && f.from_config) {
+                required.push(
+                    "(a config's `[[plugin]]` with `optional = true` is skipped with a warning instead)"
+                        .into(),
+                );
+            }
             return Err(Error::Plugin(required.join("\n")));
         }
         let choices = Choices {
             executors: options.executors.clone(),
             autotune: options.autotune,
-            ..Choices::default()
+            strategy: options.schedule,
+            device: options.device_model.clone(),
+            plan_only: options.plan_only && options.target.is_some(),
         };
         let mut planner = config.planner(&choices, &plugins)?;
         let memory_limit = options.memory_limit.or(config.memory_limit_bytes());
@@ -310,11 +359,13 @@ impl Session {
             _plugins: plugins,
             cache: KernelCache::new(config.cache.capacity),
             memory_limit,
+            target: options.target,
             kept: options.shapes_kept.max(1),
             compiled: Mutex::new(Vec::new()),
             staged: AtomicBool::new(false),
             stages: Mutex::new(StagedRunner::new(STAGES_KEPT).with_memory_limit(memory_limit)),
             stats: Mutex::new(SessionStats::default()),
+            warnings: Mutex::new(warnings),
         })
     }
 
@@ -334,6 +385,14 @@ impl Session {
         self.planner.set.executors.iter().map(|e| e.info().name).collect()
     }
 
+    /// What the session has warned of since the last call, oldest first:
+    /// optional plugins that could not be loaded and were skipped, and
+    /// plugins set aside because a kernel of theirs failed to compile (the
+    /// plan was made again without them).
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *self.warnings.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// What the session's compiles have cost so far.
     pub fn stats(&self) -> SessionStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
@@ -345,6 +404,14 @@ impl Session {
     /// whose shapes depend on the values of its data cannot be planned
     /// without them, and the error says so.
     pub fn plan(&self, shapes: &[(&str, &[usize])]) -> Result<PlanView> {
+        let trace = self.trace_for(shapes)?;
+        Ok(PlanView {
+            plan: self.planner.plan(&self.retargeted(&trace))?,
+        })
+    }
+
+    /// The trace the model imports to for inputs of these shapes.
+    fn trace_for(&self, shapes: &[(&str, &[usize])]) -> Result<Trace> {
         for (name, _) in shapes {
             if !self.input_names.contains(*name) {
                 return Err(self.unknown_input(name));
@@ -390,9 +457,7 @@ impl Session {
                 trace.clone()
             }
         };
-        Ok(PlanView {
-            plan: self.planner.plan(&trace)?,
-        })
+        Ok(trace)
     }
 
     fn unknown_input(&self, name: &str) -> Error {
@@ -410,6 +475,68 @@ impl Session {
     /// name, in [`Session::outputs`]' order. A signature of input shapes
     /// not seen before is planned and compiled first.
     pub fn run(&self, feeds: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        let by_name = self.by_name(feeds)?;
+        if !self.staged.load(Ordering::Relaxed) {
+            match self.compiled_for(&by_name) {
+                Ok((compiled, _)) => return self.run_compiled(&compiled, &by_name),
+                // A value computed from data decides shapes: stages.
+                Err(Error::Onnx(switchyard_onnx::Error::NeedsValue { .. })) => {
+                    self.staged.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.run_staged(&by_name)
+    }
+
+    /// The signature of `feeds` compiled (now, if it is new) and the feeds
+    /// bound to its plan: to run many times, with the run options and the
+    /// reports `switchyard run` uses. Its runs are not counted in
+    /// [`Session::stats`]. A model whose shapes depend on its data cannot
+    /// be prepared whole: that is an [`Error::Onnx`] holding
+    /// `NeedsValue`, and [`Session::run`] runs such a model in stages.
+    pub fn prepare(&self, feeds: &[(&str, Tensor)]) -> Result<Prepared> {
+        let by_name = self.by_name(feeds)?;
+        let (compiled, compiled_now) = self.compiled_for(&by_name)?;
+        let inputs = self.bind(&compiled, &by_name)?;
+        Ok(Prepared {
+            compiled,
+            inputs,
+            output_names: self.outputs.iter().map(|o| o.name.clone()).collect(),
+            compiled_now,
+        })
+    }
+
+    /// Deterministic random tensors for every input a run feeds, of the
+    /// shapes given (needed for each input whose dims are not all fixed):
+    /// input `k` of the plan's inputs (weights included) is stream `k` of
+    /// `seed`, as `switchyard run` makes them without `--inputs`.
+    pub fn random_feeds(&self, shapes: &[(&str, &[usize])], seed: u64) -> Result<Vec<(String, Tensor)>> {
+        let trace = self.trace_for(shapes)?;
+        let fed: HashSet<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+        let mut k = 0u64;
+        let mut feeds = Vec::with_capacity(self.inputs.len());
+        for &v in &trace.inputs {
+            let name = &trace.value(v).name;
+            if !fed.contains(name.as_str()) {
+                continue;
+            }
+            let stream = match &self.source {
+                // A model's weights draw no stream.
+                Source::Onnx(_) => k,
+                Source::Trace { trace, .. } => trace.inputs.iter().position(|&i| i == v).unwrap_or(0) as u64,
+            };
+            feeds.push((
+                name.clone(),
+                switchyard_core::io::try_random_tensor(trace.meta(v), seed, stream)?,
+            ));
+            k += 1;
+        }
+        Ok(feeds)
+    }
+
+    /// Every input by name, each given once.
+    fn by_name(&self, feeds: &[(&str, Tensor)]) -> Result<HashMap<String, Tensor>> {
         let mut by_name: HashMap<String, Tensor> = HashMap::with_capacity(feeds.len());
         for (name, t) in feeds {
             if !self.input_names.contains(*name) {
@@ -428,17 +555,16 @@ impl Session {
                 message: format!("no tensor was given for it; it is {missing}"),
             });
         }
-        if !self.staged.load(Ordering::Relaxed) {
-            match self.compiled_for(&by_name) {
-                Ok(compiled) => return self.run_compiled(&compiled, &by_name),
-                // A value computed from data decides shapes: stages.
-                Err(Error::Onnx(switchyard_onnx::Error::NeedsValue { .. })) => {
-                    self.staged.store(true, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        self.run_staged(&by_name)
+        Ok(by_name)
+    }
+
+    /// The plan's inputs, in order: weights and constants, and the fed
+    /// tensors checked against the signature.
+    fn bind(&self, compiled: &Compiled, by_name: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+        Ok(match &compiled.binding {
+            Binding::Onnx(imported) => imported.bind_inputs(by_name)?,
+            Binding::Trace(inputs) => bind_trace(&compiled.plan, inputs, by_name)?,
+        })
     }
 
     fn run_compiled(
@@ -446,10 +572,7 @@ impl Session {
         compiled: &Compiled,
         by_name: &HashMap<String, Tensor>,
     ) -> Result<Vec<(String, Tensor)>> {
-        let inputs = match &compiled.binding {
-            Binding::Onnx(imported) => imported.bind_inputs(by_name)?,
-            Binding::Trace(inputs) => bind_trace(&compiled.plan, inputs, by_name)?,
-        };
+        let inputs = self.bind(compiled, by_name)?;
         let result = compiled.plan.run(&inputs, RunOptions::default())?;
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).runs += 1;
         Ok(self
@@ -470,6 +593,7 @@ impl Session {
             let t0 = Instant::now();
             let plan = self
                 .plan_and_prepare(&imported.trace, imported.weights.clone())
+                .map(|(plan, _)| plan)
                 .map_err(|e| e.to_string());
             spent += t0.elapsed();
             plan
@@ -495,8 +619,8 @@ impl Session {
         Ok(run.outputs)
     }
 
-    /// The compiled signature of `feeds`, compiled now if it is new.
-    fn compiled_for(&self, feeds: &HashMap<String, Tensor>) -> Result<Arc<Compiled>> {
+    /// The compiled signature of `feeds`, and whether it was compiled now.
+    fn compiled_for(&self, feeds: &HashMap<String, Tensor>) -> Result<(Arc<Compiled>, bool)> {
         {
             // Compared where the shapes lie: a run that finds its signature
             // builds nothing.
@@ -514,17 +638,16 @@ impl Session {
                 let c = kept.remove(i);
                 kept.push(Arc::clone(&c));
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).reused += 1;
-                return Ok(c);
+                return Ok((c, false));
             }
         }
-        let t0 = Instant::now();
         let shapes = self
             .inputs
             .iter()
             .map(|i| feeds[&i.name].shape().to_vec())
             .collect();
         let compiled = Arc::new(self.compile(shapes, feeds)?);
-        let spent = t0.elapsed();
+        let spent = compiled.compile_time;
         tracing::debug!(?spent, "compiled a new input-shape signature");
         {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -536,10 +659,11 @@ impl Session {
             kept.remove(0);
         }
         kept.push(Arc::clone(&compiled));
-        Ok(compiled)
+        Ok((compiled, true))
     }
 
     fn compile(&self, shapes: Vec<Vec<usize>>, feeds: &HashMap<String, Tensor>) -> Result<Compiled> {
+        let t0 = Instant::now();
         let (trace, binding, fixed, constants) = match &self.source {
             Source::Onnx(model) => {
                 let options = ImportOptions {
@@ -576,13 +700,67 @@ impl Session {
                 (trace.clone(), Binding::Trace(inputs), Vec::new(), constants)
             }
         };
-        let plan = self.plan_and_prepare(&trace, constants)?;
+        let (plan, prepared) = self.plan_and_prepare(&trace, constants)?;
         Ok(Compiled {
             shapes,
             fixed,
             plan,
             binding,
+            constants: prepared,
+            compile_time: t0.elapsed(),
         })
+    }
+}
+
+/// A signature compiled and its feeds bound ([`Session::prepare`]).
+pub struct Prepared {
+    compiled: Arc<Compiled>,
+    inputs: Vec<Tensor>,
+    output_names: Vec<String>,
+    compiled_now: bool,
+}
+
+impl Prepared {
+    /// The compiled plan: its regions, executors and reports.
+    pub fn plan(&self) -> &CompiledPlan {
+        &self.compiled.plan
+    }
+
+    /// Every input of the plan's trace, in order: the weights and
+    /// constants, and the tensors fed.
+    pub fn inputs(&self) -> &[Tensor] {
+        &self.inputs
+    }
+
+    /// The outputs' names, in the order a run gives them.
+    pub fn output_names(&self) -> &[String] {
+        &self.output_names
+    }
+
+    /// One run on the bound feeds.
+    pub fn run(&self, options: RunOptions) -> Result<RunResult> {
+        Ok(self.compiled.plan.run(&self.inputs, options)?)
+    }
+
+    /// Hands a run's outputs back, done with, for the next run to write
+    /// into rather than allocate afresh; gives how many were taken.
+    pub fn recycle(&self, outputs: Vec<Tensor>) -> usize {
+        self.compiled.plan.recycle(outputs)
+    }
+
+    /// What preparing the constants (weights) did when it was compiled.
+    pub fn constants(&self) -> ConstantsPrepared {
+        self.compiled.constants
+    }
+
+    /// What importing, planning and compiling the signature cost.
+    pub fn compile_time(&self) -> Duration {
+        self.compiled.compile_time
+    }
+
+    /// Whether this call compiled it (else it was kept from an earlier one).
+    pub fn compiled_now(&self) -> bool {
+        self.compiled_now
     }
 }
 
@@ -607,6 +785,12 @@ impl PlanView {
     /// The plan itself.
     pub fn plan(&self) -> &switchyard_core::plan::Plan {
         &self.plan
+    }
+}
+
+impl std::fmt::Debug for PlanView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary())
     }
 }
 
@@ -654,10 +838,21 @@ pub fn link_builtin_executors() {
 impl Session {
     /// `trace` planned and compiled, with `constants` (by the trace's
     /// values) prepared by its kernels.
-    fn plan_and_prepare(&self, trace: &Trace, constants: Vec<(ValueId, Tensor)>) -> Result<CompiledPlan> {
+    fn plan_and_prepare(
+        &self,
+        trace: &Trace,
+        constants: Vec<(ValueId, Tensor)>,
+    ) -> Result<(CompiledPlan, ConstantsPrepared)> {
+        let trace = &self.retargeted(trace);
         let (mut plan, set_aside) = self.planner.compile(trace, &self.cache, &self.may_fail)?;
-        for why in set_aside {
-            tracing::warn!("{why}");
+        if !set_aside.is_empty() {
+            for why in &set_aside {
+                tracing::debug!("{why}");
+            }
+            self.warnings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(set_aside);
         }
         // The plan's trace keeps the inputs in order, under values of its
         // own numbering.
@@ -666,9 +861,46 @@ impl Session {
             .into_iter()
             .filter_map(|(v, t)| trace.inputs.iter().position(|&i| i == v).map(|k| (planned[k], t)))
             .collect();
-        plan.prepare_constants(&constants)?;
-        Ok(plan)
+        let prepared = plan.prepare_constants(&constants)?;
+        Ok((plan, prepared))
     }
+
+    /// `trace` on the session's target, where it has one.
+    fn retargeted<'t>(&self, trace: &'t Trace) -> std::borrow::Cow<'t, Trace> {
+        match self.target {
+            Some(device) => {
+                let mut trace = trace.clone();
+                trace.retarget(device);
+                std::borrow::Cow::Owned(trace)
+            }
+            None => std::borrow::Cow::Borrowed(trace),
+        }
+    }
+}
+
+/// Refuses a target the session cannot plan for (a GPU costed with the
+/// CPU model) or, unless it only plans, run on (a GPU without a driver).
+fn check_target(target: Device, options: &SessionOptions, config: &Config) -> Result<()> {
+    if target == Device::Cpu {
+        return Ok(());
+    }
+    let model = match &options.device_model {
+        Some(m) => m.name.clone(),
+        None => config.device_model()?.name,
+    };
+    if model == "cpu" {
+        return Err(Error::Target(format!(
+            "target {target} needs a GPU cost model (h200, h100, a100 or a profile file; the config's `[cost] profile`)"
+        )));
+    }
+    if !options.plan_only
+        && let Err(why) = &switchyard_cuda::probe().driver
+    {
+        return Err(Error::Target(format!(
+            "target {target}: this machine cannot run on it: {why} (a session with `plan_only` plans for it without one)"
+        )));
+    }
+    Ok(())
 }
 
 /// The trace input named `name`.

@@ -341,3 +341,134 @@ fn arrays_go_in_and_come_out_without_copies_where_their_layout_allows() {
         assert!((*g as f64 - w).abs() < 1e-6, "{g} {w}");
     }
 }
+
+#[test]
+fn prepared_signatures_run_again_and_take_their_outputs_back() {
+    let s = Session::from_onnx(softmax_model(), &SessionOptions::default()).unwrap();
+    let x = rows(4, 0.5);
+    let p = s.prepare(&[("x", x.clone())]).unwrap();
+    assert!(p.compiled_now() && p.compile_time() > std::time::Duration::ZERO);
+    assert_eq!(p.output_names(), ["y"]);
+    assert_eq!(p.inputs().len(), 2, "the weight and the fed tensor");
+    let first = p.run(switchyard::RunOptions::default()).unwrap();
+    let address = switchyard::data_address(&first.outputs[0]);
+    assert_eq!(p.recycle(first.outputs), 1);
+    let second = p.run(switchyard::RunOptions::default()).unwrap();
+    assert_eq!(
+        switchyard::data_address(&second.outputs[0]),
+        address,
+        "written into the one handed back"
+    );
+    assert_close(&second.outputs[0], &softmax_of(&x.to_vec::<f32>().unwrap()), 1e-6);
+    // The same signature again: kept, not compiled.
+    let again = s.prepare(&[("x", rows(4, 1.5))]).unwrap();
+    assert!(!again.compiled_now());
+    assert_eq!(s.stats().compiles, 1);
+}
+
+#[test]
+fn random_feeds_and_plans_need_the_shapes_of_symbolic_dims() {
+    let s = Session::from_onnx(softmax_model(), &SessionOptions::default()).unwrap();
+    let e = s.random_feeds(&[], 0).unwrap_err().to_string();
+    assert!(
+        e.contains("input `x`: its dims are not all fixed (x: f32[batch, 3])"),
+        "{e}"
+    );
+    let e = s.plan(&[]).unwrap_err().to_string();
+    assert!(e.contains("input `x`"), "{e}");
+    let e = s.plan(&[("z", &[1])]).unwrap_err().to_string();
+    assert!(
+        e.contains("input `z`: the model has no input of this name"),
+        "{e}"
+    );
+    let a = s.random_feeds(&[("x", &[5, 3])], 7).unwrap();
+    let b = s.random_feeds(&[("x", &[5, 3])], 7).unwrap();
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].1.shape(), &[5, 3]);
+    assert_eq!(
+        a[0].1.to_vec::<f32>(),
+        b[0].1.to_vec::<f32>(),
+        "the same seed, the same tensors"
+    );
+    let c = s.random_feeds(&[("x", &[5, 3])], 8).unwrap();
+    assert_ne!(a[0].1.to_vec::<f32>(), c[0].1.to_vec::<f32>());
+    let plan = s.plan(&[("x", &[5, 3])]).unwrap();
+    assert!(plan.summary().contains("region"), "{plan}");
+    assert!(plan.explain().len() > plan.summary().len());
+    // Planning is not compiling.
+    assert_eq!(s.stats().compiles, 0);
+}
+
+#[test]
+fn a_model_in_memory_runs_as_from_its_file() {
+    let path = softmax_model();
+    let bytes = std::fs::read(&path).unwrap();
+    let a = Session::from_onnx(&path, &SessionOptions::default()).unwrap();
+    let b = Session::from_onnx_bytes(bytes, &SessionOptions::default()).unwrap();
+    let x = rows(3, 0.25);
+    let ya = a.run(&[("x", x.clone())]).unwrap();
+    let yb = b.run(&[("x", x)]).unwrap();
+    assert_eq!(ya[0].1.to_vec::<f32>(), yb[0].1.to_vec::<f32>());
+    let e = Session::from_onnx_bytes(b"not a model".to_vec(), &SessionOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("<model bytes>"), "{e}");
+}
+
+#[test]
+fn targets_and_plugins_are_checked_when_the_session_is_made() {
+    let path = softmax_model();
+    let gpu = SessionOptions {
+        target: Some(switchyard::Device::Cuda(0)),
+        ..SessionOptions::default()
+    };
+    let e = Session::from_onnx(&path, &gpu).err().unwrap().to_string();
+    assert!(e.contains("target cuda:0 needs a GPU cost model"), "{e}");
+    // Planned for a GPU this machine need not have.
+    let plan_only = SessionOptions {
+        device_model: Some(switchyard::DeviceModel::load("h100").unwrap()),
+        plan_only: true,
+        ..gpu
+    };
+    let s = Session::from_onnx(&path, &plan_only).unwrap();
+    let plan = s.plan(&[("x", &[2, 3])]).unwrap();
+    assert!(plan.summary().contains("cuda:0"), "{plan}");
+    // A config's optional plugin that cannot be loaded is a warning.
+    let config = scratch("optional-plugin.toml");
+    std::fs::write(
+        &config,
+        "[[plugin]]\npath = \"/no/such/plugin.so\"\noptional = true\n",
+    )
+    .unwrap();
+    let s = Session::from_onnx(
+        &path,
+        &SessionOptions {
+            config: Some(config.clone()),
+            ..SessionOptions::default()
+        },
+    )
+    .unwrap();
+    let w = s.take_warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("/no/such/plugin.so") && w[0].contains("optional: skipped"),
+        "{w:?}"
+    );
+    assert!(s.take_warnings().is_empty(), "taken once");
+    std::fs::write(&config, "[[plugin]]\npath = \"/no/such/plugin.so\"\n").unwrap();
+    let e = Session::from_onnx(
+        &path,
+        &SessionOptions {
+            config: Some(config),
+            ..SessionOptions::default()
+        },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("/no/such/plugin.so") && e.contains("optional = true"),
+        "{e}"
+    );
+}

@@ -103,6 +103,10 @@ pub struct RunReport {
     pub first_run_ns: Option<u64>,
     /// Time spent compiling the plan (preparing its constants included).
     pub compile_ns: u64,
+    /// What the run's signature of input shapes cost before its first run:
+    /// importing, planning and compiling (what a new shape costs a session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature_ns: Option<u64>,
     /// What the kernels prepared from the constants (a model's weights)
     /// before the first run, when the run said which inputs are constant.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -61,6 +61,7 @@ impl RunReport {
             times_ns,
             first_run_ns: None,
             compile_ns: compiled.compile_ns(),
+            signature_ns: None,
             constants: None,
             threaded_regions: compiled.threaded_regions(),
             pool_threads: rayon::current_num_threads(),
@@ -113,9 +114,18 @@ pub fn render_run(r: &RunReport, trace: &str, previews: &[String]) -> String {
         .first_run_ns
         .map(|t| format!(" after a first run of {}", human_ns(t as f64)))
         .unwrap_or_default();
+    let signature = r
+        .signature_ns
+        .map(|t| {
+            format!(
+                " (import, plan and compile of these input shapes {})",
+                human_ns(t as f64)
+            )
+        })
+        .unwrap_or_default();
     let _ = writeln!(
         s,
-        "time: {} median of {} run(s) (min {}, max {}){first}; compile {}",
+        "time: {} median of {} run(s) (min {}, max {}){first}; compile {}{signature}",
         human_ns(r.time_ns as f64),
         r.times_ns.len(),
         human_ns(min as f64),
