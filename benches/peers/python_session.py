@@ -11,9 +11,13 @@
    `onnxruntime.InferenceSession` (CPUExecutionProvider, intra_op_num_threads
    = cores), interleaved rounds, outputs compared; the median over rounds
    of the mean per call, and the ratio.
+3. A greedy decoding loop of gpt2-kv-decode (its cache fed back), the same
+   code with either session class: the loop's time, switchyard's share of
+   it spent importing, planning and compiling (`session.stats()`), and
+   whether the tokens agree. Median over rounds, a fresh session each.
 
     python3 benches/peers/python_session.py [--models ../shared/onnx/models]
-                                            [--rounds 7] [--calls 200]
+                                            [--rounds 7] [--calls 200] [--steps 256]
 
 Needs the package (`pip install ./python`), onnxruntime and numpy in one venv.
 """
@@ -97,13 +101,66 @@ def models(root, rounds, calls):
     return rows
 
 
+def greedy(session, steps, prompt):
+    """Tokens of a greedy loop feeding the presents back, and its seconds."""
+    inputs = session.get_inputs()
+    pasts = sorted(i.name for i in inputs if i.name.startswith("past_key_values."))
+    heads, size = next(i.shape for i in inputs if i.name == pasts[0])[1::2]
+    outputs = [o.name for o in session.get_outputs()]
+    presents = sorted(n for n in outputs if n.startswith("present."))
+    past = {n: np.zeros((1, heads, 0, size), np.float32) for n in pasts}
+    ids = np.array([prompt], np.int64)
+    tokens = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        length = past[pasts[0]].shape[2]
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones((1, length + ids.shape[1]), np.int64),
+            "position_ids": np.arange(length, length + ids.shape[1], dtype=np.int64)[None, :],
+            **past,
+        }
+        got = dict(zip(outputs, session.run(None, feeds)))
+        token = int(np.argmax(got["logits"][0, -1]))
+        tokens.append(token)
+        ids = np.array([[token]], np.int64)
+        past = {p: got[q] for p, q in zip(pasts, presents)}
+    return tokens, time.perf_counter() - t0
+
+
+def generation(root, rounds, steps):
+    model = str(Path(root) / "gpt2-kv-decode" / "model.onnx")
+    prompt = [177, 24, 171, 137, 5, 234, 30, 251]
+    threads = os.cpu_count()
+    ours_t, theirs_t, shares = [], [], []
+    for _ in range(rounds):
+        ours = switchyard.InferenceSession(model, threads=threads)
+        a, t = greedy(ours, steps, prompt)
+        ours_t.append(t)
+        shares.append(ours.stats()["compile_seconds"] / t)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        theirs = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        b, t = greedy(theirs, steps, prompt)
+        theirs_t.append(t)
+    return statistics.median(ours_t), statistics.median(theirs_t), statistics.median(shares), a == b, ours.stats()
+
+
 def main():
     here = Path(__file__).resolve()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=str(here.parents[3] / "shared" / "onnx" / "models"))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--steps", type=int, default=256)
     args = p.parse_args()
+
+    o, t, share, same, stats = generation(args.models, max(3, args.rounds // 2), args.steps)
+    print(f"greedy loop of gpt2-kv-decode, {args.steps} steps: switchyard {o * 1e3:.0f} ms, "
+          f"onnxruntime {t * 1e3:.0f} ms ({o / t:.1f}x); importing, planning and compiling "
+          f"{100 * share:.0f}% of switchyard's loop ({stats['compiles']} signatures); tokens "
+          f"{'equal' if same else 'DIFFER'}")
+    print()
 
     py, rust = overhead(args.rounds, args.calls * 10)
     print(f"overhead of a Python run over the Rust call (f32[2, 3] * 2): "

@@ -173,17 +173,20 @@ fn threads_from(sess_options: Option<&Bound<'_, PyAny>>, threads: Option<usize>)
     })
 }
 
-/// A memory limit given as bytes or as a size such as "4 GiB".
-fn memory_limit_from(limit: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if let Ok(n) = limit.extract::<usize>() {
+/// A size given as bytes or as text such as "4 GiB" (`memory_limit`,
+/// `shapes_kept_bytes`).
+fn size_from(what: &str, size: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Ok(n) = size.extract::<usize>() {
         return Ok(n);
     }
-    let text: String = limit.extract().map_err(|_| {
-        PyTypeError::new_err("memory_limit: give a number of bytes or a size such as \"4 GiB\"")
+    let text: String = size.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what}: give a number of bytes or a size such as \"4 GiB\""
+        ))
     })?;
     let bytes: switchyard::ByteSize = text
         .parse()
-        .map_err(|e: String| PyValueError::new_err(format!("memory_limit {text:?}: {e}")))?;
+        .map_err(|e: String| PyValueError::new_err(format!("{what} {text:?}: {e}")))?;
     Ok(usize::try_from(bytes.0).unwrap_or(usize::MAX))
 }
 
@@ -219,7 +222,7 @@ impl InferenceSession {
     #[new]
     #[pyo3(signature = (path_or_bytes, sess_options=None, providers=None, provider_options=None, *,
         executors=None, config=None, threads=None, memory_limit=None, autotune=None, plugins=None,
-        shapes_kept=16, target=None, device_model=None))]
+        shapes_kept=16, shapes_kept_bytes=None, target=None, device_model=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -234,6 +237,7 @@ impl InferenceSession {
         autotune: Option<String>,
         plugins: Option<Vec<PathBuf>>,
         shapes_kept: usize,
+        shapes_kept_bytes: Option<&Bound<'_, PyAny>>,
         target: Option<String>,
         device_model: Option<String>,
     ) -> PyResult<InferenceSession> {
@@ -248,7 +252,7 @@ impl InferenceSession {
             executors: executors.or(from_providers),
             config,
             threads: threads_from(sess_options, threads),
-            memory_limit: memory_limit.map(memory_limit_from).transpose()?,
+            memory_limit: memory_limit.map(|m| size_from("memory_limit", m)).transpose()?,
             autotune: autotune
                 .map(|mode| {
                     mode.parse()
@@ -257,6 +261,9 @@ impl InferenceSession {
                 .transpose()?,
             plugins: plugins.unwrap_or_default(),
             shapes_kept,
+            shapes_kept_bytes: shapes_kept_bytes
+                .map(|b| size_from("shapes_kept_bytes", b))
+                .transpose()?,
             target: target
                 .map(|t| {
                     switchyard::Device::parse(&t).ok_or_else(|| {

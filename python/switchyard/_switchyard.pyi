@@ -56,6 +56,7 @@ class InferenceSession:
         autotune: Optional[str] = None,
         plugins: Optional[Sequence[_Path]] = None,
         shapes_kept: int = 16,
+        shapes_kept_bytes: Union[int, str, None] = None,
         target: Optional[str] = None,
         device_model: Optional[str] = None,
     ) -> None: ...

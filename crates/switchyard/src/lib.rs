@@ -54,6 +54,7 @@ use switchyard_onnx::{ImportOptions, Imported, Model, StagedRunner};
 
 #[cfg(feature = "ndarray")]
 pub mod array;
+pub mod dlpack;
 
 pub use switchyard_core::config::ByteSize;
 pub use switchyard_core::cost::DeviceModel;
@@ -82,6 +83,9 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A DLPack tensor that cannot be taken or given.
+    #[error("DLPack: {0}")]
+    DLPack(String),
     /// A target device the session cannot plan for or run on.
     #[error("{0}")]
     Target(String),
@@ -119,6 +123,10 @@ pub struct SessionOptions {
     pub plugins: Vec<PathBuf>,
     /// Compiled input-shape signatures kept at once (at least 1).
     pub shapes_kept: usize,
+    /// Host bytes the kept signatures may hold together (each its arena
+    /// and its own copy of the model's weights; the one compiled last is
+    /// kept whatever its size); `None`: only `shapes_kept` bounds them.
+    pub shapes_kept_bytes: Option<usize>,
     /// Put the whole model on this device (`cuda:0`) instead of the
     /// devices it declares; `None`: as declared (the host for a model). A
     /// GPU target needs a GPU cost model (`device_model` or the config's).
@@ -148,6 +156,7 @@ impl Default for SessionOptions {
             autotune: None,
             plugins: Vec::new(),
             shapes_kept: 16,
+            shapes_kept_bytes: None,
             target: None,
             device_model: None,
             schedule: None,
@@ -183,6 +192,18 @@ struct Compiled {
     constants: ConstantsPrepared,
     /// Importing, planning and compiling it took this long.
     compile_time: Duration,
+}
+
+impl Compiled {
+    /// Host bytes it holds: its arena, and the weights its import made
+    /// (a trace's constants are the session's, shared by every signature).
+    fn bytes(&self) -> usize {
+        let weights = match &self.binding {
+            Binding::Onnx(imported) => imported.weights.iter().map(|(_, t)| t.storage_bytes()).sum(),
+            Binding::Trace(_) => 0,
+        };
+        self.plan.arena_bytes() + weights
+    }
 }
 
 /// How a run's tensors become the plan's inputs.
@@ -221,6 +242,7 @@ pub struct Session {
     memory_limit: Option<usize>,
     target: Option<Device>,
     kept: usize,
+    kept_bytes: Option<usize>,
     /// Least recently used first.
     compiled: Mutex<Vec<Arc<Compiled>>>,
     /// Set once the model is found to need stages: its runs go through
@@ -361,6 +383,7 @@ impl Session {
             memory_limit,
             target: options.target,
             kept: options.shapes_kept.max(1),
+            kept_bytes: options.shapes_kept_bytes,
             compiled: Mutex::new(Vec::new()),
             staged: AtomicBool::new(false),
             stages: Mutex::new(StagedRunner::new(STAGES_KEPT).with_memory_limit(memory_limit)),
@@ -655,10 +678,17 @@ impl Session {
             stats.compile_time += spent;
         }
         let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
-        if kept.len() >= self.kept {
+        kept.push(Arc::clone(&compiled));
+        // The least recently used go first, the one just made never.
+        let over = |kept: &[Arc<Compiled>]| {
+            kept.len() > self.kept
+                || self
+                    .kept_bytes
+                    .is_some_and(|limit| kept.iter().map(|c| c.bytes()).sum::<usize>() > limit)
+        };
+        while kept.len() > 1 && over(&kept) {
             kept.remove(0);
         }
-        kept.push(Arc::clone(&compiled));
         Ok((compiled, true))
     }
 

@@ -86,6 +86,20 @@ fn signatures_past_the_kept_count_are_compiled_again() {
         s.run(&[("x", rows(batch, 0.5))]).unwrap();
     }
     assert_eq!(s.stats().compiles, 4);
+    // Bounded by bytes: each signature holds its weights (12 bytes here)
+    // and its arena, so a bound of 1 byte keeps the last alone, and a
+    // large one keeps both.
+    for (bytes, compiles) in [(1, 4), (1 << 30, 2)] {
+        let options = SessionOptions {
+            shapes_kept_bytes: Some(bytes),
+            ..SessionOptions::default()
+        };
+        let s = Session::from_onnx(softmax_model(), &options).unwrap();
+        for batch in [1, 2, 1, 2] {
+            s.run(&[("x", rows(batch, 0.5))]).unwrap();
+        }
+        assert_eq!(s.stats().compiles, compiles, "shapes_kept_bytes {bytes}");
+    }
 }
 
 #[test]
