@@ -138,6 +138,14 @@ impl Targeting {
             .transpose()
     }
 
+    /// `--device-model`, if given.
+    fn given_model(&self) -> Result<Option<DeviceModel>> {
+        self.device_model
+            .as_deref()
+            .map(|name| DeviceModel::load(name).with_context(|| "--device-model"))
+            .transpose()
+    }
+
     /// `--device-model`, else the config's cost model.
     pub(crate) fn model(&self, config: &Config) -> Result<DeviceModel> {
         match &self.device_model {
@@ -158,21 +166,23 @@ impl Planning {
         })
     }
 
+    /// `--schedule`, if given.
+    fn strategy(&self) -> Result<Option<switchyard_core::schedule::Strategy>> {
+        self.schedule
+            .as_deref()
+            .map(|name| {
+                name.parse()
+                    .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))
+            })
+            .transpose()
+    }
+
     /// The session options of this command line (`plan_only`: for a plan
     /// made for `--target` alone).
     pub(crate) fn session_options(&self, config: &Config, plan_only: bool) -> Result<SessionOptions> {
         self.targeting.check_model(config)?;
-        let strategy = match &self.schedule {
-            Some(name) => Some(
-                name.parse()
-                    .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
-            ),
-            None => None,
-        };
-        let device_model = match &self.targeting.device_model {
-            Some(name) => Some(DeviceModel::load(name).with_context(|| "--device-model")?),
-            None => None,
-        };
+        let strategy = self.strategy()?;
+        let device_model = self.targeting.given_model()?;
         let options = SessionOptions {
             config: self.config.clone(),
             executors: self.executors.clone(),
@@ -203,17 +213,8 @@ impl Planning {
     pub(crate) fn planner(&self, config: &Config, plan_only: bool) -> Result<(Planner, Vec<String>)> {
         let plugins = load_plugins(config, &self.plugin, self.plugin_isolated)?;
         let names = plugins.iter().map(|p| p.executor.info().name).collect();
-        let strategy = match &self.schedule {
-            Some(name) => Some(
-                name.parse()
-                    .map_err(|e: String| anyhow::anyhow!("--schedule: {e}"))?,
-            ),
-            None => None,
-        };
-        let device = match &self.targeting.device_model {
-            Some(name) => Some(DeviceModel::load(name).with_context(|| "--device-model")?),
-            None => None,
-        };
+        let strategy = self.strategy()?;
+        let device = self.targeting.given_model()?;
         let choices = Choices {
             executors: self.executors.clone(),
             strategy,

@@ -426,6 +426,19 @@ impl Session {
     /// input whose dims are not all fixed needs its shape here; a model
     /// whose shapes depend on the values of its data cannot be planned
     /// without them, and the error says so.
+    ///
+    /// ```
+    /// # use switchyard::{Session, SessionOptions};
+    /// # let dir = std::env::temp_dir().join(format!("switchyard-doc-plan-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// # let path = dir.join("scale.trace");
+    /// # std::fs::write(&path, "input x: f32[4, 8]\ny = mul(x, 2.0)\nz = exp(y)\noutput z\n").unwrap();
+    /// let session = Session::from_trace(&path, &SessionOptions::default())?;
+    /// let plan = session.plan(&[])?;
+    /// assert!(plan.summary().starts_with("2 ops in"));
+    /// println!("{}", plan.explain()); // every op's candidates, their costs, the choice
+    /// # Ok::<(), switchyard::Error>(())
+    /// ```
     pub fn plan(&self, shapes: &[(&str, &[usize])]) -> Result<PlanView> {
         let trace = self.trace_for(shapes)?;
         Ok(PlanView {
@@ -518,6 +531,26 @@ impl Session {
     /// [`Session::stats`]. A model whose shapes depend on its data cannot
     /// be prepared whole: that is an [`Error::Onnx`] holding
     /// `NeedsValue`, and [`Session::run`] runs such a model in stages.
+    ///
+    /// ```
+    /// # use switchyard::{RunOptions, Session, SessionOptions, Tensor};
+    /// # let dir = std::env::temp_dir().join(format!("switchyard-doc-prepare-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// # let path = dir.join("double.trace");
+    /// # std::fs::write(&path, "input x: f32[2, 3]\ny = mul(x, 2.0)\noutput y\n").unwrap();
+    /// let session = Session::from_trace(&path, &SessionOptions::default())?;
+    /// let x = Tensor::from_vec(vec![1f32; 6], &[2, 3])?;
+    /// let prepared = session.prepare(&[("x", x)])?;
+    /// let mut last = prepared.run(RunOptions::default())?;
+    /// for _ in 0..10 {
+    ///     // Done with the outputs: the next run writes into them.
+    ///     prepared.recycle(last.outputs);
+    ///     last = prepared.run(RunOptions::default())?;
+    /// }
+    /// assert_eq!(last.outputs[0].to_vec::<f32>(), Some(vec![2.0; 6]));
+    /// println!("this shape cost {:?} to compile", prepared.compile_time());
+    /// # Ok::<(), switchyard::Error>(())
+    /// ```
     pub fn prepare(&self, feeds: &[(&str, Tensor)]) -> Result<Prepared> {
         let by_name = self.by_name(feeds)?;
         let (compiled, compiled_now) = self.compiled_for(&by_name)?;
