@@ -48,8 +48,8 @@ pub mod tensor;
 
 pub use error::{Error, Result};
 pub use import::{
-    Cut, CutTaken, ImportOptions, Imported, MAX_CUTS, Resume, Staged, StagedRun, StagedRunner, import,
-    import_file, import_for, import_stage,
+    Cut, CutTaken, ImportOptions, Imported, MAX_CUTS, Resume, Staged, StagedRun, StagedRunner,
+    decode_initializers, import, import_file, import_for, import_stage,
 };
 pub use model::Model;
 pub use ops::supported_op_types;

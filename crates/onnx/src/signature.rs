@@ -80,7 +80,7 @@ impl Model {
         self.graph()?.output.iter().map(spec).collect()
     }
 
-    fn graph(&self) -> Result<&crate::proto::GraphProto> {
+    pub(crate) fn graph(&self) -> Result<&crate::proto::GraphProto> {
         self.proto
             .graph
             .as_ref()

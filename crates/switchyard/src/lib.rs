@@ -124,8 +124,9 @@ pub struct SessionOptions {
     /// Compiled input-shape signatures kept at once (at least 1).
     pub shapes_kept: usize,
     /// Host bytes the kept signatures may hold together (each its arena
-    /// and its own copy of the model's weights; the one compiled last is
-    /// kept whatever its size); `None`: only `shapes_kept` bounds them.
+    /// and the constants its import folded; the model's weights are
+    /// shared, held once by the session; the one compiled last is kept
+    /// whatever its size); `None`: only `shapes_kept` bounds them.
     pub shapes_kept_bytes: Option<usize>,
     /// Put the whole model on this device (`cuda:0`) instead of the
     /// devices it declares; `None`: as declared (the host for a model). A
@@ -192,18 +193,10 @@ struct Compiled {
     constants: ConstantsPrepared,
     /// Importing, planning and compiling it took this long.
     compile_time: Duration,
-}
-
-impl Compiled {
-    /// Host bytes it holds: its arena, and the weights its import made
-    /// (a trace's constants are the session's, shared by every signature).
-    fn bytes(&self) -> usize {
-        let weights = match &self.binding {
-            Binding::Onnx(imported) => imported.weights.iter().map(|(_, t)| t.storage_bytes()).sum(),
-            Binding::Trace(_) => 0,
-        };
-        self.plan.arena_bytes() + weights
-    }
+    /// Host bytes it holds of its own: its arena, and the constants its
+    /// import folded (the initializers and a trace's constants are the
+    /// session's, shared by every signature).
+    bytes: usize,
 }
 
 /// How a run's tensors become the plan's inputs.
@@ -241,6 +234,9 @@ pub struct Session {
     cache: KernelCache,
     memory_limit: Option<usize>,
     target: Option<Device>,
+    /// A model's initializers, decoded once: every signature's import
+    /// shares them.
+    initializers: Option<Arc<HashMap<String, Tensor>>>,
     kept: usize,
     kept_bytes: Option<usize>,
     /// Least recently used first.
@@ -371,7 +367,12 @@ impl Session {
         let mut planner = config.planner(&choices, &plugins)?;
         let memory_limit = options.memory_limit.or(config.memory_limit_bytes());
         planner.memory_limit = memory_limit;
+        let initializers = match &source {
+            Source::Onnx(model) => Some(Arc::new(switchyard_onnx::decode_initializers(model)?)),
+            Source::Trace { .. } => None,
+        };
         Ok(Session {
+            initializers,
             source,
             input_names: inputs.iter().map(|i| i.name.clone()).collect(),
             inputs,
@@ -473,6 +474,7 @@ impl Session {
                 let options = ImportOptions {
                     input_shapes: shapes.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(),
                     memory_limit: self.memory_limit,
+                    initializers: self.initializers.clone(),
                     ..ImportOptions::default()
                 };
                 switchyard_onnx::import(model, &options)?.trace
@@ -717,7 +719,7 @@ impl Session {
             kept.len() > self.kept
                 || self
                     .kept_bytes
-                    .is_some_and(|limit| kept.iter().map(|c| c.bytes()).sum::<usize>() > limit)
+                    .is_some_and(|limit| kept.iter().map(|c| c.bytes).sum::<usize>() > limit)
         };
         while kept.len() > 1 && over(&kept) {
             kept.remove(0);
@@ -731,6 +733,7 @@ impl Session {
             Source::Onnx(model) => {
                 let options = ImportOptions {
                     memory_limit: self.memory_limit,
+                    initializers: self.initializers.clone(),
                     ..ImportOptions::default()
                 };
                 let (imported, fixed) = switchyard_onnx::import_for(model, feeds, &options)?;
@@ -763,8 +766,23 @@ impl Session {
                 (trace.clone(), Binding::Trace(inputs), Vec::new(), constants)
             }
         };
+        let shared: HashSet<usize> = self
+            .initializers
+            .iter()
+            .flat_map(|i| i.values().map(Tensor::storage_id))
+            .collect();
+        let folded: usize = match &binding {
+            Binding::Onnx(imported) => imported
+                .weights
+                .iter()
+                .filter(|(_, t)| !shared.contains(&t.storage_id()))
+                .map(|(_, t)| t.storage_bytes())
+                .sum(),
+            Binding::Trace(_) => 0,
+        };
         let (plan, prepared) = self.plan_and_prepare(&trace, constants)?;
         Ok(Compiled {
+            bytes: plan.arena_bytes() + folded,
             shapes,
             fixed,
             plan,

@@ -86,15 +86,24 @@ fn signatures_past_the_kept_count_are_compiled_again() {
         s.run(&[("x", rows(batch, 0.5))]).unwrap();
     }
     assert_eq!(s.stats().compiles, 4);
-    // Bounded by bytes: each signature holds its weights (12 bytes here)
-    // and its arena, so a bound of 1 byte keeps the last alone, and a
-    // large one keeps both.
+    // Bounded by bytes: each signature of this model holds the constant
+    // its import folds (w + w, 12 bytes), so a bound of 1 byte keeps the
+    // last alone, and a large one keeps both.
+    let mut b = ModelBuilder::new("folds", 18);
+    b.input("x", DType::F32, &[B::from("batch"), B::Fixed(3)])
+        .initializer("w", &Tensor::from_vec(vec![1f32, 2., 3.], &[3]).unwrap())
+        .unwrap()
+        .node("Add", &["w", "w"], &["w2"], vec![])
+        .node("Mul", &["x", "w2"], &["y"], vec![])
+        .output("y", DType::F32, &[B::from("batch"), B::Fixed(3)]);
+    let folds = scratch("folds.onnx");
+    Model::save(&b.build(), &folds).unwrap();
     for (bytes, compiles) in [(1, 4), (1 << 30, 2)] {
         let options = SessionOptions {
             shapes_kept_bytes: Some(bytes),
             ..SessionOptions::default()
         };
-        let s = Session::from_onnx(softmax_model(), &options).unwrap();
+        let s = Session::from_onnx(&folds, &options).unwrap();
         for batch in [1, 2, 1, 2] {
             s.run(&[("x", rows(batch, 0.5))]).unwrap();
         }
@@ -374,10 +383,20 @@ fn prepared_signatures_run_again_and_take_their_outputs_back() {
         "written into the one handed back"
     );
     assert_close(&second.outputs[0], &softmax_of(&x.to_vec::<f32>().unwrap()), 1e-6);
+    // Another shape shares the weights the session decoded once.
+    let other = s.prepare(&[("x", rows(2, 0.5))]).unwrap();
+    let weight = |p: &switchyard::Prepared| {
+        p.inputs()
+            .iter()
+            .find(|t| t.shape() == [3])
+            .map(switchyard::data_address)
+            .unwrap()
+    };
+    assert_eq!(weight(&p), weight(&other), "one copy of the weights");
     // The same signature again: kept, not compiled.
     let again = s.prepare(&[("x", rows(4, 1.5))]).unwrap();
     assert!(!again.compiled_now());
-    assert_eq!(s.stats().compiles, 1);
+    assert_eq!(s.stats().compiles, 2);
 }
 
 #[test]

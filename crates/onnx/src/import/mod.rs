@@ -79,6 +79,22 @@ pub struct ImportOptions {
     /// (and in 64 MiB each whatever this says). A larger one is left to run
     /// time, where the plan's memory check counts it like any other op.
     pub memory_limit: Option<usize>,
+    /// The model's initializers decoded ahead ([`decode_initializers`]), by
+    /// name: taken instead of decoding them again, so that the imports of
+    /// one model for several input shapes share its weights.
+    pub initializers: Option<Arc<HashMap<String, Tensor>>>,
+}
+
+/// Every initializer of `model`'s graph decoded, by name, for
+/// [`ImportOptions::initializers`].
+pub fn decode_initializers(model: &Model) -> Result<HashMap<String, Tensor>> {
+    let graph = model.graph()?;
+    let mut external = model.external_data();
+    graph
+        .initializer
+        .iter()
+        .map(|t| Ok((t.name().to_string(), tensor_from_proto(t, &mut external)?)))
+        .collect()
 }
 
 /// A model lowered to a trace.
@@ -427,7 +443,10 @@ pub fn import_stage(model: &Model, options: &ImportOptions, resume: &Resume) -> 
     }
     let mut external = model.external_data();
     for t in &graph.initializer {
-        let tensor = tensor_from_proto(t, &mut external)?;
+        let tensor = match options.initializers.as_ref().and_then(|d| d.get(t.name())) {
+            Some(decoded) => decoded.clone(),
+            None => tensor_from_proto(t, &mut external)?,
+        };
         imp.env.insert(
             t.name().to_string(),
             Known {
