@@ -131,6 +131,7 @@ def test_executors_are_chosen_as_providers(double_trace):
     assert session.get_providers() == ["fallback"]
     default = switchyard.InferenceSession(double_trace, providers=["CPUExecutionProvider"])
     assert default.get_providers()[-1] == "fallback" and len(default.get_providers()) > 1
+    assert set(default.get_providers()) <= set(switchyard.get_available_providers())
     assert "fallback" in session.plan().summary()
 
 

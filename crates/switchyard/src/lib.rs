@@ -239,6 +239,8 @@ pub struct Session {
     initializers: Option<Arc<HashMap<String, Tensor>>>,
     kept: usize,
     kept_bytes: Option<usize>,
+    /// The session plans for a target it need not run on.
+    plan_only: bool,
     /// Least recently used first.
     compiled: Mutex<Vec<Arc<Compiled>>>,
     /// Set once the model is found to need stages: its runs go through
@@ -385,6 +387,7 @@ impl Session {
             target: options.target,
             kept: options.shapes_kept.max(1),
             kept_bytes: options.shapes_kept_bytes,
+            plan_only: options.plan_only,
             compiled: Mutex::new(Vec::new()),
             staged: AtomicBool::new(false),
             stages: Mutex::new(StagedRunner::new(STAGES_KEPT).with_memory_limit(memory_limit)),
@@ -404,9 +407,17 @@ impl Session {
     }
 
     /// The executors the session plans onto, in order of preference (as
-    /// `--executors` or the config chose them, plugins included).
+    /// `--executors` or the config chose them, plugins included): those
+    /// this machine can run (all of them for a session that only plans).
     pub fn executors(&self) -> Vec<String> {
-        self.planner.set.executors.iter().map(|e| e.info().name).collect()
+        use switchyard_core::executor::Availability;
+        self.planner
+            .set
+            .executors
+            .iter()
+            .filter(|e| self.plan_only || e.availability() == Availability::Available)
+            .map(|e| e.info().name)
+            .collect()
     }
 
     /// What the session has warned of since the last call, oldest first:

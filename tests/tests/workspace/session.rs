@@ -467,6 +467,19 @@ fn targets_and_plugins_are_checked_when_the_session_is_made() {
     let s = Session::from_onnx(&path, &plan_only).unwrap();
     let plan = s.plan(&[("x", &[2, 3])]).unwrap();
     assert!(plan.summary().contains("cuda:0"), "{plan}");
+    // A session that only plans lists every executor; one that runs, those
+    // this machine can run.
+    assert_eq!(s.executors().len(), switchyard::available_executors().len());
+    let runs = Session::from_onnx(&path, &SessionOptions::default()).unwrap();
+    for name in runs.executors() {
+        let e = switchyard_core::executor::create(&name).unwrap();
+        assert_eq!(
+            e.availability(),
+            switchyard_core::executor::Availability::Available,
+            "{name}"
+        );
+    }
+    assert_eq!(runs.executors().last().map(String::as_str), Some("fallback"));
     // A config's optional plugin that cannot be loaded is a warning.
     let config = scratch("optional-plugin.toml");
     std::fs::write(

@@ -10,7 +10,11 @@ use super::{bin, built_plugin, scratch};
 
 fn trace() -> PathBuf {
     let t = scratch("plugin-exp.trace");
-    std::fs::write(&t, "input x: f32[64]\na = exp(x)\nb = neg(a)\noutput b\n").unwrap();
+    // Tests running at once each write it: written aside and renamed into
+    // place, so that no run reads it half written.
+    let aside = scratch(&format!("plugin-exp.trace.{:?}", std::thread::current().id()));
+    std::fs::write(&aside, "input x: f32[64]\na = exp(x)\nb = neg(a)\noutput b\n").unwrap();
+    std::fs::rename(&aside, &t).unwrap();
     t
 }
 
