@@ -110,26 +110,25 @@ impl NodeArg {
 /// executors and costs.
 #[pyclass(frozen, module = "switchyard")]
 struct Plan {
-    summary: String,
-    explained: String,
+    view: switchyard::PlanView,
 }
 
 #[pymethods]
 impl Plan {
     /// Each region, its executor, the estimated time and the planned peak
     /// memory (what `switchyard plan` prints).
-    fn summary(&self) -> &str {
-        &self.summary
+    fn summary(&self) -> String {
+        self.view.summary()
     }
 
     /// The summary, and for every op the executors that could take it,
     /// their costs, and why the chosen one won (`switchyard plan --explain`).
-    fn explain(&self) -> &str {
-        &self.explained
+    fn explain(&self) -> String {
+        self.view.explain()
     }
 
-    fn __str__(&self) -> &str {
-        &self.summary
+    fn __str__(&self) -> String {
+        self.view.summary()
     }
 }
 
@@ -436,10 +435,8 @@ impl InferenceSession {
         py.detach(|| {
             let shapes: Vec<(&str, &[usize])> =
                 shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
-            let view = self.session.plan(&shapes)?;
             Ok(Plan {
-                summary: view.summary(),
-                explained: view.explain(),
+                view: self.session.plan(&shapes)?,
             })
         })
         .map_err(to_py)

@@ -237,6 +237,9 @@ pub struct Session {
     /// A model's initializers, decoded once: every signature's import
     /// shares them.
     initializers: Option<Arc<HashMap<String, Tensor>>>,
+    /// Their buffers: weights of an import that are none of these are its
+    /// own (folded constants).
+    initializer_ids: HashSet<usize>,
     kept: usize,
     kept_bytes: Option<usize>,
     /// The session plans for a target it need not run on.
@@ -373,8 +376,13 @@ impl Session {
             Source::Onnx(model) => Some(Arc::new(switchyard_onnx::decode_initializers(model)?)),
             Source::Trace { .. } => None,
         };
+        let initializer_ids = initializers
+            .iter()
+            .flat_map(|i| i.values().map(Tensor::storage_id))
+            .collect();
         Ok(Session {
             initializers,
+            initializer_ids,
             source,
             input_names: inputs.iter().map(|i| i.name.clone()).collect(),
             inputs,
@@ -582,18 +590,17 @@ impl Session {
     /// `seed`, as `switchyard run` makes them without `--inputs`.
     pub fn random_feeds(&self, shapes: &[(&str, &[usize])], seed: u64) -> Result<Vec<(String, Tensor)>> {
         let trace = self.trace_for(shapes)?;
-        let fed: HashSet<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
         let mut k = 0u64;
         let mut feeds = Vec::with_capacity(self.inputs.len());
-        for &v in &trace.inputs {
+        for (position, &v) in trace.inputs.iter().enumerate() {
             let name = &trace.value(v).name;
-            if !fed.contains(name.as_str()) {
+            if !self.input_names.contains(name) {
                 continue;
             }
             let stream = match &self.source {
                 // A model's weights draw no stream.
                 Source::Onnx(_) => k,
-                Source::Trace { trace, .. } => trace.inputs.iter().position(|&i| i == v).unwrap_or(0) as u64,
+                Source::Trace { .. } => position as u64,
             };
             feeds.push((
                 name.clone(),
@@ -777,16 +784,11 @@ impl Session {
                 (trace.clone(), Binding::Trace(inputs), Vec::new(), constants)
             }
         };
-        let shared: HashSet<usize> = self
-            .initializers
-            .iter()
-            .flat_map(|i| i.values().map(Tensor::storage_id))
-            .collect();
         let folded: usize = match &binding {
             Binding::Onnx(imported) => imported
                 .weights
                 .iter()
-                .filter(|(_, t)| !shared.contains(&t.storage_id()))
+                .filter(|(_, t)| !self.initializer_ids.contains(&t.storage_id()))
                 .map(|(_, t)| t.storage_bytes())
                 .sum(),
             Binding::Trace(_) => 0,
