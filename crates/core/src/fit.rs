@@ -77,7 +77,9 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
         let Some(i) = next else { break };
         tried.insert(plan.regions[i].ops[0]);
         let pieces = bounded(&plan, components(&plan, &plan.regions[i].ops), &uses);
-        if let Some(p) = lowers(&plan, &schedules, &facts, i, pieces.clone(), strategy, peak) {
+        if let Some(p) = lowers(&plan, &schedules, &facts, i, pieces.clone(), strategy, peak)
+            && accepted(&plan, i, &pieces, &uses)
+        {
             let ops = plan.regions[i].ops.clone();
             plan = apply(plan, i, &pieces, strategy, p)?;
             annotate(
@@ -94,10 +96,19 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
     let merged: Vec<Vec<OpId>> = plan
         .regions
         .iter()
-        .filter(|r| {
-            kind(&plan, r) == ExecutorKind::Fusion && !whole(r) && components(&plan, &r.ops).len() > 1
+        .enumerate()
+        .filter(|(i, r)| {
+            kind(&plan, r) == ExecutorKind::Fusion
+                && !whole(r)
+                && components(&plan, &r.ops).len() > 1
+                && accepted(
+                    &plan,
+                    *i,
+                    &bounded(&plan, components(&plan, &r.ops), &uses),
+                    &uses,
+                )
         })
-        .map(|r| r.ops.clone())
+        .map(|(_, r)| r.ops.clone())
         .collect();
     if !merged.is_empty() {
         let mut candidate = plan.clone();
@@ -140,7 +151,7 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
         let stride = r.ops.len().div_ceil(CUTS).max(1);
         let cuts: Vec<usize> = (1..r.ops.len()).step_by(stride).collect();
         let at = Cuts::new(&plan.trace, &r.ops, &r.outputs, &uses);
-        let best = cuts
+        let mut lower: Vec<(usize, usize)> = cuts
             .par_iter()
             .zip(at.boundaries(&cuts))
             .filter_map(|(&k, [(a_in, a_out), (b_in, b_out)])| {
@@ -150,7 +161,14 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
                 ];
                 lowers(&plan, &schedules, &facts, step, pieces, strategy, peak).map(|p| (p, k))
             })
-            .min();
+            .collect();
+        lower.sort_unstable();
+        // A cut makes values outputs that were internal, which can make a
+        // piece one its executor would not fuse: the lowest peak whose
+        // pieces it still takes wins.
+        let best = lower
+            .into_iter()
+            .find(|&(_, k)| accepted(&plan, step, &at.pieces(k), &uses));
         let Some((p, k)) = best else { break };
         let (ops, pieces) = (r.ops.clone(), at.pieces(k));
         plan = apply(plan, step, &pieces, strategy, p)?;
@@ -370,6 +388,20 @@ fn lowers(
         .collect();
     let p = scheduled_peak(plan, schedules, facts, &regions, strategy);
     (p < peak).then_some(p)
+}
+
+/// Whether region `i`'s executor takes each of `pieces` as a region of its
+/// own as it is: its `refine` hands nothing back and has no op begin a
+/// region of its own but the first.
+fn accepted(plan: &Plan, i: usize, pieces: &[Piece], uses: &Uses) -> bool {
+    regions_of(plan, i, pieces.to_vec()).iter().all(|r| {
+        let refinement = plan.with_context(r, uses, |cx| plan.executor_of(r).refine(&r.ops, cx));
+        refinement.handed_back.is_empty()
+            && refinement
+                .leads
+                .iter()
+                .all(|(op, _)| r.ops.first() == Some(op) || !r.ops.contains(op))
+    })
 }
 
 /// `plan` with region `i` split into `pieces` and rescheduled: the plan a
