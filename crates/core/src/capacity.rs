@@ -55,7 +55,7 @@ impl MemoryLimits {
             bytes,
             source: "the config's `memory_limit`".into(),
         });
-        let host = match (available_host_memory(), configured) {
+        let host = match (recent_host_memory(), configured) {
             (Some(a), Some(c)) => Some(if c.bytes <= a.bytes { c } else { a }),
             (a, c) => a.or(c),
         };
@@ -106,6 +106,27 @@ pub fn available_host_memory() -> Option<Limit> {
     match (meminfo, cgroup_left()) {
         (Some(m), Some(c)) => Some(if c.bytes < m.bytes { c } else { m }),
         (m, c) => m.or(c),
+    }
+}
+
+/// How old a reading of [`available_host_memory`] [`MemoryLimits::detect`]
+/// takes: it reads four files, which cost a session that meets a new input
+/// shape on every call (a decoder's growing cache) a sixth of its compile.
+const READING_KEPT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// [`available_host_memory`] as read within [`READING_KEPT`].
+fn recent_host_memory() -> Option<Limit> {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static LAST: Mutex<Option<(Instant, Option<Limit>)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    match &*last {
+        Some((at, limit)) if at.elapsed() < READING_KEPT => limit.clone(),
+        _ => {
+            let limit = available_host_memory();
+            *last = Some((Instant::now(), limit.clone()));
+            limit
+        }
     }
 }
 

@@ -58,8 +58,29 @@ impl<T> KeptByBuffer<T> {
 
     /// Holds `value`, derived from the constant `t`, for the store's life.
     /// Returns whether it is held (an arena buffer is not).
+    /// A constant held already is not held twice: a kernel the plans of
+    /// several input shapes share is offered the same weights by each.
     pub fn hold(&self, t: &Tensor, value: Arc<T>) -> bool {
-        !t.may_change() && Self::push(&self.constants, t, value, usize::MAX)
+        if t.may_change() {
+            return false;
+        }
+        let Ok(mut entries) = self.constants.write() else {
+            return false;
+        };
+        if !entries.iter().any(|(held, _)| same(held, t)) {
+            entries.push((t.clone(), value));
+        }
+        true
+    }
+
+    /// Whether a value derived from the constant `t` is held: a kernel
+    /// need not derive it again.
+    pub fn holds(&self, t: &Tensor) -> bool {
+        !t.may_change()
+            && self
+                .constants
+                .read()
+                .is_ok_and(|entries| entries.iter().any(|(held, _)| same(held, t)))
     }
 
     /// Keeps `value`, derived from `t` in a run, the oldest kept going
@@ -110,6 +131,11 @@ mod tests {
         assert_eq!(store.find(&t[1]), None);
         assert_eq!(store.find(&t[3]).as_deref(), Some(&3));
         assert_eq!((store.constants_len(), store.kept_len()), (1, 2));
+        // A constant offered again is held once, as it was first.
+        assert!(store.holds(&t[0]) && !store.holds(&t[3]));
+        assert!(store.hold(&t[0], Arc::new(9)));
+        assert_eq!(store.find(&t[0]).as_deref(), Some(&0));
+        assert_eq!(store.constants_len(), 1);
         // The same buffer viewed otherwise, or another of the same values, is not it.
         let view = t[3].view(vec![2, 2], vec![1, 2], 0).unwrap();
         assert_eq!(store.find(&view), None);

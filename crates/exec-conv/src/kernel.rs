@@ -248,6 +248,11 @@ impl Kernel for ConvKernel {
         if input != *w || !fits || value.may_change() || value.dtype() != DType::F32 {
             return Ok(false);
         }
+        // Packed already for the plan of another input shape that shares
+        // this kernel.
+        if self.packed.holds(value) {
+            return Ok(true);
+        }
         let Some(dense) = value.contiguous_data::<f32>() else {
             return Ok(false);
         };

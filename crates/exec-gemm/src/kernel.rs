@@ -291,6 +291,11 @@ impl Kernel for GemmKernel {
         {
             return Ok(false);
         }
+        // Packed already for the plan of another input shape that shares
+        // this kernel.
+        if self.packed.holds(value) {
+            return Ok(true);
+        }
         let Some(src) = value.buffer::<f32>() else {
             return Ok(false);
         };

@@ -926,6 +926,37 @@ fn fold(
 
 /// Runs a trace on the fallback executor alone.
 pub(crate) fn run_fallback(trace: &Trace, inputs: &[Tensor]) -> switchyard_core::Result<Vec<Tensor>> {
+    // A trace of host primitives (what folding a node makes, nearly
+    // always) is one region of the fallback, run without a plan: a model
+    // imported for every new input shape folds its shape arithmetic each
+    // time, and partitioning each fold cost more than computing it.
+    let on_host = trace
+        .values
+        .iter()
+        .all(|v| v.meta.device == switchyard_core::Device::Cpu);
+    if on_host && !trace.ops.iter().any(|o| o.kind.is_composite()) {
+        use switchyard_core::executor::{Context, Executor, Prepared, Region};
+        let uses = trace.uses();
+        let region = Region {
+            id: 0,
+            executor: 0,
+            ops: trace.ops_with_ids().map(|(id, _)| id).collect(),
+            inputs: trace.inputs.clone(),
+            outputs: trace.outputs.clone(),
+            device: switchyard_core::Device::Cpu,
+        };
+        let cx = Context {
+            trace,
+            device: &DeviceModel::cpu_default(),
+            options: &Default::default(),
+            uses: &uses,
+            numerics: Default::default(),
+            prepared: &Prepared::default(),
+        };
+        let kernel = FallbackExecutor.compile(&region, &cx)?;
+        let inputs: Vec<&Tensor> = inputs.iter().collect();
+        return kernel.run(&inputs);
+    }
     let plan = partition(
         trace,
         &ExecutorSet::new(vec![Arc::new(FallbackExecutor)]),
