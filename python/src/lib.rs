@@ -412,13 +412,15 @@ impl InferenceSession {
     }
 
     /// What the session's compiles have cost so far: runs, compiles (input
-    /// shape signatures planned and compiled), reused, compile_seconds.
+    /// shape signatures planned and compiled), reused, placements_reused
+    /// (compiles placed as an earlier signature's plan), compile_seconds.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.session.stats();
         let d = PyDict::new(py);
         d.set_item("runs", s.runs)?;
         d.set_item("compiles", s.compiles)?;
         d.set_item("reused", s.reused)?;
+        d.set_item("placements_reused", s.placements_reused)?;
         d.set_item("compile_seconds", s.compile_time.as_secs_f64())?;
         Ok(d)
     }

@@ -99,3 +99,6 @@ def test_a_growing_kv_cache_compiles_each_length_once_and_gives_the_reference_to
     stats = session.stats()
     assert stats["runs"] == steps
     assert stats["compiles"] + stats["reused"] == steps
+    # Past lengths 0, 8 and 17 are planned afresh; 9 to 16 are placed as
+    # 8 was, and 18 as 17 was.
+    assert stats["placements_reused"] == stats["compiles"] - 3

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::executor::ExecutorSet;
 use crate::fit::fit;
 use crate::ir::Trace;
-use crate::partition::{PartitionOptions, Tune, partition, partition_tuned};
+use crate::partition::{PartitionOptions, Tune, partition, partition_like, partition_tuned};
 use crate::plan::Plan;
 use crate::runtime::CompiledPlan;
 use crate::schedule::Strategy;
@@ -106,6 +106,22 @@ impl Planner {
             a.seconds = (tuner.spent() - spent).as_secs_f64();
         }
         Ok(plan)
+    }
+
+    /// Places `trace` as `template` placed the same ops at other shapes
+    /// ([`partition_like`]) and compiles it, without partitioning,
+    /// scheduling or fitting: `None` where that placement does not hold
+    /// here (the trace is not the template's with other dims, an executor
+    /// no longer claims an op or takes a region whole, the plan exceeds the
+    /// memory budget or limit, a kernel fails to compile), for
+    /// [`Planner::compile`] to plan it afresh.
+    pub fn compile_like(&self, trace: &Trace, template: &Plan, cache: &KernelCache) -> Option<CompiledPlan> {
+        let plan = partition_like(trace.clone(), template, &self.set, &self.device, &self.options).ok()??;
+        if self.budget.is_some_and(|b| plan.planned_peak_bytes().0 > b) {
+            return None;
+        }
+        let limits = MemoryLimits::for_plan(&plan, self.memory_limit);
+        CompiledPlan::compile_within(plan, cache, &limits).ok()
     }
 
     /// Plans and compiles `trace`. When a kernel of one of the executors

@@ -97,6 +97,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.compile_time.as_secs_f64() * 1e3,
         100.0 * stats.compile_time.as_secs_f64() / total.as_secs_f64()
     );
+    let phase = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "of which importing {:.1} ms, planning {:.1} ms, compiling kernels {:.1} ms",
+        phase(stats.phases.import),
+        phase(stats.phases.plan),
+        phase(stats.phases.compile)
+    );
     println!("tokens: {:?}", &tokens[prompt.len()..]);
     Ok(())
 }

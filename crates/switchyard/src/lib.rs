@@ -119,6 +119,9 @@ pub struct SessionOptions {
     pub memory_limit: Option<usize>,
     /// The autotune mode; `None`: the config's.
     pub autotune: Option<Mode>,
+    /// An autotuner to share with other sessions (what one measured, the
+    /// others reuse) in place of the config's; `autotune` is then unused.
+    pub autotuner: Option<Arc<switchyard_core::autotune::Autotuner>>,
     /// Plugin libraries to load besides the config's.
     pub plugins: Vec<PathBuf>,
     /// Compiled input-shape signatures kept at once (at least 1).
@@ -145,6 +148,14 @@ pub struct SessionOptions {
     /// Plan for `target` whether or not this machine has it: the session
     /// plans ([`Session::plan`]) and does not run.
     pub plan_only: bool,
+    /// Place a new input-shape signature as a kept one was placed, without
+    /// partitioning, scheduling and fitting again, where its model imports
+    /// to the same ops and no dim is more than twice or less than half the
+    /// dim that placement was chosen at (a decoder's cache one token
+    /// longer); the executors are asked again whether they take each op
+    /// and region at the new shapes, and the signature is planned afresh
+    /// where any does not. `false`: every signature is planned afresh.
+    pub reuse_plans: bool,
 }
 
 impl Default for SessionOptions {
@@ -155,6 +166,7 @@ impl Default for SessionOptions {
             threads: None,
             memory_limit: None,
             autotune: None,
+            autotuner: None,
             plugins: Vec::new(),
             shapes_kept: 16,
             shapes_kept_bytes: None,
@@ -164,6 +176,7 @@ impl Default for SessionOptions {
             allow_tf32: false,
             plugins_isolated: false,
             plan_only: false,
+            reuse_plans: true,
         }
     }
 }
@@ -177,14 +190,51 @@ pub struct SessionStats {
     pub compiles: u64,
     /// Time those took, in all.
     pub compile_time: Duration,
+    /// That time by phase (stages of a model run in stages are counted in
+    /// `compile_time` alone).
+    pub phases: SignatureTimes,
     /// Of `runs`, those that found their signature compiled.
     pub reused: u64,
+    /// Of `compiles`, those placed as an earlier signature's plan
+    /// ([`SessionOptions::reuse_plans`]).
+    pub placements_reused: u64,
+}
+
+/// What a new input-shape signature cost, phase by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SignatureTimes {
+    /// Importing the model for these shapes (nothing for a trace).
+    pub import: Duration,
+    /// Partitioning, scheduling and fitting the plan to memory.
+    pub plan: Duration,
+    /// Compiling its kernels and preparing the constants.
+    pub compile: Duration,
+}
+
+impl SignatureTimes {
+    /// The phases together.
+    pub fn total(&self) -> Duration {
+        self.import + self.plan + self.compile
+    }
+}
+
+impl std::ops::AddAssign for SignatureTimes {
+    fn add_assign(&mut self, other: SignatureTimes) {
+        self.import += other.import;
+        self.plan += other.plan;
+        self.compile += other.compile;
+    }
 }
 
 /// One compiled signature.
 struct Compiled {
     /// The input shapes it was made for, in [`Session::inputs`]' order.
     shapes: Vec<Vec<usize>>,
+    /// The input shapes its placement was chosen at: its own, or those of
+    /// the plan it was placed as.
+    origin: Vec<Vec<usize>>,
+    /// Whether it was placed as another signature's plan.
+    placement_reused: bool,
     /// Inputs whose values the import needed, fixed to these.
     fixed: Vec<(String, Tensor)>,
     plan: CompiledPlan,
@@ -193,6 +243,8 @@ struct Compiled {
     constants: ConstantsPrepared,
     /// Importing, planning and compiling it took this long.
     compile_time: Duration,
+    /// That time by phase.
+    times: SignatureTimes,
     /// Host bytes it holds of its own: its arena, and the constants its
     /// import folded (the initializers and a trace's constants are the
     /// session's, shared by every signature).
@@ -244,6 +296,7 @@ pub struct Session {
     kept_bytes: Option<usize>,
     /// The session plans for a target it need not run on.
     plan_only: bool,
+    reuse_plans: bool,
     /// Least recently used first.
     compiled: Mutex<Vec<Arc<Compiled>>>,
     /// Set once the model is found to need stages: its runs go through
@@ -370,6 +423,9 @@ impl Session {
             plan_only: options.plan_only && options.target.is_some(),
         };
         let mut planner = config.planner(&choices, &plugins)?;
+        if let Some(tuner) = &options.autotuner {
+            planner.autotune = Some(Arc::clone(tuner));
+        }
         let memory_limit = options.memory_limit.or(config.memory_limit_bytes());
         planner.memory_limit = memory_limit;
         let initializers = match &source {
@@ -396,6 +452,7 @@ impl Session {
             kept: options.shapes_kept.max(1),
             kept_bytes: options.shapes_kept_bytes,
             plan_only: options.plan_only,
+            reuse_plans: options.reuse_plans,
             compiled: Mutex::new(Vec::new()),
             staged: AtomicBool::new(false),
             stages: Mutex::new(StagedRunner::new(STAGES_KEPT).with_memory_limit(memory_limit)),
@@ -668,8 +725,8 @@ impl Session {
         let mut compile = |imported: &Imported| -> std::result::Result<CompiledPlan, String> {
             let t0 = Instant::now();
             let plan = self
-                .plan_and_prepare(&imported.trace, imported.weights.clone())
-                .map(|(plan, _)| plan)
+                .plan_and_prepare(&imported.trace, imported.weights.clone(), None)
+                .map(|(plan, ..)| plan)
                 .map_err(|e| e.to_string());
             spent += t0.elapsed();
             plan
@@ -729,6 +786,8 @@ impl Session {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             stats.compiles += 1;
             stats.compile_time += spent;
+            stats.phases += compiled.times;
+            stats.placements_reused += compiled.placement_reused as u64;
         }
         let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
         kept.push(Arc::clone(&compiled));
@@ -747,6 +806,7 @@ impl Session {
 
     fn compile(&self, shapes: Vec<Vec<usize>>, feeds: &HashMap<String, Tensor>) -> Result<Compiled> {
         let t0 = Instant::now();
+        let mut import = Duration::ZERO;
         let (trace, binding, fixed, constants) = match &self.source {
             Source::Onnx(model) => {
                 let options = ImportOptions {
@@ -760,6 +820,7 @@ impl Session {
                     .map(|n| (n.clone(), feeds[&n].clone()))
                     .collect();
                 let constants = imported.weights.clone();
+                import = t0.elapsed();
                 (
                     imported.trace.clone(),
                     Binding::Onnx(Box::new(imported)),
@@ -793,15 +854,32 @@ impl Session {
                 .sum(),
             Binding::Trace(_) => 0,
         };
-        let (plan, prepared) = self.plan_and_prepare(&trace, constants)?;
+        let planned = Instant::now();
+        let template = self.template(&shapes);
+        let (plan, prepared, placement_reused) =
+            self.plan_and_prepare(&trace, constants, template.as_deref())?;
+        let origin = match (&template, placement_reused) {
+            (Some(t), true) => t.origin.clone(),
+            _ => shapes.clone(),
+        };
+        // Kernels and constants are timed by the plan; planning is the rest.
+        let compile = Duration::from_nanos(plan.compile_ns());
+        let times = SignatureTimes {
+            import,
+            plan: planned.elapsed().saturating_sub(compile),
+            compile,
+        };
         Ok(Compiled {
             bytes: plan.arena_bytes() + folded,
             shapes,
+            origin,
+            placement_reused,
             fixed,
             plan,
             binding,
             constants: prepared,
             compile_time: t0.elapsed(),
+            times,
         })
     }
 }
@@ -850,6 +928,11 @@ impl Prepared {
     /// What importing, planning and compiling the signature cost.
     pub fn compile_time(&self) -> Duration {
         self.compiled.compile_time
+    }
+
+    /// [`Prepared::compile_time`] by phase.
+    pub fn times(&self) -> SignatureTimes {
+        self.compiled.times
     }
 
     /// Whether this call compiled it (else it was kept from an earlier one).
@@ -931,23 +1014,33 @@ pub fn link_builtin_executors() {
 
 impl Session {
     /// `trace` planned and compiled, with `constants` (by the trace's
-    /// values) prepared by its kernels.
+    /// values) prepared by its kernels; placed as `template`'s plan where
+    /// that placement holds (the last of the result says whether it was).
     fn plan_and_prepare(
         &self,
         trace: &Trace,
         constants: Vec<(ValueId, Tensor)>,
-    ) -> Result<(CompiledPlan, ConstantsPrepared)> {
+        template: Option<&Compiled>,
+    ) -> Result<(CompiledPlan, ConstantsPrepared, bool)> {
         let trace = &self.retargeted(trace);
-        let (mut plan, set_aside) = self.planner.compile(trace, &self.cache, &self.may_fail)?;
-        if !set_aside.is_empty() {
-            for why in &set_aside {
-                tracing::debug!("{why}");
+        let like = template.and_then(|t| self.planner.compile_like(trace, t.plan.plan(), &self.cache));
+        let placement_reused = like.is_some();
+        let mut plan = match like {
+            Some(plan) => plan,
+            None => {
+                let (plan, set_aside) = self.planner.compile(trace, &self.cache, &self.may_fail)?;
+                if !set_aside.is_empty() {
+                    for why in &set_aside {
+                        tracing::debug!("{why}");
+                    }
+                    self.warnings
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(set_aside);
+                }
+                plan
             }
-            self.warnings
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(set_aside);
-        }
+        };
         // The plan's trace keeps the inputs in order, under values of its
         // own numbering.
         let planned = &plan.plan().trace.inputs;
@@ -956,7 +1049,26 @@ impl Session {
             .filter_map(|(v, t)| trace.inputs.iter().position(|&i| i == v).map(|k| (planned[k], t)))
             .collect();
         let prepared = plan.prepare_constants(&constants)?;
-        Ok((plan, prepared))
+        Ok((plan, prepared, placement_reused))
+    }
+
+    /// The kept signature whose placement a new one of `shapes` may take
+    /// ([`SessionOptions::reuse_plans`]): the most recently used whose
+    /// placement was chosen at shapes of the same ranks, each dim equal or
+    /// within a factor of two.
+    fn template(&self, shapes: &[Vec<usize>]) -> Option<Arc<Compiled>> {
+        if !self.reuse_plans {
+            return None;
+        }
+        let near = |p: usize, q: usize| p == q || (p > 0 && q > 0 && p <= 2 * q && q <= 2 * p);
+        let close = |a: &[Vec<usize>]| {
+            a.len() == shapes.len()
+                && a.iter()
+                    .zip(shapes)
+                    .all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(&p, &q)| near(p, q)))
+        };
+        let kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().rev().find(|c| close(&c.origin)).cloned()
     }
 
     /// `trace` on the session's target, where it has one.

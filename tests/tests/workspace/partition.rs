@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Context, Executor, ExecutorSet};
 use switchyard_core::io::random_inputs;
-use switchyard_core::partition::{PartitionOptions, partition};
+use switchyard_core::partition::{PartitionOptions, REUSED, partition, partition_like};
 use switchyard_core::plan::Plan;
 use switchyard_core::text::parse;
 use switchyard_core::verify::Pass;
@@ -542,4 +542,93 @@ fn branches_of_one_value_that_meet_again_share_a_region_without_horizontal_mergi
         switchyard_core::report::render_plan(&plan, true)
     );
     same_results(&t, plan);
+}
+
+/// A chain the fuser and the fallback share, `{rows}` rows of 8.
+fn rows_chain(rows: usize) -> Trace {
+    parse(&format!(
+        "input x: f32[{rows}, 8]\ninput w: f32[8, 8]\na = exp(x)\ns = sum(a, dims=[1], keepdim=true)\nb = sub(a, s)\nm = matmul(b, w)\nr = relu(m)\noutput r\n"
+    ))
+    .unwrap()
+}
+
+fn fitted(trace: &Trace, set: &ExecutorSet) -> Plan {
+    let opts = PartitionOptions::default();
+    let plan = partition(trace, set, &DeviceModel::cpu_default(), &opts).unwrap();
+    switchyard_core::fit::fit(plan, switchyard_core::schedule::Strategy::MinPeak, None).unwrap()
+}
+
+fn like(trace: &Trace, template: &Plan, set: &ExecutorSet) -> Option<Plan> {
+    let opts = PartitionOptions::default();
+    partition_like(trace.clone(), template, set, &DeviceModel::cpu_default(), &opts).unwrap()
+}
+
+#[test]
+fn a_trace_with_other_dims_is_placed_as_the_plan_of_the_first() {
+    let set = ExecutorSet::new(vec![
+        Arc::new(switchyard_exec_fuser::FuserExecutor) as Arc<dyn Executor>,
+        fallback(),
+    ]);
+    let template = fitted(&rows_chain(4), &set);
+    let bigger = rows_chain(7);
+    let plan = like(&bigger, &template, &set).expect("the same ops at other dims are placed alike");
+    let placed = |p: &Plan| -> Vec<(Vec<switchyard_core::ir::OpId>, String)> {
+        p.regions
+            .iter()
+            .map(|r| (r.ops.clone(), p.executor_name(r)))
+            .collect()
+    };
+    assert_eq!(placed(&plan), placed(&template));
+    assert_eq!(plan.trace.meta(plan.trace.outputs[0]).shape, vec![7, 8]);
+    assert!(plan.estimates.iter().all(|e| e.is_finite()));
+    assert!(plan.explanation.ops.iter().all(|o| o.notes == [REUSED]));
+    let inputs = random_inputs(&bigger, 7);
+    let want = run(&bigger, &inputs).unwrap();
+    let got = run_plan(plan, &inputs).unwrap();
+    // The fuser's exp rounds apart from the fallback's.
+    assert_close(&got.outputs[0], &want.outputs[0].to_f64_vec().unwrap(), 1e-5);
+    // Other ops, or other executors, are planned afresh.
+    let other = parse("input x: f32[7, 8]\ninput w: f32[8, 8]\na = exp(x)\noutput a\n").unwrap();
+    assert!(like(&other, &template, &set).is_none());
+    let fallback_only = ExecutorSet::new(vec![fallback()]);
+    assert!(like(&bigger, &template, &fallback_only).is_none());
+}
+
+#[test]
+fn a_placement_its_executors_no_longer_take_is_not_reused() {
+    let set = |fuser: Scripted, op: Scripted| {
+        ExecutorSet::new(vec![
+            Arc::new(fuser) as Arc<dyn Executor>,
+            Arc::new(op),
+            fallback(),
+        ])
+    };
+    let trace = rows_chain(4);
+    let template = fitted(
+        &trace,
+        &set(
+            Scripted::fuser("f").with("matmul", Script::Reject("no".into())),
+            Scripted::operator("mm").with("matmul", Script::Accept(1.0)),
+        ),
+    );
+    assert!(template.regions.iter().any(|r| template.executor_name(r) == "mm"));
+    let same = set(
+        Scripted::fuser("f").with("matmul", Script::Reject("no".into())),
+        Scripted::operator("mm").with("matmul", Script::Accept(1.0)),
+    );
+    assert!(like(&rows_chain(6), &template, &same).is_some());
+    // The operator executor no longer claims its op.
+    let unclaimed = set(
+        Scripted::fuser("f").with("matmul", Script::Reject("no".into())),
+        Scripted::operator("mm"),
+    );
+    assert!(like(&rows_chain(6), &template, &unclaimed).is_none());
+    // The fuser hands an op of its region back.
+    let mut refining = Scripted::fuser("f").with("matmul", Script::Reject("no".into()));
+    refining.hand_back = vec!["exp".into()];
+    let handed = set(
+        refining,
+        Scripted::operator("mm").with("matmul", Script::Accept(1.0)),
+    );
+    assert!(like(&rows_chain(6), &template, &handed).is_none());
 }

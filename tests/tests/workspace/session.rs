@@ -309,9 +309,12 @@ fn a_decoder_generates_the_reference_tokens_with_its_cache_growing() {
             .collect();
     }
     assert_eq!(got, generated);
-    // One signature per past length (0, 8, 9, ..., 70): planned per shape
-    // until plans serve every length.
-    assert_eq!(s.stats().compiles, generated.len() as u64);
+    // One signature per past length (0, 8, 9, ..., 70), each compiled; the
+    // prompt's and the first step's placed afresh, and then one each time
+    // the past doubles (17, 35), the rest placed as those were.
+    let stats = s.stats();
+    assert_eq!(stats.compiles, generated.len() as u64);
+    assert_eq!(stats.placements_reused, generated.len() as u64 - 4, "{stats:?}");
 }
 
 #[test]

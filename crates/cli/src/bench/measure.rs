@@ -11,11 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use switchyard::{RunOptions, RunResult, Session, Tensor};
 use switchyard_core::Trace;
-use switchyard_core::cache::KernelCache;
-use switchyard_core::io::random_inputs;
-use switchyard_core::pipeline::Planner;
-use switchyard_core::runtime::{CompiledPlan, RunOptions, RunResult};
 use switchyard_core::stats::Stats;
 use switchyard_core::text;
 
@@ -158,36 +155,24 @@ pub struct Report {
     pub results: Vec<Measurement>,
 }
 
-/// Plans, compiles and times `trace` with `planner`; `ratio` is left at 1.
+/// Plans and compiles `session`'s trace for `feeds` (every input, by
+/// name), then times its runs; `ratio` is left at 1.
 pub fn measure(
     workload: &str,
     set: &str,
-    trace: &Trace,
-    inputs: Option<&[switchyard_core::Tensor]>,
-    planner: &Planner,
+    session: &Session,
+    feeds: &[(String, Tensor)],
     samples: u32,
     opts: RunOptions,
 ) -> Result<Measurement> {
-    let t0 = Instant::now();
-    let plan = planner
-        .plan(trace)
-        .with_context(|| format!("planning {workload} on {set}"))?;
-    let plan_ns = t0.elapsed().as_nanos() as u64;
-    let cache = KernelCache::new(4096);
-    let compiled =
-        CompiledPlan::compile_with(plan, &cache).with_context(|| format!("compiling {workload} on {set}"))?;
-    // Inputs start where the trace declares them, so that a GPU workload
-    // times its kernels, not copying its inputs over each run.
-    let trace = &compiled.plan().trace;
-    let inputs = inputs
-        .map_or_else(|| random_inputs(trace, 0), <[switchyard_core::Tensor]>::to_vec)
-        .iter()
-        .zip(&trace.inputs)
-        .map(|(t, &v)| switchyard_core::device::move_to(t, trace.meta(v).device))
-        .collect::<switchyard_core::Result<Vec<_>>>()?;
+    let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let prepared = session
+        .prepare(&feeds)
+        .with_context(|| format!("planning and compiling {workload} on {set}"))?;
+    let times = prepared.times();
     let run = || {
-        compiled
-            .run(&inputs, opts)
+        prepared
+            .run(opts)
             .with_context(|| format!("running {workload} on {set}"))
     };
     // Warm up: caches, pages, the arena, thread pools.
@@ -197,7 +182,7 @@ pub fn measure(
     // into them: the steady state of a caller running the plan in a loop.
     let mut last = run()?;
     let again = |last: RunResult| {
-        compiled.recycle(last.outputs);
+        prepared.recycle(last.outputs);
         run()
     };
     warm_runs += 1;
@@ -225,11 +210,11 @@ pub fn measure(
         outputs_reused: last.outputs_reused.iter().filter(|r| **r).count(),
         graph: (!last.devices.is_empty()).then_some(last.graph),
         devices: last.devices,
-        kernels_compiled: compiled.cache_stats().compiled,
-        plan_ns,
-        compile_ns: compiled.compile_ns(),
+        kernels_compiled: prepared.plan().cache_stats().compiled,
+        plan_ns: times.plan.as_nanos() as u64,
+        compile_ns: times.compile.as_nanos() as u64,
         ratio: 1.0,
-        autotune: compiled.plan().explanation.autotune.clone(),
+        autotune: prepared.plan().plan().explanation.autotune.clone(),
     })
 }
 

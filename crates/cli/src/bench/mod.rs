@@ -6,13 +6,13 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use switchyard::{RunOptions, Session, SessionOptions, Tensor};
 use switchyard_core::Trace;
 use switchyard_core::config::Config;
 use switchyard_core::cost::DeviceModel;
 use switchyard_core::executor::{Availability, ExecutorSet};
-use switchyard_core::pipeline::Planner;
+use switchyard_core::io::random_inputs;
 use switchyard_core::report::{human_bytes, human_ns};
-use switchyard_core::runtime::RunOptions;
 use switchyard_core::text;
 
 use crate::model::{self, ModelArgs};
@@ -79,8 +79,9 @@ pub(crate) struct BenchArgs {
     model: ModelArgs,
 }
 
-/// A planner for one executor list of the config.
+/// One executor list of the config: as given, and its executors' names.
 struct SetPlanner {
+    list: String,
     name: String,
     set: ExecutorSet,
 }
@@ -150,7 +151,11 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
                 .map(|e| e.info().name)
                 .collect::<Vec<_>>()
                 .join(",");
-            Ok(SetPlanner { name, set })
+            Ok(SetPlanner {
+                list: l.clone(),
+                name,
+                set,
+            })
         })
         .collect::<Result<_>>()?;
     if let Some(name) = &args.executor {
@@ -159,10 +164,6 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
             bail!("--executor {name}: it claims none of the ops of these workloads");
         }
     }
-    let opts = config.partition_options();
-    let strategy = config.strategy()?;
-    let budget = config.scheduler.memory_budget.map(|b| b as usize);
-    let memory_limit = config.memory_limit_bytes();
     // One tuner for every set: what one set measured, another reuses.
     let autotune = config.autotuner(args.autotune.mode()?);
     let bar = indicatif::ProgressBar::new((workloads.len() * sets.len()) as u64);
@@ -171,31 +172,41 @@ pub(crate) fn command(args: BenchArgs) -> Result<()> {
     );
     let mut results = Vec::new();
     for (w, trace) in &workloads {
+        // Every input is fed, a model's weights too, from where the trace
+        // declares it: a GPU workload times its kernels, not copying its
+        // inputs over each run.
+        let inputs = match weights.remove(w) {
+            Some(inputs) => inputs,
+            None => random_inputs(trace, 0),
+        };
+        let feeds: Vec<(String, Tensor)> = inputs
+            .iter()
+            .zip(&trace.inputs)
+            .map(|(t, &v)| {
+                let t = switchyard_core::device::move_to(t, trace.meta(v).device)?;
+                Ok((trace.value(v).name.clone(), t))
+            })
+            .collect::<switchyard_core::Result<_>>()?;
         for s in &sets {
             bar.set_message(format!("{w} on {}", s.name));
-            let planner = Planner {
-                set: s.set.clone(),
-                device: device.clone(),
-                options: opts.clone(),
-                strategy,
-                budget,
-                memory_limit,
-                autotune: autotune.clone(),
+            let options = SessionOptions {
+                config: args.config.clone(),
+                executors: Some(s.list.clone()),
+                autotuner: autotune.clone(),
+                plugins: args.plugin.clone(),
+                plugins_isolated: args.plugin_isolated,
+                allow_tf32: args.allow_tf32,
+                device_model: Some(device.clone()),
+                shapes_kept: 1,
+                ..SessionOptions::default()
             };
-            let inputs = weights.get(w).map(Vec::as_slice);
+            let session = Session::from_trace_with(trace.clone(), Vec::new(), &options)
+                .with_context(|| format!("{w} on {}", s.name))?;
             let run = RunOptions {
                 no_graphs: args.no_graphs,
                 ..RunOptions::default()
             };
-            results.push(measure::measure(
-                w,
-                &s.name,
-                trace,
-                inputs,
-                &planner,
-                args.repeat,
-                run,
-            )?);
+            results.push(measure::measure(w, &s.name, &session, &feeds, args.repeat, run)?);
             bar.inc(1);
         }
     }

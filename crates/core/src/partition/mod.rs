@@ -27,6 +27,8 @@
 //! One [`State`](state::State) holds what is known and decided per op; each
 //! phase is a file: [`lower`] (1), [`state`] (2, the claims), [`hints`] (the
 //! hinted placements of each round), [`cluster`] (3) and [`reconsider`] (4).
+//! [`partition_like`] places a trace as an earlier plan placed the same ops
+//! at other shapes, skipping 2 to 4 where the executors still agree.
 
 use std::time::Instant;
 
@@ -43,9 +45,11 @@ mod cluster;
 mod hints;
 mod lower;
 mod reconsider;
+mod reuse;
 mod state;
 mod tune;
 
+pub use reuse::{REUSED, partition_like};
 pub use state::Tune;
 
 use cluster::Regions;
