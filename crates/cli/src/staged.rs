@@ -1,24 +1,20 @@
 //! `run` and `plan` for models whose shapes depend on data: the program is
 //! cut where a node needs a value computed from data, and run a stage at a
-//! time (`switchyard_onnx::StagedRunner`).
+//! time (`Session::run_stages`).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use switchyard_core::cache::KernelCache;
+use switchyard::{CutTaken, RunOptions, Session};
 use switchyard_core::config::Config;
 use switchyard_core::io::{preview, write_safetensors};
 use switchyard_core::report::render_plan;
-use switchyard_core::runtime::{CompiledPlan, RunOptions};
 use switchyard_core::{Device, Tensor};
-use switchyard_onnx::{CutTaken, ImportOptions, Imported, Model, Staged, StagedRunner};
+use switchyard_onnx::{ImportOptions, Model, Staged};
 
 use crate::planning::Planning;
-
-/// How many compiled stages a run keeps.
-const STAGES_KEPT: usize = 32;
 
 /// Whether an import failed because a node needs a value computed from
 /// data: a model a staged run can take.
@@ -68,36 +64,18 @@ pub fn run(
             path.display()
         );
     };
-    let model = Model::load(path)?;
-    let (planner, plugins) = planning.planner(config, false)?;
-    let cache = KernelCache::new(config.cache.capacity);
-    let mut runner: StagedRunner<CompiledPlan> =
-        StagedRunner::new(STAGES_KEPT).with_memory_limit(config.memory_limit_bytes());
-    let mut compile = |imp: &Imported| -> std::result::Result<CompiledPlan, String> {
-        let mut trace = imp.trace.clone();
-        planning
-            .targeting
-            .apply(&mut trace, config)
-            .map_err(|e| e.to_string())?;
-        let (compiled, set_aside) = planner
-            .compile(&trace, &cache, &plugins)
-            .map_err(|e| e.to_string())?;
-        for why in set_aside {
-            eprintln!("warning: {why}");
-        }
-        Ok(compiled)
-    };
-    let mut exec = |_: &Imported, c: &CompiledPlan, inputs: Vec<Tensor>| {
-        c.run(&inputs, opts).map(|r| r.outputs).map_err(|e| e.to_string())
-    };
+    let session = Session::from_onnx(path, &planning.session_options(config, false)?)?;
+    let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let mut times = Vec::with_capacity(repeat as usize);
     let (mut first, mut later) = (0, 0);
     let mut last = None;
     for k in 0..repeat.max(1) {
         let t0 = std::time::Instant::now();
-        let r = runner
-            .run(&model, &feeds, &mut compile, &mut exec)
-            .with_context(|| format!("running {}", path.display()))?;
+        let r = session.run_stages(&feeds, opts);
+        for w in session.take_warnings() {
+            eprintln!("warning: {w}");
+        }
+        let r = r.with_context(|| format!("running {}", path.display()))?;
         times.push(t0.elapsed().as_nanos() as u64);
         if k == 0 {
             first = r.compiled;

@@ -48,7 +48,7 @@ pub mod tensor;
 
 pub use error::{Error, Result};
 pub use import::{
-    Cut, CutTaken, ImportOptions, Imported, MAX_CUTS, Resume, Staged, StagedRun, StagedRunner,
+    Cut, CutTaken, Folds, ImportOptions, Imported, MAX_CUTS, Resume, Staged, StagedRun, StagedRunner,
     decode_initializers, import, import_file, import_for, import_stage,
 };
 pub use model::Model;

@@ -1,6 +1,7 @@
 //! The importer on small models built in Rust.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use prost::Message;
 use switchyard_core::ir::OpKind;
@@ -1254,4 +1255,43 @@ fn a_fold_larger_than_the_memory_limit_is_left_to_run_time() {
     };
     assert_eq!(limited(4004), 0, "4 004 bytes hold the fold");
     assert_eq!(limited(4003), 1, "4 003 bytes do not");
+}
+
+#[test]
+fn a_weight_computed_at_import_is_computed_once_for_every_input_shape() {
+    // y = x @ transpose(w) + x.sum(): the transpose is of the weights
+    // alone; the shape of x is the import's own.
+    let mut b = ModelBuilder::new("tied", 18);
+    b.input("x", DType::F32, &[Dim::from("batch"), Dim::Fixed(3)])
+        .initializer(
+            "w",
+            &Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap(),
+        )
+        .unwrap()
+        .node("Transpose", &["w"], &["wt"], vec![attr_ints("perm", &[1, 0])])
+        .node("MatMul", &["x", "wt"], &["y"], vec![])
+        .output("y", DType::F32, &[Dim::from("batch"), Dim::Fixed(2)]);
+    let m = model(b.build());
+    let initializers = Arc::new(crate::decode_initializers(&m).unwrap());
+    let folds = Arc::new(crate::Folds::new(&initializers));
+    let imported = |batch: usize, folds: Option<Arc<crate::Folds>>| {
+        let mut o = ImportOptions {
+            initializers: Some(initializers.clone()),
+            folds,
+            ..ImportOptions::default()
+        };
+        o.input_shapes.insert("x".into(), vec![batch, 3]);
+        import(&m, &o).unwrap()
+    };
+    let weight = |m: &crate::Imported| m.weights[0].1.clone();
+    let (a, b) = (imported(2, Some(folds.clone())), imported(5, Some(folds.clone())));
+    assert_eq!(folds.len(), 1);
+    assert!(folds.holds(&weight(&a)) && !folds.holds(&Tensor::from_vec(vec![0f32], &[1]).unwrap()));
+    assert_eq!(weight(&a).storage_id(), weight(&b).storage_id());
+    assert_eq!(f32s(&weight(&b)), vec![1., 4., 2., 5., 3., 6.]);
+    let x = Tensor::from_vec(vec![1f32; 15], &[5, 3]).unwrap();
+    assert_eq!(f32s(&run(&b, &[("x", x)])[0]), [6., 15.].repeat(5));
+    // Without the memo each import computes its own.
+    let (c, d) = (imported(2, None), imported(5, None));
+    assert_ne!(weight(&c).storage_id(), weight(&d).storage_id());
 }

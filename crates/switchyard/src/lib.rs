@@ -61,7 +61,7 @@ pub use switchyard_core::cost::DeviceModel;
 pub use switchyard_core::runtime::{CompiledPlan, ConstantsPrepared, RunOptions, RunResult};
 pub use switchyard_core::schedule::Strategy;
 pub use switchyard_core::{DType, Device, Stored, Tensor};
-pub use switchyard_onnx::{Dim, ValueSpec};
+pub use switchyard_onnx::{CutTaken, Dim, StagedRun, ValueSpec};
 
 /// What can go wrong, by where.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +89,9 @@ pub enum Error {
     /// A target device the session cannot plan for or run on.
     #[error("{0}")]
     Target(String),
+    /// A run in stages of a session that cannot run in stages.
+    #[error("{0}")]
+    Stages(String),
     /// The tensors given to a run.
     #[error("input `{input}`: {message}")]
     Input {
@@ -289,9 +292,11 @@ pub struct Session {
     /// A model's initializers, decoded once: every signature's import
     /// shares them.
     initializers: Option<Arc<HashMap<String, Tensor>>>,
-    /// Their buffers: weights of an import that are none of these are its
-    /// own (folded constants).
+    /// Their buffers: weights of an import that are none of these (or of
+    /// `folds`) are its own (folded constants).
     initializer_ids: HashSet<usize>,
+    /// What imports computed from the weights alone, shared by the next.
+    folds: Option<Arc<switchyard_onnx::Folds>>,
     kept: usize,
     kept_bytes: Option<usize>,
     /// The session plans for a target it need not run on.
@@ -436,7 +441,11 @@ impl Session {
             .iter()
             .flat_map(|i| i.values().map(Tensor::storage_id))
             .collect();
+        let folds = initializers
+            .as_deref()
+            .map(|i| Arc::new(switchyard_onnx::Folds::new(i)));
         Ok(Session {
+            folds,
             initializers,
             initializer_ids,
             source,
@@ -551,6 +560,7 @@ impl Session {
                     input_shapes: shapes.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(),
                     memory_limit: self.memory_limit,
                     initializers: self.initializers.clone(),
+                    folds: self.folds.clone(),
                     ..ImportOptions::default()
                 };
                 switchyard_onnx::import(model, &options)?.trace
@@ -600,7 +610,7 @@ impl Session {
                 Err(e) => return Err(e),
             }
         }
-        self.run_staged(&by_name)
+        Ok(self.run_staged(&by_name, RunOptions::default())?.outputs)
     }
 
     /// The signature of `feeds` compiled (now, if it is new) and the feeds
@@ -716,10 +726,25 @@ impl Session {
             .collect())
     }
 
+    /// Runs `feeds` (every input, by name) stage by stage, as
+    /// [`Session::run`] runs a model whose shapes depend on the values of
+    /// its data, with `options`, and says how it went: the cuts taken
+    /// before nodes that needed values computed from data, the inputs the
+    /// import fixed to their values, and how many stages this run
+    /// imported, planned and compiled (the others came from earlier runs
+    /// that met the same values). A model without such nodes runs as one
+    /// stage. Only an ONNX model runs in stages.
+    pub fn run_stages(&self, feeds: &[(&str, Tensor)], options: RunOptions) -> Result<StagedRun> {
+        let by_name = self.by_name(feeds)?;
+        self.run_staged(&by_name, options)
+    }
+
     /// A run stage by stage; runs of a staged session take turns.
-    fn run_staged(&self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
+    fn run_staged(&self, feeds: &HashMap<String, Tensor>, options: RunOptions) -> Result<StagedRun> {
         let Source::Onnx(model) = &self.source else {
-            unreachable!("only an ONNX import needs values");
+            return Err(Error::Stages(
+                "a trace runs as one program: only an ONNX model runs in stages".into(),
+            ));
         };
         let mut spent = Duration::ZERO;
         let mut compile = |imported: &Imported| -> std::result::Result<CompiledPlan, String> {
@@ -732,7 +757,7 @@ impl Session {
             plan
         };
         let mut exec = |_: &Imported, plan: &CompiledPlan, inputs: Vec<Tensor>| {
-            plan.run(&inputs, RunOptions::default())
+            plan.run(&inputs, options)
                 .map(|r| r.outputs)
                 .map_err(|e| e.to_string())
         };
@@ -749,7 +774,7 @@ impl Session {
         if run.compiled == 0 {
             stats.reused += 1;
         }
-        Ok(run.outputs)
+        Ok(run)
     }
 
     /// The compiled signature of `feeds`, and whether it was compiled now.
@@ -812,6 +837,7 @@ impl Session {
                 let options = ImportOptions {
                     memory_limit: self.memory_limit,
                     initializers: self.initializers.clone(),
+                    folds: self.folds.clone(),
                     ..ImportOptions::default()
                 };
                 let (imported, fixed) = switchyard_onnx::import_for(model, feeds, &options)?;
@@ -849,7 +875,10 @@ impl Session {
             Binding::Onnx(imported) => imported
                 .weights
                 .iter()
-                .filter(|(_, t)| !self.initializer_ids.contains(&t.storage_id()))
+                .filter(|(_, t)| {
+                    !self.initializer_ids.contains(&t.storage_id())
+                        && !self.folds.as_ref().is_some_and(|f| f.holds(t))
+                })
                 .map(|(_, t)| t.storage_bytes())
                 .sum(),
             Binding::Trace(_) => 0,

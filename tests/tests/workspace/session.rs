@@ -8,7 +8,7 @@ use std::sync::Arc;
 use switchyard::{Dim, Session, SessionOptions, Tensor};
 use switchyard_core::DType;
 use switchyard_onnx::Model;
-use switchyard_onnx::builder::{Dim as B, ModelBuilder, attr_int};
+use switchyard_onnx::builder::{Dim as B, ModelBuilder, attr_int, attr_tensor};
 use switchyard_tests::assert_close;
 
 fn scratch(name: &str) -> PathBuf {
@@ -87,14 +87,19 @@ fn signatures_past_the_kept_count_are_compiled_again() {
     }
     assert_eq!(s.stats().compiles, 4);
     // Bounded by bytes: each signature of this model holds the constant
-    // its import folds (w + w, 12 bytes), so a bound of 1 byte keeps the
-    // last alone, and a large one keeps both.
+    // its import folds from its own shape (ones of x's shape, 12 or 24
+    // bytes; a constant of the weights alone is the session's, held once),
+    // so a bound of 1 byte keeps the last alone, and a large one keeps both.
     let mut b = ModelBuilder::new("folds", 18);
     b.input("x", DType::F32, &[B::from("batch"), B::Fixed(3)])
-        .initializer("w", &Tensor::from_vec(vec![1f32, 2., 3.], &[3]).unwrap())
-        .unwrap()
-        .node("Add", &["w", "w"], &["w2"], vec![])
-        .node("Mul", &["x", "w2"], &["y"], vec![])
+        .node("Shape", &["x"], &["s"], vec![])
+        .node(
+            "ConstantOfShape",
+            &["s"],
+            &["ones"],
+            vec![attr_tensor("value", &Tensor::from_vec(vec![1f32], &[1]).unwrap()).unwrap()],
+        )
+        .node("Mul", &["x", "ones"], &["y"], vec![])
         .output("y", DType::F32, &[B::from("batch"), B::Fixed(3)]);
     let folds = scratch("folds.onnx");
     Model::save(&b.build(), &folds).unwrap();
@@ -335,6 +340,24 @@ fn a_model_whose_shapes_depend_on_its_data_runs_in_stages() {
     assert_eq!(run(vec![1., 1., 0., 0., 0., 0.]), vec![1., 1.]);
     let stats = s.stats();
     assert_eq!((stats.runs, stats.reused, stats.compiles), (3, 1, 3));
+    // How a run went, stage by stage: the cut, and nothing compiled anew
+    // for values met before.
+    let x = Tensor::from_vec(vec![0f32, 0., 0., 0., 2., 3.], &[6]).unwrap();
+    let staged = s
+        .run_stages(&[("x", x)], switchyard::RunOptions::default())
+        .unwrap();
+    assert_eq!(staged.cuts.len(), 1);
+    assert_eq!((staged.cuts[0].op_type.as_str(), staged.compiled), ("NonZero", 0));
+    assert_eq!(staged.outputs[0].1.to_vec::<f32>().unwrap(), vec![2., 3.]);
+    // A trace is one program.
+    let trace = switchyard_core::text::parse("input x: f32[2]\ny = neg(x)\noutput y\n").unwrap();
+    let t = Session::from_trace_with(trace, Vec::new(), &SessionOptions::default()).unwrap();
+    let x = Tensor::from_vec(vec![1f32, 2.], &[2]).unwrap();
+    let e = t
+        .run_stages(&[("x", x)], switchyard::RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("only an ONNX model runs in stages"), "{e}");
 }
 
 #[test]

@@ -83,6 +83,103 @@ pub struct ImportOptions {
     /// name: taken instead of decoding them again, so that the imports of
     /// one model for several input shapes share its weights.
     pub initializers: Option<Arc<HashMap<String, Tensor>>>,
+    /// Nodes computed at import from the weights alone, kept for the next
+    /// import of the same model: a transposed weight is then the same
+    /// tensor for every input shape (computed once, and packed once by
+    /// the kernels that keep weights packed).
+    pub folds: Option<Arc<Folds>>,
+}
+
+/// What an import computed from a model's weights alone, for the imports
+/// after it ([`ImportOptions::folds`]). A node is found again by itself
+/// and its inputs: the very tensors it was computed from (the
+/// initializers, or what such a node computed), which the entry holds.
+#[derive(Debug, Default)]
+pub struct Folds {
+    state: std::sync::Mutex<FoldState>,
+}
+
+#[derive(Debug, Default)]
+struct FoldState {
+    /// The buffers of the initializers and of the values kept here.
+    stable: HashSet<usize>,
+    /// By the node's first output name.
+    kept: HashMap<String, KeptFold>,
+}
+
+/// A node, the inputs it was computed from, and its outputs.
+type KeptFold = (NodeProto, Vec<Option<Tensor>>, Vec<Tensor>);
+
+impl Folds {
+    /// A memo for the imports of the model whose initializers are
+    /// `initializers` (as [`decode_initializers`] gives them, shared with
+    /// the imports through [`ImportOptions::initializers`]).
+    pub fn new(initializers: &HashMap<String, Tensor>) -> Folds {
+        let state = FoldState {
+            stable: initializers.values().map(Tensor::storage_id).collect(),
+            kept: HashMap::new(),
+        };
+        Folds {
+            state: std::sync::Mutex::new(state),
+        }
+    }
+
+    /// Whether `t`'s buffer is a weight's or one kept here: shared by every
+    /// import, not one import's own.
+    pub fn holds(&self, t: &Tensor) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|s| s.stable.contains(&t.storage_id()))
+    }
+
+    /// Nodes kept.
+    pub fn len(&self) -> usize {
+        self.state.lock().map_or(0, |s| s.kept.len())
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether every one of `inputs` is a weight or computed from weights.
+    fn stable(&self, inputs: &[Option<Tensor>]) -> bool {
+        self.state.lock().is_ok_and(|s| {
+            inputs
+                .iter()
+                .flatten()
+                .all(|t| s.stable.contains(&t.storage_id()))
+        })
+    }
+
+    /// What `n` computed from these very `inputs` before.
+    fn find(&self, n: &NodeProto, inputs: &[Option<Tensor>]) -> Option<Vec<Tensor>> {
+        let state = self.state.lock().ok()?;
+        let (node, held, outputs) = state.kept.get(n.output.first()?)?;
+        let same = |a: &Option<Tensor>, b: &Option<Tensor>| match (a, b) {
+            (Some(a), Some(b)) => {
+                a.storage_id() == b.storage_id()
+                    && a.offset() == b.offset()
+                    && a.strides() == b.strides()
+                    && a.shape() == b.shape()
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        let found =
+            node == n && held.len() == inputs.len() && held.iter().zip(inputs).all(|(a, b)| same(a, b));
+        found.then(|| outputs.clone())
+    }
+
+    fn keep(&self, n: &NodeProto, inputs: Vec<Option<Tensor>>, outputs: &[Tensor]) {
+        let (Ok(mut state), Some(name)) = (self.state.lock(), n.output.first()) else {
+            return;
+        };
+        state.stable.extend(outputs.iter().map(Tensor::storage_id));
+        state
+            .kept
+            .insert(name.clone(), (n.clone(), inputs, outputs.to_vec()));
+    }
 }
 
 /// Every initializer of `model`'s graph decoded, by name, for
@@ -382,6 +479,7 @@ pub fn import_stage(model: &Model, options: &ImportOptions, resume: &Resume) -> 
     if let Some(limit) = options.memory_limit {
         imp.fold_budget = imp.fold_budget.min(limit);
     }
+    imp.folds = options.folds.clone();
     let mut inputs = Vec::new();
     let initializers: HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let given: HashSet<&str> = graph.input.iter().map(|v| v.name()).collect();
@@ -578,6 +676,8 @@ struct Importer {
     fold_budget: usize,
     /// The input a failed lowering needed the value of.
     needs_value: Option<String>,
+    /// Folds of weights kept from imports before ([`ImportOptions::folds`]).
+    folds: Option<Arc<Folds>>,
 }
 
 impl Importer {
@@ -592,6 +692,7 @@ impl Importer {
             folded: 0,
             fold_budget: 2 * FOLD_WORK_LIMIT_BYTES,
             needs_value: None,
+            folds: None,
         }
     }
 
@@ -697,8 +798,29 @@ impl Importer {
             });
         }
         let all_constant = known.iter().flatten().all(|k| k.constant.is_some());
+        // A node of the weights alone is computed by the first import that
+        // meets it.
+        let constants: Vec<Option<Tensor>> = known
+            .iter()
+            .map(|k| k.as_ref().and_then(|k| k.constant.clone()))
+            .collect();
+        let memo = self
+            .folds
+            .clone()
+            .filter(|f| all_constant && f.stable(&constants));
+        let kept = memo.as_ref().and_then(|f| f.find(n, &constants));
         let outputs = if all_constant {
-            match fold(n, lower, self.opset, &known, self.fold_budget).map_err(fail)? {
+            let computed = match kept {
+                Some(values) => Some(values),
+                None => {
+                    let computed = fold(n, lower, self.opset, &known, self.fold_budget).map_err(fail)?;
+                    if let (Some(f), Some(values)) = (&memo, &computed) {
+                        f.keep(n, constants, values);
+                    }
+                    computed
+                }
+            };
+            match computed {
                 Some(values) => {
                     self.folded += 1;
                     values
