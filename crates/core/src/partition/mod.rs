@@ -28,7 +28,9 @@
 //! phase is a file: [`lower`] (1), [`state`] (2, the claims), [`hints`] (the
 //! hinted placements of each round), [`cluster`] (3) and [`reconsider`] (4).
 //! [`partition_like`] places a trace as an earlier plan placed the same ops
-//! at other shapes, skipping 2 to 4 where the executors still agree.
+//! at other shapes: it lowers (1), asks each op's executor of that plan
+//! alone (2), and takes that plan's regions and order instead of 3 and 4
+//! and of scheduling, where the executors still agree.
 
 use std::time::Instant;
 
