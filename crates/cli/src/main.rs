@@ -477,13 +477,9 @@ fn plan(args: PlanArgs) -> Result<()> {
         Err(switchyard::Error::Onnx(e)) => {
             let e = anyhow::Error::new(e).context(format!("importing {}", args.trace.display()));
             if staged::needs_stages(&e) {
-                let shapes = switchyard_onnx::ImportOptions {
-                    input_shapes: shapes,
-                    memory_limit: config.memory_limit_bytes(),
-                    ..Default::default()
-                };
-                return staged::plan(&args.trace, &args.planning, &config, shapes, args.explain)
-                    .map_err(|_| e);
+                let (view, cut) = session.plan_first_stage(&shape_refs)?;
+                staged::print_first_stage(&args.trace, &view, &cut, args.explain);
+                return Ok(());
             }
             return Err(e);
         }

@@ -7,12 +7,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use switchyard::{CutTaken, RunOptions, Session};
+use switchyard::{CutTaken, PlanView, RunOptions, Session};
 use switchyard_core::config::Config;
 use switchyard_core::io::{preview, write_safetensors};
-use switchyard_core::report::render_plan;
 use switchyard_core::{Device, Tensor};
-use switchyard_onnx::{ImportOptions, Model, Staged};
 
 use crate::planning::Planning;
 
@@ -139,36 +137,14 @@ pub fn run(
     Ok(())
 }
 
-/// Plans the part of a model before its first cut and says where and why
-/// the program is cut.
-pub fn plan(
-    path: &Path,
-    planning: &Planning,
-    config: &Config,
-    shapes: ImportOptions,
-    explain: bool,
-) -> Result<()> {
-    let model = Model::load(path)?;
-    let staged = switchyard_onnx::import_stage(&model, &shapes, &Default::default())
-        .with_context(|| format!("importing {}", path.display()))?;
-    let Staged::Cut { before, cut } = staged else {
-        bail!("{}: imports as one program; nothing to cut", path.display());
-    };
-    let mut trace = before.trace.clone();
-    planning.targeting.apply(&mut trace, config)?;
-    let plan = planning.planner(config, true)?.0.plan(&trace)?;
+/// Shows the plan of the part of a model before its first cut
+/// ([`Session::plan_first_stage`]) and where and why the program is cut.
+pub fn print_first_stage(path: &Path, view: &PlanView, cut: &CutTaken, explain: bool) {
     println!("stage 1 of {} (the part before the first cut):", path.display());
-    print!("{}", render_plan(&plan, explain));
-    let taken = CutTaken {
-        node: cut.node,
-        op_type: cut.op_type,
-        value: cut.value,
-        message: cut.message,
-    };
-    println!("{}", describe(&taken));
+    print!("{}", if explain { view.explain() } else { view.summary() });
+    println!("{}", describe(cut));
     println!(
         "  the part above runs first; the rest is imported, planned and compiled at run time for the values it gives \
          (kept for runs whose cuts read the same values)"
     );
-    Ok(())
 }

@@ -532,8 +532,48 @@ impl Session {
         })
     }
 
-    /// The trace the model imports to for inputs of these shapes.
-    fn trace_for(&self, shapes: &[(&str, &[usize])]) -> Result<Trace> {
+    /// The plan of the part of a model before its first cut, where a node
+    /// needs a value computed from data (see [`Session::run_stages`]), and
+    /// that cut: what can be planned of such a model before it runs. A
+    /// model that imports as one program is an error ([`Session::plan`]
+    /// plans it).
+    pub fn plan_first_stage(&self, shapes: &[(&str, &[usize])]) -> Result<(PlanView, CutTaken)> {
+        self.check_shapes(shapes)?;
+        let Source::Onnx(model) = &self.source else {
+            return Err(Error::Stages(
+                "a trace runs as one program: only an ONNX model runs in stages".into(),
+            ));
+        };
+        let staged = switchyard_onnx::import_stage(model, &self.import_options(shapes), &Default::default())?;
+        let switchyard_onnx::Staged::Cut { before, cut } = staged else {
+            return Err(Error::Stages(
+                "the model imports as one program: nothing to cut (`plan` plans it)".into(),
+            ));
+        };
+        let plan = self.planner.plan(&self.retargeted(&before.trace))?;
+        let cut = CutTaken {
+            node: cut.node,
+            op_type: cut.op_type,
+            value: cut.value,
+            message: cut.message,
+        };
+        Ok((PlanView { plan }, cut))
+    }
+
+    /// What a model's import is told for inputs of these shapes.
+    fn import_options(&self, shapes: &[(&str, &[usize])]) -> ImportOptions {
+        ImportOptions {
+            input_shapes: shapes.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(),
+            memory_limit: self.memory_limit,
+            initializers: self.initializers.clone(),
+            folds: self.folds.clone(),
+            ..ImportOptions::default()
+        }
+    }
+
+    /// Shapes given to plan for: of the session's inputs, and of each input
+    /// whose dims are not all fixed.
+    fn check_shapes(&self, shapes: &[(&str, &[usize])]) -> Result<()> {
         for (name, _) in shapes {
             if !self.input_names.contains(*name) {
                 return Err(self.unknown_input(name));
@@ -554,17 +594,14 @@ impl Session {
                 message: format!("its dims are not all fixed ({i}): give its shape to plan for"),
             });
         }
+        Ok(())
+    }
+
+    /// The trace the model imports to for inputs of these shapes.
+    fn trace_for(&self, shapes: &[(&str, &[usize])]) -> Result<Trace> {
+        self.check_shapes(shapes)?;
         let trace = match &self.source {
-            Source::Onnx(model) => {
-                let options = ImportOptions {
-                    input_shapes: shapes.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(),
-                    memory_limit: self.memory_limit,
-                    initializers: self.initializers.clone(),
-                    folds: self.folds.clone(),
-                    ..ImportOptions::default()
-                };
-                switchyard_onnx::import(model, &options)?.trace
-            }
+            Source::Onnx(model) => switchyard_onnx::import(model, &self.import_options(shapes))?.trace,
             Source::Trace { trace, .. } => {
                 for (name, shape) in shapes {
                     let v = trace_input(trace, name).expect("an input of the session");

@@ -349,9 +349,17 @@ fn a_model_whose_shapes_depend_on_its_data_runs_in_stages() {
     assert_eq!(staged.cuts.len(), 1);
     assert_eq!((staged.cuts[0].op_type.as_str(), staged.compiled), ("NonZero", 0));
     assert_eq!(staged.outputs[0].1.to_vec::<f32>().unwrap(), vec![2., 3.]);
+    // What can be planned of it before it runs: the part before the cut.
+    let (view, cut) = s.plan_first_stage(&[]).unwrap();
+    assert_eq!(cut.op_type, "NonZero");
+    assert!(view.summary().contains("ops in"), "{}", view.summary());
+    let e = s.plan(&[]).unwrap_err().to_string();
+    assert!(e.contains("NonZero"), "{e}");
     // A trace is one program.
     let trace = switchyard_core::text::parse("input x: f32[2]\ny = neg(x)\noutput y\n").unwrap();
     let t = Session::from_trace_with(trace, Vec::new(), &SessionOptions::default()).unwrap();
+    let e = t.plan_first_stage(&[]).unwrap_err().to_string();
+    assert!(e.contains("only an ONNX model runs in stages"), "{e}");
     let x = Tensor::from_vec(vec![1f32, 2.], &[2]).unwrap();
     let e = t
         .run_stages(&[("x", x)], switchyard::RunOptions::default())
