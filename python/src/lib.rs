@@ -218,10 +218,12 @@ impl InferenceSession {
     /// `SessionOptions`: its `intra_op_num_threads` is used. `target`
     /// (`"cuda:0"`) puts the whole model on that device, costed with
     /// `device_model` (`"h100"`, or a profile file) or the config's.
+    /// `reuse_plans=False` plans every new input-shape signature afresh
+    /// rather than placing it as a kept plan of the same ops was placed.
     #[new]
     #[pyo3(signature = (path_or_bytes, sess_options=None, providers=None, provider_options=None, *,
         executors=None, config=None, threads=None, memory_limit=None, autotune=None, plugins=None,
-        shapes_kept=16, shapes_kept_bytes=None, target=None, device_model=None))]
+        shapes_kept=16, shapes_kept_bytes=None, target=None, device_model=None, reuse_plans=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -239,6 +241,7 @@ impl InferenceSession {
         shapes_kept_bytes: Option<&Bound<'_, PyAny>>,
         target: Option<String>,
         device_model: Option<String>,
+        reuse_plans: bool,
     ) -> PyResult<InferenceSession> {
         let _ = provider_options;
         let from_providers = executors_from_providers(providers)?;
@@ -276,6 +279,7 @@ impl InferenceSession {
                         .map_err(|e| PyValueError::new_err(format!("device_model: {e}")))
                 })
                 .transpose()?,
+            reuse_plans,
             ..SessionOptions::default()
         };
         let session = if let Ok(bytes) = path_or_bytes.extract::<Vec<u8>>()

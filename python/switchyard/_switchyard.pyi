@@ -59,6 +59,7 @@ class InferenceSession:
         shapes_kept_bytes: Union[int, str, None] = None,
         target: Optional[str] = None,
         device_model: Optional[str] = None,
+        reuse_plans: bool = True,
     ) -> None: ...
     def run(
         self,

@@ -222,6 +222,13 @@ def test_stats_count_compiles_per_shape(tmp_path):
     s = session.stats()
     assert (s["runs"], s["compiles"], s["reused"]) == (5, 3, 2)
     assert s["compile_seconds"] > 0
+    # Batch 2 is placed as batch 1 was; batch 3, past twice the batch that
+    # placement was chosen at, is planned afresh. Without reuse, none is.
+    assert s["placements_reused"] == 1
+    fresh = switchyard.InferenceSession(tmp_path / "add_one.onnx", reuse_plans=False)
+    for b in (1, 2, 3):
+        fresh.run(None, {"x": np.ones((b, 4), np.float32)})
+    assert fresh.stats()["placements_reused"] == 0
 
 
 def _onnx_add_one(path):
