@@ -97,18 +97,12 @@ fn fit_regions(plan: Plan, strategy: Strategy, budget: Option<usize>) -> Result<
         .regions
         .iter()
         .enumerate()
-        .filter(|(i, r)| {
-            kind(&plan, r) == ExecutorKind::Fusion
-                && !whole(r)
-                && components(&plan, &r.ops).len() > 1
-                && accepted(
-                    &plan,
-                    *i,
-                    &bounded(&plan, components(&plan, &r.ops), &uses),
-                    &uses,
-                )
+        .filter(|(_, r)| kind(&plan, r) == ExecutorKind::Fusion && !whole(r))
+        .filter_map(|(i, r)| {
+            let pieces = components(&plan, &r.ops);
+            let apart = pieces.len() > 1 && accepted(&plan, i, &bounded(&plan, pieces, &uses), &uses);
+            apart.then(|| r.ops.clone())
         })
-        .map(|(_, r)| r.ops.clone())
         .collect();
     if !merged.is_empty() {
         let mut candidate = plan.clone();

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use crate::cost::DeviceModel;
 use crate::error::Result;
-use crate::executor::{Context, ExecutorSet};
+use crate::executor::ExecutorSet;
 use crate::explain::Explanation;
 use crate::hints::Hints;
 use crate::ir::{Trace, decompose_round};
@@ -41,14 +41,7 @@ pub(super) fn lower(
                 continue;
             }
             let whole = execs.iter().find_map(|e| {
-                let cx = Context {
-                    trace: &current,
-                    device,
-                    options: set.options_of(&e.name),
-                    uses: &uses,
-                    numerics: set.numerics,
-                    prepared: &e.prepared,
-                };
+                let cx = e.cx(&current, device, set, &uses);
                 e.claim(&*set.executors[e.set_index], id, &cx)
                     .cost()
                     .map(|c| (e, c))

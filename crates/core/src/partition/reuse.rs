@@ -15,7 +15,7 @@
 
 use crate::cost::DeviceModel;
 use crate::error::Result;
-use crate::executor::{Context, ExecutorKind, ExecutorSet, Region};
+use crate::executor::{ExecutorKind, ExecutorSet, Region};
 use crate::explain::{Candidate, Explanation, OpExplanation};
 use crate::ir::{Operand, Trace};
 use crate::plan::Plan;
@@ -47,12 +47,17 @@ pub fn partition_like(
     crate::ir::compose_linears(&mut trace);
     let prepared = state::prepare(set)?;
     let mut explanation = Explanation::default();
-    let execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
+    let mut execs = state::executors(&trace, set, &prepared, opts, &mut explanation);
     let trace = lower::lower(trace, set, device, &execs, opts, None, &mut explanation)?;
     if !same_structure(&trace, &template.trace) {
         return Ok(None);
     }
+    // As partitioning does from here: what hooks keep per region is kept
+    // for this trace.
     let prepared: Vec<_> = prepared.iter().map(|p| p.for_trace(&trace)).collect();
+    for e in &mut execs {
+        e.prepared = prepared[e.set_index].clone();
+    }
     let uses = trace.uses();
     let mut regions = Vec::with_capacity(template.regions.len());
     let mut estimates = Vec::with_capacity(template.regions.len());
@@ -62,14 +67,7 @@ pub fn partition_like(
             return Ok(None);
         };
         let executor = &set.executors[r.executor];
-        let cx = Context {
-            trace: &trace,
-            device,
-            options: set.options_of(&exec.name),
-            uses: &uses,
-            numerics: set.numerics,
-            prepared: &prepared[r.executor],
-        };
+        let cx = exec.cx(&trace, device, set, &uses);
         for &op in &r.ops {
             let claim = exec.claim(&**executor, op, &cx);
             if claim.cost().is_none() {

@@ -44,6 +44,25 @@ impl Exec {
         self.kind == ExecutorKind::Fusion
     }
 
+    /// What its hooks are given for `trace`: its options in `set`, and
+    /// what it prepared of them.
+    pub(super) fn cx<'a>(
+        &'a self,
+        trace: &'a Trace,
+        device: &'a DeviceModel,
+        set: &'a ExecutorSet,
+        uses: &'a Uses,
+    ) -> Context<'a> {
+        Context {
+            trace,
+            device,
+            options: set.options_of(&self.name),
+            uses,
+            numerics: set.numerics,
+            prepared: &self.prepared,
+        }
+    }
+
     /// Its claim of `op`, or a rejection when `op` is on a device it lacks.
     pub(super) fn claim(&self, e: &dyn Executor, op: OpId, cx: &Context) -> Claim {
         if !self.missing.is_empty() {
@@ -249,14 +268,7 @@ impl<'a> State<'a> {
 
     /// What executor `k`'s hooks are given.
     pub(super) fn cx(&self, k: ExecId) -> Context<'_> {
-        Context {
-            trace: &self.trace,
-            device: self.device,
-            options: self.set.options_of(&self.exec(k).name),
-            uses: &self.uses,
-            numerics: self.set.numerics,
-            prepared: &self.exec(k).prepared,
-        }
+        self.exec(k).cx(&self.trace, self.device, self.set, &self.uses)
     }
 
     /// Executor `k`'s claim of `op`.
