@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds switchyard's Python package into a virtual environment outside the
-# repository and runs its tests (python/tests) there.
+# repository and runs its tests (python/tests) there, with numpy, pytest,
+# onnxruntime and torch (for the torch.compile backend) installed beside it.
 #
 #   SWITCHYARD_VENV   the environment (default: $XDG_CACHE_HOME/switchyard/python-venv)
 #   PYTHON            the interpreter that makes it (default: python3)
@@ -28,6 +29,20 @@ fi
 "$venv/bin/python" -c "import onnxruntime" 2>/dev/null \
     || "$venv/bin/python" -m pip install --quiet onnxruntime \
     || echo "python tests: onnxruntime could not be installed; comparing with expected outputs only" >&2
+
+# The torch.compile backend's tests need torch; where the checks require the
+# Python tests (SWITCHYARD_REQUIRE_PYTHON=1), they require torch too.
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null \
+    && ! "$venv/bin/python" -m pip install --quiet "torch>=2.4"; then
+    if [ "${SWITCHYARD_REQUIRE_PYTHON:-}" = 1 ]; then
+        echo "python tests: torch could not be installed into $venv, and SWITCHYARD_REQUIRE_PYTHON=1 requires it" >&2
+        exit 1
+    fi
+    echo "python tests: torch could not be installed; the torch.compile backend's tests skip" >&2
+fi
+if [ "${SWITCHYARD_REQUIRE_PYTHON:-}" = 1 ]; then
+    export SWITCHYARD_REQUIRE_TORCH=1
+fi
 
 # Its own target folder: a `cargo test` running this holds the main one.
 export CARGO_TARGET_DIR="${SWITCHYARD_PYTHON_TARGET:-$repo/target/python}"

@@ -7,12 +7,14 @@
 
 use std::path::PathBuf;
 
+mod provided;
+
 use numpy::{
     Element, PyArray, PyArrayDescr, PyArrayDescrMethods, PyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyCapsule, PyDict, PyList, PyString};
 use switchyard::{DType, Device, Dim, Session, SessionOptions, Tensor, ValueSpec};
 
 pyo3::create_exception!(
@@ -255,12 +257,7 @@ impl InferenceSession {
             config,
             threads: threads_from(sess_options, threads),
             memory_limit: memory_limit.map(|m| size_from("memory_limit", m)).transpose()?,
-            autotune: autotune
-                .map(|mode| {
-                    mode.parse()
-                        .map_err(|e: String| PyValueError::new_err(format!("autotune {mode:?}: {e}")))
-                })
-                .transpose()?,
+            autotune: autotune_from(autotune)?,
             plugins: plugins.unwrap_or_default(),
             shapes_kept,
             shapes_kept_bytes: shapes_kept_bytes
@@ -297,15 +294,73 @@ impl InferenceSession {
             })
         }
         .map_err(to_py)?;
-        say_warnings(py, &session)?;
-        let args = |specs: &[ValueSpec]| -> PyResult<Vec<Py<NodeArg>>> {
-            specs.iter().map(|s| Py::new(py, NodeArg::new(s))).collect()
+        InferenceSession::over(py, session)
+    }
+
+    /// A session for a trace given as text (the format `switchyard check
+    /// --print` writes; `name` is what its errors call it). Its `extern`
+    /// ops run in Python: `extern_runner(fn, operands)` is called with the
+    /// op's `fn` and its operands (numpy arrays over the tensors, valid
+    /// for the call only, or numbers) and gives one array (or object with
+    /// `__dlpack__`) per output, as the op declares them; the executor
+    /// that calls it is named `extern_executor` in plans. `constants`
+    /// ({input name: array}) binds trace inputs to tensors that every run
+    /// reads unchanged (a model's weights): they are not fed, and the
+    /// kernels prepare them once (read in place: the caller keeps them
+    /// unchanged for the session's life). The other options are the
+    /// constructor's.
+    #[staticmethod]
+    #[pyo3(signature = (text, *, name="<trace>", constants=None, extern_runner=None, extern_executor="torch".to_string(),
+        executors=None, config=None, threads=None, memory_limit=None, autotune=None, shapes_kept=16,
+        reuse_plans=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_trace(
+        py: Python<'_>,
+        text: &str,
+        name: &str,
+        constants: Option<&Bound<'_, PyDict>>,
+        extern_runner: Option<Py<PyAny>>,
+        extern_executor: String,
+        executors: Option<String>,
+        config: Option<PathBuf>,
+        threads: Option<usize>,
+        memory_limit: Option<&Bound<'_, PyAny>>,
+        autotune: Option<String>,
+        shapes_kept: usize,
+        reuse_plans: bool,
+    ) -> PyResult<InferenceSession> {
+        let provided = extern_runner
+            .map(|runner| {
+                switchyard::Provided(std::sync::Arc::new(provided::PyExecutor::new(
+                    extern_executor,
+                    runner,
+                )))
+            })
+            .into_iter()
+            .collect();
+        let options = SessionOptions {
+            executors,
+            config,
+            threads,
+            memory_limit: memory_limit.map(|m| size_from("memory_limit", m)).transpose()?,
+            autotune: autotune_from(autotune)?,
+            shapes_kept,
+            reuse_plans,
+            provided,
+            ..SessionOptions::default()
         };
-        Ok(InferenceSession {
-            inputs: args(session.inputs())?,
-            outputs: args(session.outputs())?,
-            session,
-        })
+        let trace = switchyard::core::text::parse_named(text, Some(name))
+            .map_err(|e| to_py(switchyard::Error::from(e)))?;
+        let mut bound = Vec::new();
+        for (k, v) in constants.into_iter().flat_map(|c| c.iter()) {
+            let input: String = k.extract()?;
+            let tensor = to_tensor(py, &input, &v)?;
+            bound.push((input, tensor));
+        }
+        let session = py
+            .detach(|| Session::from_trace_with(trace, bound, &options))
+            .map_err(to_py)?;
+        InferenceSession::over(py, session)
     }
 
     /// Runs on `input_feed` ({name: array}) and gives the outputs named in
@@ -380,6 +435,39 @@ impl InferenceSession {
         PyList::new(py, arrays)
     }
 
+    /// Runs on `inputs`, one per input in `get_inputs()` order: DLPack
+    /// capsules (consumed, read in place: what `torch.utils.dlpack.to_dlpack`
+    /// gives) or anything `run` takes. Gives every output, in
+    /// `get_outputs()` order, as a DLPack capsule (`torch.from_dlpack`
+    /// takes it) over the memory the run wrote, or over a copy where the
+    /// output is a constant of the model or a view of an input: the
+    /// call for a framework that holds tensors of its own, without numpy
+    /// between.
+    fn run_dlpack<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let specs = self.session.inputs();
+        if inputs.len() != specs.len() {
+            return Err(InvalidArgument::new_err(format!(
+                "run_dlpack: {} input(s) given, the model has {}",
+                inputs.len(),
+                specs.len()
+            )));
+        }
+        let mut feeds = Vec::with_capacity(inputs.len());
+        for (spec, value) in specs.iter().zip(&inputs) {
+            feeds.push((spec.name.as_str(), to_tensor(py, &spec.name, value)?));
+        }
+        let outputs = py.detach(|| self.session.run(&feeds)).map_err(to_py)?;
+        let capsules = outputs
+            .into_iter()
+            .map(|(name, t)| to_capsule(py, &name, t))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, capsules)
+    }
+
     /// Seconds `n` runs on `input_feed` take inside Rust, the feeds
     /// converted once and the GIL released: the baseline a benchmark of
     /// the Python call's overhead compares `run` with.
@@ -449,6 +537,29 @@ impl InferenceSession {
     }
 }
 
+impl InferenceSession {
+    fn over(py: Python<'_>, session: Session) -> PyResult<InferenceSession> {
+        say_warnings(py, &session)?;
+        let args = |specs: &[ValueSpec]| -> PyResult<Vec<Py<NodeArg>>> {
+            specs.iter().map(|s| Py::new(py, NodeArg::new(s))).collect()
+        };
+        Ok(InferenceSession {
+            inputs: args(session.inputs())?,
+            outputs: args(session.outputs())?,
+            session,
+        })
+    }
+}
+
+/// The autotune mode named (`off`, `cached`, `on`...).
+fn autotune_from(mode: Option<String>) -> PyResult<Option<switchyard::core::autotune::Mode>> {
+    mode.map(|mode| {
+        mode.parse()
+            .map_err(|e: String| PyValueError::new_err(format!("autotune {mode:?}: {e}")))
+    })
+    .transpose()
+}
+
 /// What the session warned of (optional plugins skipped, plugins set
 /// aside), as Python warnings.
 fn say_warnings(py: Python<'_>, session: &Session) -> PyResult<()> {
@@ -461,8 +572,11 @@ fn say_warnings(py: Python<'_>, session: &Session) -> PyResult<()> {
 
 /// A tensor over `value`'s memory where its layout allows, else over a
 /// copy in a layout that does.
-fn to_tensor(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+pub(crate) fn to_tensor(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     let bad = |m: String| InvalidArgument::new_err(format!("input `{name}`: {m}"));
+    if let Ok(capsule) = value.cast::<PyCapsule>() {
+        return dlpack_capsule(capsule).map_err(bad);
+    }
     let array: Bound<'_, PyUntypedArray> = match value.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => {
@@ -514,6 +628,87 @@ fn to_tensor(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<T
     unsafe { Tensor::from_foreign(ptr, dtype, &shape, owner) }.map_err(|e| bad(e.to_string()))
 }
 
+/// A tensor over a DLPack capsule's memory (`dltensor`, or
+/// `dltensor_versioned` of DLPack 1.x), without a copy. The capsule is
+/// consumed: renamed `used_dltensor` as the protocol has it, so its own
+/// destructor leaves the deleter to the tensor.
+fn dlpack_capsule(capsule: &Bound<'_, PyCapsule>) -> Result<Tensor, String> {
+    use pyo3::ffi;
+    let cap = capsule.as_ptr();
+    let kinds = [
+        (c"dltensor", c"used_dltensor", false),
+        (c"dltensor_versioned", c"used_dltensor_versioned", true),
+    ];
+    for (name, used, versioned) in kinds {
+        // SAFETY: `cap` is a live capsule; a pointer under a DLPack name is
+        // the producer's managed tensor, handed over to its consumer.
+        unsafe {
+            if ffi::PyCapsule_IsValid(cap, name.as_ptr()) != 1 {
+                continue;
+            }
+            let ptr = ffi::PyCapsule_GetPointer(cap, name.as_ptr());
+            let Some(ptr) = std::ptr::NonNull::new(ptr) else {
+                return Err("a DLPack capsule with no tensor".into());
+            };
+            if ffi::PyCapsule_SetName(cap, used.as_ptr()) != 0 {
+                ffi::PyErr_Clear();
+                return Err("the DLPack capsule could not be marked consumed".into());
+            }
+            let t = match versioned {
+                false => switchyard::dlpack::from_dlpack(ptr.cast()),
+                true => switchyard::dlpack::from_dlpack_versioned(ptr.cast()),
+            };
+            return t.map_err(|e| e.to_string());
+        }
+    }
+    Err("a capsule that holds no DLPack tensor (or one already consumed)".into())
+}
+
+/// A DLPack capsule (`dltensor`) over `t`'s memory where the run gave `t`
+/// to this call alone, else over a copy, for a consumer such as
+/// `torch.from_dlpack`; if no one consumes it, its destructor lets go of
+/// the tensor.
+fn to_capsule<'py>(py: Python<'py>, name: &str, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
+    use pyo3::ffi;
+    unsafe extern "C" fn destructor(cap: *mut ffi::PyObject) {
+        // SAFETY: called by Python with the capsule; under its first name
+        // it still holds the managed tensor no consumer took.
+        unsafe {
+            if ffi::PyCapsule_IsValid(cap, c"dltensor".as_ptr()) == 1 {
+                let m = ffi::PyCapsule_GetPointer(cap, c"dltensor".as_ptr())
+                    .cast::<switchyard::dlpack::DLManagedTensor>();
+                if let Some(deleter) = m.as_ref().and_then(|m| m.deleter) {
+                    deleter(m);
+                }
+            }
+        }
+    }
+    if t.device() != Device::Cpu {
+        return Err(SwitchyardError::new_err(format!(
+            "output `{name}` is on {}; only host outputs cross as DLPack capsules here",
+            t.device()
+        )));
+    }
+    let t = match t.owns_buffer() {
+        true => t,
+        false => t
+            .dense_copy()
+            .map_err(|e| SwitchyardError::new_err(e.to_string()))?,
+    };
+    let managed = switchyard::dlpack::to_dlpack(t).map_err(|e| SwitchyardError::new_err(e.to_string()))?;
+    // SAFETY: the capsule takes the managed tensor; the destructor above
+    // frees it unless a consumer renamed the capsule and took it.
+    unsafe {
+        let cap = ffi::PyCapsule_New(managed.as_ptr().cast(), c"dltensor".as_ptr(), Some(destructor));
+        if cap.is_null()
+            && let Some(deleter) = managed.as_ref().deleter
+        {
+            deleter(managed.as_ptr());
+        }
+        Bound::from_owned_ptr_or_err(py, cap)
+    }
+}
+
 /// The switchyard type of a numpy dtype (bfloat16 from `ml_dtypes`).
 fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
     let size = descr.itemsize();
@@ -539,6 +734,17 @@ fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
 /// alone, else over a copy: an output that is a constant of the model or
 /// a view of an input is not the caller's to write.
 fn to_numpy<'py>(py: Python<'py>, name: &str, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
+    numpy_over(py, name, t, false)
+}
+
+/// A numpy array over `t`'s memory whoever else holds it (an operand a
+/// kernel lends Python for one call), or over a copy where its layout
+/// cannot be an array's.
+pub(crate) fn to_numpy_shared<'py>(py: Python<'py>, name: &str, t: Tensor) -> PyResult<Bound<'py, PyAny>> {
+    numpy_over(py, name, t, true)
+}
+
+fn numpy_over<'py>(py: Python<'py>, name: &str, t: Tensor, shared: bool) -> PyResult<Bound<'py, PyAny>> {
     if t.device() != Device::Cpu {
         return Err(SwitchyardError::new_err(format!(
             "output `{name}` is on {}; only host outputs become numpy arrays",
@@ -548,8 +754,9 @@ fn to_numpy<'py>(py: Python<'py>, name: &str, t: Tensor) -> PyResult<Bound<'py, 
     fn typed<'py, T: switchyard::Stored + Element + Clone>(
         py: Python<'py>,
         t: Tensor,
+        shared: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let alone = t.owns_buffer() && switchyard::array::as_array::<T>(&t).is_some();
+        let alone = (shared || t.owns_buffer()) && switchyard::array::as_array::<T>(&t).is_some();
         let t = match alone {
             true => t,
             false => {
@@ -576,26 +783,26 @@ fn to_numpy<'py>(py: Python<'py>, name: &str, t: Tensor) -> PyResult<Bound<'py, 
         Ok(array.into_any())
     }
     match t.dtype() {
-        DType::F32 => typed::<f32>(py, t),
-        DType::F64 => typed::<f64>(py, t),
-        DType::F16 => typed::<half::f16>(py, t),
+        DType::F32 => typed::<f32>(py, t, shared),
+        DType::F64 => typed::<f64>(py, t, shared),
+        DType::F16 => typed::<half::f16>(py, t, shared),
         DType::BF16 => {
             PyArrayDescr::new(py, "bfloat16").map_err(|_| {
                 PyTypeError::new_err(format!(
                     "output `{name}` is bfloat16, which numpy has no type for: install ml_dtypes"
                 ))
             })?;
-            typed::<half::bf16>(py, t)
+            typed::<half::bf16>(py, t, shared)
         }
-        DType::I32 => typed::<i32>(py, t),
-        DType::I64 => typed::<i64>(py, t),
-        DType::Bool => typed::<bool>(py, t),
-        DType::I8 => typed::<i8>(py, t),
-        DType::U8 => typed::<u8>(py, t),
-        DType::I16 => typed::<i16>(py, t),
-        DType::U16 => typed::<u16>(py, t),
-        DType::U32 => typed::<u32>(py, t),
-        DType::U64 => typed::<u64>(py, t),
+        DType::I32 => typed::<i32>(py, t, shared),
+        DType::I64 => typed::<i64>(py, t, shared),
+        DType::Bool => typed::<bool>(py, t, shared),
+        DType::I8 => typed::<i8>(py, t, shared),
+        DType::U8 => typed::<u8>(py, t, shared),
+        DType::I16 => typed::<i16>(py, t, shared),
+        DType::U16 => typed::<u16>(py, t, shared),
+        DType::U32 => typed::<u32>(py, t, shared),
+        DType::U64 => typed::<u64>(py, t, shared),
     }
 }
 

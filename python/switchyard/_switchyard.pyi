@@ -1,7 +1,7 @@
 """Type stubs for switchyard's extension module."""
 
 import os
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -61,12 +61,34 @@ class InferenceSession:
         device_model: Optional[str] = None,
         reuse_plans: bool = True,
     ) -> None: ...
+    @staticmethod
+    def from_trace(
+        text: str,
+        *,
+        name: str = "<trace>",
+        constants: Optional[Mapping[str, Any]] = None,
+        extern_runner: Optional[Callable[[str, list[Any]], Sequence[Any]]] = None,
+        extern_executor: str = "torch",
+        executors: Optional[str] = None,
+        config: Optional[_Path] = None,
+        threads: Optional[int] = None,
+        memory_limit: Union[int, str, None] = None,
+        autotune: Optional[str] = None,
+        shapes_kept: int = 16,
+        reuse_plans: bool = True,
+    ) -> "InferenceSession":
+        """A session for a trace given as text; its `extern` ops run by
+        calling `extern_runner(fn, operands)`; `constants` binds inputs to
+        tensors every run reads unchanged."""
     def run(
         self,
         output_names: Optional[Sequence[str]],
         input_feed: Mapping[str, Any],
         run_options: Optional[Any] = None,
     ) -> list[np.ndarray]: ...
+    def run_dlpack(self, inputs: Sequence[Any]) -> list[Any]:
+        """Runs on one input per `get_inputs()` entry (DLPack capsules, or
+        anything `run` takes); gives the outputs as DLPack capsules."""
     def get_inputs(self) -> list[NodeArg]: ...
     def get_outputs(self) -> list[NodeArg]: ...
     def get_providers(self) -> list[str]:

@@ -379,6 +379,11 @@ fn compile_op(
             std: a.float_or("std", 1.0).map_err(fail)?,
             seed: a.int_or("seed", 0).map_err(fail)? as u64,
         },
+        OpKind::Extern => {
+            return Err(fail(
+                "`extern` runs in the program that declared it, by an executor that program provides".into(),
+            ));
+        }
         OpKind::Composite(c) => {
             return Err(fail(format!(
                 "composite `{}` must be decomposed before it reaches the fallback",
@@ -566,6 +571,9 @@ impl Executor for FallbackExecutor {
         let o = cx.trace.op(op);
         if o.kind.is_composite() {
             return Claim::Reject(format!("runs `{}` through its decomposition", o.kind));
+        }
+        if o.kind == OpKind::Extern {
+            return Claim::Reject("`extern` runs in the program that declared it".into());
         }
         if !off_cpu(cx.trace, op) {
             // Convolutions run here as direct loops in f64, far from the

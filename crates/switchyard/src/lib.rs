@@ -56,6 +56,9 @@ use switchyard_onnx::{ImportOptions, Imported, Model, StagedRunner};
 pub mod array;
 pub mod dlpack;
 
+/// The executor API and the trace IR, for an executor the embedding
+/// program provides ([`SessionOptions::provided`]).
+pub use switchyard_core as core;
 pub use switchyard_core::config::ByteSize;
 pub use switchyard_core::cost::DeviceModel;
 pub use switchyard_core::runtime::{CompiledPlan, ConstantsPrepared, RunOptions, RunResult};
@@ -159,6 +162,20 @@ pub struct SessionOptions {
     /// and region at the new shapes, and the signature is planned afresh
     /// where any does not. `false`: every signature is planned afresh.
     pub reuse_plans: bool,
+    /// Executors the program embedding switchyard provides (the Python
+    /// package's PyTorch executor, which runs a trace's `extern` ops):
+    /// always enabled, after the chosen ones, with their default options.
+    pub provided: Vec<Provided>,
+}
+
+/// An executor the embedding program provides ([`SessionOptions::provided`]).
+#[derive(Clone)]
+pub struct Provided(pub Arc<dyn switchyard_core::executor::Executor>);
+
+impl std::fmt::Debug for Provided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Provided({})", self.0.info().name)
+    }
 }
 
 impl Default for SessionOptions {
@@ -180,6 +197,7 @@ impl Default for SessionOptions {
             plugins_isolated: false,
             plan_only: false,
             reuse_plans: true,
+            provided: Vec::new(),
         }
     }
 }
@@ -428,6 +446,15 @@ impl Session {
             plan_only: options.plan_only && options.target.is_some(),
         };
         let mut planner = config.planner(&choices, &plugins)?;
+        for Provided(e) in &options.provided {
+            let name = e.info().name;
+            if planner.set.executors.iter().any(|x| x.info().name == name) {
+                return Err(Error::Plugin(format!(
+                    "a provided executor is named `{name}`, as an executor already known is"
+                )));
+            }
+            planner.set.executors.push(Arc::clone(e));
+        }
         if let Some(tuner) = &options.autotuner {
             planner.autotune = Some(Arc::clone(tuner));
         }

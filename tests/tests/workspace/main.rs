@@ -12,6 +12,7 @@ mod conv;
 mod cuda;
 mod devices;
 mod examples;
+mod extern_ops;
 mod fuser;
 mod fuzzing;
 mod gemm;

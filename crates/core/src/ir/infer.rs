@@ -4,7 +4,7 @@
 
 use crate::dtype::{DType, Scalar};
 use crate::ir::Operand;
-use crate::ir::attr::Attrs;
+use crate::ir::attr::{Attr, Attrs};
 use crate::ir::builder::TraceBuilder;
 use crate::ir::decompose::decompose_op;
 use crate::ir::ops::{OpKind, PoolOp, ReduceOp};
@@ -252,6 +252,57 @@ fn creation_shape(attrs: &Attrs, dtype: DType) -> Result<Vec<usize>, String> {
 fn device_attr(attrs: &Attrs) -> Result<Device, String> {
     let text = attrs.str_or("device", "cpu")?;
     Device::parse(text).ok_or_else(|| format!("attribute `device` must be cpu or cuda:N, got `{text}`"))
+}
+
+/// The outputs an `extern` op declares: `dtypes=[..]` and `shapes=[[..], ..]`,
+/// one of each per output.
+fn extern_outputs(attrs: &Attrs, device: Device) -> Result<Vec<TensorMeta>, String> {
+    if attrs.str_or("fn", "")?.is_empty() {
+        return Err("attribute `fn` must name the function that computes it".into());
+    }
+    let dtypes = match attrs.get("dtypes") {
+        Some(Attr::List(items)) => items
+            .iter()
+            .map(|a| match a {
+                Attr::DType(d) => Ok(*d),
+                a => Err(format!("attribute `dtypes` must list dtypes, got {a}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(a) => return Err(format!("attribute `dtypes` must be a list of dtypes, got {a}")),
+        None => return Err("missing attribute `dtypes`".into()),
+    };
+    let shapes = match attrs.get("shapes") {
+        Some(Attr::List(items)) => items
+            .iter()
+            .map(|a| match a {
+                Attr::List(dims) => dims
+                    .iter()
+                    .map(|d| match d {
+                        Attr::Int(n) if *n >= 0 => Ok(*n as usize),
+                        d => Err(format!("attribute `shapes` has {d} where a size belongs")),
+                    })
+                    .collect::<Result<Vec<_>, _>>(),
+                a => Err(format!("attribute `shapes` must list shapes ([2, 3]), got {a}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(a) => return Err(format!("attribute `shapes` must be a list of shapes, got {a}")),
+        None => return Err("missing attribute `shapes`".into()),
+    };
+    if dtypes.is_empty() || dtypes.len() != shapes.len() {
+        return Err(format!(
+            "declares {} dtype(s) and {} shape(s): give one of each per output, at least one",
+            dtypes.len(),
+            shapes.len()
+        ));
+    }
+    dtypes
+        .into_iter()
+        .zip(shapes)
+        .map(|(dt, shape)| {
+            check_size(&shape, dt)?;
+            Ok(TensorMeta::new(dt, shape).on(device))
+        })
+        .collect()
 }
 
 /// Infers the output metadata of an op from its operands and attributes.
@@ -741,6 +792,10 @@ pub fn infer(kind: OpKind, ops: &[OperandMeta], attrs: &Attrs) -> Result<Vec<Ten
                 ));
             }
             Ok(out(dt, shape, device_attr(attrs)?))
+        }
+        OpKind::Extern => {
+            attrs.check_keys(&["fn", "dtypes", "shapes"])?;
+            extern_outputs(attrs, device)
         }
         OpKind::Composite(c) => {
             // A composite's outputs are what its decomposition produces, so the two

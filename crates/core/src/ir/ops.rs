@@ -394,6 +394,12 @@ pub enum OpKind {
     Uniform,
     /// `normal(shape=[...], mean=0.0, std=1.0, seed=s, dtype=f32)`
     Normal,
+    /// `extern(a, b, ..., fn="name", dtypes=[..], shapes=[[..], ..])`: an
+    /// op the program embedding switchyard computes itself (a PyTorch op
+    /// switchyard lacks), named by `fn`, with the outputs it declares
+    /// (contiguous, on the operands' device); only an executor that program
+    /// provides claims it
+    Extern,
     /// A composite op.
     Composite(CompositeOp),
 }
@@ -429,6 +435,7 @@ impl OpKind {
             OpKind::Iota => "iota",
             OpKind::Uniform => "uniform",
             OpKind::Normal => "normal",
+            OpKind::Extern => "extern",
         }
     }
 
@@ -461,6 +468,7 @@ impl OpKind {
             OpKind::Iota,
             OpKind::Uniform,
             OpKind::Normal,
+            OpKind::Extern,
         ]);
         v.extend(CompositeOp::ALL.iter().map(|&c| OpKind::Composite(c)));
         v

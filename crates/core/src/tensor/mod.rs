@@ -443,7 +443,7 @@ impl Tensor {
     }
 
     /// A dense copy in a new host buffer.
-    fn dense_copy(&self) -> Result<Tensor> {
+    pub fn dense_copy(&self) -> Result<Tensor> {
         let storage = with_storage!(self.host()?, data, T => {
             let mut v: Vec<T> = crate::buffer::try_with_capacity(self.numel())?;
             v.extend(self.offsets().map(|o| data[o]));
