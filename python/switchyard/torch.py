@@ -269,12 +269,14 @@ class CompiledGraph:
 class _Value:
     """A value of the trace being written: its name, dtype and shape."""
 
-    __slots__ = ("name", "shape", "dtype")
+    __slots__ = ("name", "shape", "dtype", "known")
 
     def __init__(self, name: str, shape: Sequence[int], dtype: torch.dtype):
         self.name = name
         self.shape = list(shape)
         self.dtype = dtype
+        #: Its contents where no input of the graph reaches it, else None.
+        self.known: Optional[torch.Tensor] = None
 
     @property
     def meta(self) -> torch.Tensor:
@@ -541,7 +543,9 @@ class _Lower:
         name = f"c_{node.name}"
         self.lines.append(f"input {name}: {_dtype(value.dtype)}{list(value.shape)}")
         self.feeds.append((name, value.detach()))
-        return _Value(name, value.shape, value.dtype)
+        v = _Value(name, value.shape, value.dtype)
+        v.known = value.detach()
+        return v
 
     def emit(self, kind: str, operands: Sequence[Any], out: torch.Tensor, **attrs: Any) -> _Value:
         """``v = kind(operands, attrs)``, whose result is `out` (meta)."""
@@ -577,6 +581,10 @@ class _Lower:
         if not _has_tensor(out):
             return out  # a size (`sym_size`) or another number, concrete here
         rule = _RULES.get(target) or _RULES.get(target.overloadpacket)
+        if rule is not None and _all_known(args) and _all_known(kwargs):
+            # No input reaches it (a causal mask, an `arange`): computed
+            # once, here, and bound as a constant of the program.
+            return self.fold(node, target, args, kwargs)
         if rule is not None:
             mark = len(self.lines), self.count
             try:
@@ -585,6 +593,27 @@ class _Lower:
                 del self.lines[mark[0] :]
                 self.count = mark[1]
         return self.extern(node, target, out, args, kwargs)
+
+    def fold(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The op computed now by PyTorch on its operands' known values;
+        each tensor of the result an input of the trace bound to it."""
+        with torch.no_grad():
+            result = target(*_known(args), **_known(kwargs))
+
+        def bind(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            name = f"k{len(self.feeds)}_{node.name}"
+            self.lines.append(f"input {name}: {_dtype(t.dtype)}{list(t.shape)}")
+            t = t.contiguous()
+            self.feeds.append((name, t))
+            v = _Value(name, t.shape, t.dtype)
+            v.known = t
+            return v
+
+        if isinstance(result, torch.Tensor):
+            return bind(result)
+        return type(result)(bind(t) for t in result)
 
     def extern(self, node: torch.fx.Node, target: Any, out: Any, args: tuple, kwargs: dict) -> Any:
         """The op as an `extern` op of the trace: PyTorch runs it."""
@@ -650,6 +679,27 @@ def _static(val: Any) -> bool:
     if isinstance(val, (list, tuple)) and val:
         return all(v is None or _static(v) for v in val) and _has_tensor(val)
     return False
+
+
+def _all_known(x: Any) -> bool:
+    """Whether every value among an op's arguments has known contents."""
+    if isinstance(x, _Value):
+        return x.known is not None
+    if isinstance(x, (list, tuple)):
+        return all(_all_known(y) for y in x)
+    if isinstance(x, dict):
+        return all(_all_known(y) for y in x.values())
+    return True
+
+
+def _known(x: Any) -> Any:
+    if isinstance(x, _Value):
+        return x.known
+    if isinstance(x, (list, tuple)):
+        return type(x)(_known(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _known(v) for k, v in x.items()}
+    return x
 
 
 def _has_tensor(x: Any) -> bool:
@@ -1249,3 +1299,131 @@ def _index(lw: _Lower, node: Any, out: torch.Tensor, x: Any, indices: Sequence[A
     if picked_shape == list(out.shape):
         return picked
     return lw.emit("reshape", [picked], out, shape=list(out.shape))
+
+
+def _spatial(v: Any, rank: int) -> List[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * rank if len(v) == 1 else v
+
+
+@_rule(aten.convolution.default)
+def _convolution(lw: _Lower, node: Any, out: torch.Tensor, x: Any, w: Any, bias: Any, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+                 groups: int) -> _Value:
+    x, w = _tensor(x), _tensor(w)
+    rank = len(x.shape) - 2
+    if rank < 1 or isinstance(padding, str):
+        raise _Unsupported("padding by name, or no spatial dims")
+    pad = _spatial(padding, rank)
+    operands = [x, w] + ([_tensor(bias)] if bias is not None else [])
+    attrs = dict(stride=_spatial(stride, rank), dilation=_spatial(dilation, rank), pad=pad + pad, groups=groups)
+    if transposed:
+        return lw.emit("conv_transpose", operands, out, output_padding=_spatial(output_padding, rank), **attrs)
+    return lw.emit("conv", operands, out, **attrs)
+
+
+def _per_channel(lw: _Lower, v: _Value, rank: int) -> _Value:
+    """A `[C]` vector as `[C, 1, ...]`, to broadcast over `[N, C, S...]`."""
+    shape = v.shape + [1] * (rank - 2)
+    return lw.emit("reshape", [v], _M(shape, v.dtype), shape=shape)
+
+
+def _normalise(lw: _Lower, x: _Value, mean: _Value, var: _Value, weight: Any, bias: Any, eps: float,
+               out: Any) -> Tuple[_Value, _Value]:
+    """`(x - mean) / sqrt(var + eps) * weight + bias` per channel, and
+    the `1/sqrt(var + eps)` it used."""
+    rank = len(x.shape)
+    c = [x.shape[1]]
+    rstd = lw.emit("rsqrt", [lw.emit("add", [var, float(eps)], _M(c, x.dtype))], _M(c, x.dtype))
+    y = lw.emit("sub", [x, _per_channel(lw, mean, rank)], _M(x.shape, x.dtype))
+    y = lw.emit("mul", [y, _per_channel(lw, rstd, rank)], _M(x.shape, x.dtype))
+    if weight is not None:
+        y = lw.emit("mul", [y, _per_channel(lw, _tensor(weight), rank)], _M(x.shape, x.dtype))
+    if bias is not None:
+        y = lw.emit("add", [y, _per_channel(lw, _tensor(bias), rank)], out)
+    return y, rstd
+
+
+@_rule(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_eval(lw: _Lower, node: Any, out: Tuple, x: Any, weight: Any, bias: Any, running_mean: Any,
+                     running_var: Any, momentum: float, eps: float) -> Tuple:
+    x = _tensor(x)
+    used = {u.args[1] for u in node.users if u.target is operator.getitem}
+    if not used <= {0} or not x.dtype.is_floating_point:
+        raise _Unsupported("the saved statistics")
+    y, _ = _normalise(lw, x, _tensor(running_mean), _tensor(running_var), weight, bias, eps, out[0])
+    return (y, None, None)
+
+
+@_rule(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_train(lw: _Lower, node: Any, out: Tuple, x: Any, weight: Any, bias: Any, running_mean: Any,
+                      running_var: Any, training: bool, momentum: float, eps: float) -> Tuple:
+    """Batch statistics: the output, the mean and 1/std saved for the
+    backward, and the running mean and (unbiased) variance updated."""
+    x = _tensor(x)
+    if not training or not x.dtype.is_floating_point:
+        raise _Unsupported("eval mode through the training op")
+    rank = len(x.shape)
+    c = [x.shape[1]]
+    dims = [0] + list(range(2, rank))
+    n = x.shape[0]
+    for d in x.shape[2:]:
+        n *= d
+    mean = lw.emit("mean", [x], _M(c, x.dtype), dims=dims, keepdim=False)
+    xc = lw.emit("sub", [x, _per_channel(lw, mean, rank)], _M(x.shape, x.dtype))
+    sq = lw.emit("mul", [xc, xc], _M(x.shape, x.dtype))
+    var = lw.emit("mean", [sq], _M(c, x.dtype), dims=dims, keepdim=False)
+    y, rstd = _normalise(lw, x, mean, var, weight, bias, eps, out[0])
+    running = []
+    for old, new in ((running_mean, mean), (running_var, var)):
+        old = _tensor(old)
+        if new is var and n > 1:
+            new = lw.emit("mul", [var, n / (n - 1)], _M(c, x.dtype))
+        kept = lw.emit("mul", [old, 1.0 - momentum], _M(c, old.dtype))
+        moved = lw.emit("mul", [lw.cast(new, old.dtype), float(momentum)], _M(c, old.dtype))
+        running.append(lw.emit("add", [kept, moved], _M(c, old.dtype)))
+    return (y, mean, rstd, running[0], running[1])
+
+
+@_rule(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
+def _max_pool(lw: _Lower, node: Any, out: Tuple, x: Any, kernel: Sequence[int], stride: Any = (), padding: Any = 0,
+              dilation: Any = 1, ceil_mode: bool = False) -> Tuple:
+    x = _tensor(x)
+    rank = len(x.shape) - 2
+    kernel = _spatial(kernel, rank)
+    stride = _spatial(stride, rank) if stride else kernel
+    pad = _spatial(padding, rank)
+    attrs = dict(kernel=kernel, stride=stride, dilation=_spatial(dilation, rank), pad=pad + pad, ceil_mode=ceil_mode)
+    y = lw.emit("max_pool", [x], out[0], **attrs)
+    used = {u.args[1] for u in node.users if u.target is operator.getitem}
+    if 1 not in used:
+        return (y, None)
+    # PyTorch's indices count within each [n, c] plane; argmax_pool's
+    # within the whole input: take off each plane's start.
+    flat = lw.emit("argmax_pool", [x], _M(list(out[1].shape), torch.int64), **attrs)
+    plane = 1
+    for d in x.shape[2:]:
+        plane *= d
+    nc = list(out[1].shape[:2])
+    starts = lw.emit("iota", [], _M(nc, torch.int64), shape=nc, dim=0, start=0, step=x.shape[1] * plane,
+                     dtype=torch.int64)
+    channel = lw.emit("iota", [], _M(nc, torch.int64), shape=nc, dim=1, start=0, step=plane, dtype=torch.int64)
+    starts = lw.emit("add", [starts, channel], _M(nc, torch.int64))
+    shape = nc + [1] * rank
+    starts = lw.emit("reshape", [starts], _M(shape, torch.int64), shape=shape)
+    return (y, lw.emit("sub", [flat, starts], out[1]))
+
+
+@_rule(aten.avg_pool2d.default, aten.avg_pool3d.default)
+def _avg_pool(lw: _Lower, node: Any, out: torch.Tensor, x: Any, kernel: Sequence[int], stride: Any = (),
+              padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+              divisor_override: Any = None) -> _Value:
+    x = _tensor(x)
+    if divisor_override is not None:
+        raise _Unsupported("divisor_override")
+    rank = len(x.shape) - 2
+    kernel = _spatial(kernel, rank)
+    stride = _spatial(stride, rank) if stride else kernel
+    pad = _spatial(padding, rank)
+    return lw.emit("avg_pool", [x], out, kernel=kernel, stride=stride, pad=pad + pad, ceil_mode=ceil_mode,
+                   count_include_pad=count_include_pad)

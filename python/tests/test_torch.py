@@ -98,7 +98,7 @@ def test_switchyard_compile_takes_session_options():
 
 def training_steps(model, make_batch, steps=3, lr=0.05):
     """Three SGD steps of `model` and of a compiled copy from the same
-    weights: each step's loss and every gradient agree."""
+    weights: each step's loss and every gradient agree. Gives both."""
     ours = copy.deepcopy(model).train()
     model = model.train()
     compiled = torch.compile(ours, backend="switchyard")
@@ -120,6 +120,7 @@ def training_steps(model, make_batch, steps=3, lr=0.05):
         opt.step()
     by_graph = handed_back()
     assert any(g.startswith("backward") for g in by_graph), f"no backward graph was compiled: {by_graph}"
+    return model, ours
 
 
 def test_training_step_of_the_mlp():
@@ -318,3 +319,94 @@ def test_run_dlpack_reads_capsules_in_place_and_gives_capsules():
     # Anything run takes is taken too; an output capsule no one consumes is freed.
     (out, _) = session.run_dlpack([np.ones((2, 3), np.float32)])
     del out
+
+
+class SmallCNN(nn.Sequential):
+    """Convolution, batch norm, max and average pools, a grouped strided
+    convolution, global pooling and a linear head."""
+
+    def __init__(self):
+        super().__init__(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, stride=2, groups=2), nn.ReLU(), nn.AvgPool2d(2, ceil_mode=True),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+        )
+
+
+def test_a_small_cnn_equals_eager():
+    torch.manual_seed(0)
+    model = SmallCNN()
+    with torch.no_grad():  # statistics that are not the defaults
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    model.eval()
+    compiled = torch.compile(model, backend="switchyard")
+    x = torch.randn(2, 3, 17, 17)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x), "small CNN")
+    assert all(not ops for ops in handed_back().values()), handed_back()
+    explain = graphs()[0].plans()[0].explain()
+    assert "conv" in explain and "max_pool" in explain, explain
+
+
+def test_training_step_of_a_small_cnn():
+    torch.manual_seed(0)
+
+    def batch(step):
+        g = torch.Generator().manual_seed(step)
+        return (torch.randn(4, 3, 16, 16, generator=g),), torch.randn(4, 10, generator=g)
+
+    eager, ours = training_steps(SmallCNN(), batch)
+    # The batch norm's running statistics were updated as eager's were.
+    assert_close(ours[1].running_mean, eager[1].running_mean, "running mean")
+    assert_close(ours[1].running_var, eager[1].running_var, "running variance")
+    assert int(ours[1].num_batches_tracked) == 3
+    # What switchyard lacks in the backward runs in PyTorch.
+    backward = [ops for name, ops in handed_back().items() if name.startswith("backward")]
+    assert any("aten.convolution_backward.default" in ops for ops in backward), handed_back()
+
+
+class CachedAttention(nn.Module):
+    """One head of attention over a key/value cache kept in buffers and
+    written in place at each step, as a decoder's KV cache is."""
+
+    def __init__(self, width=8, length=6):
+        super().__init__()
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width)
+        self.register_buffer("k_cache", torch.zeros(1, length, width))
+        self.register_buffer("v_cache", torch.zeros(1, length, width))
+
+    def forward(self, x, pos: int):
+        k, v = self.kv(x).chunk(2, dim=-1)
+        self.k_cache[:, pos : pos + 1] = k
+        self.v_cache[:, pos : pos + 1] = v
+        keys, values = self.k_cache[:, : pos + 1], self.v_cache[:, : pos + 1]
+        scores = (self.q(x) @ keys.transpose(1, 2)).softmax(-1)
+        return scores @ values
+
+
+def test_a_cache_written_in_place_is_honoured():
+    torch.manual_seed(0)
+    model = CachedAttention().eval()
+    ours = copy.deepcopy(model)
+    compiled = torch.compile(ours, backend="switchyard")
+    with torch.no_grad():
+        for pos in range(4):
+            x = torch.randn(1, 1, 8)
+            assert_close(compiled(x, pos), model(x, pos), f"step {pos}")
+            assert_close(ours.k_cache, model.k_cache, f"key cache after step {pos}")
+            assert_close(ours.v_cache, model.v_cache, f"value cache after step {pos}")
+
+
+def test_an_output_that_views_an_input_stays_a_view():
+    def f(x):
+        return x[1:].t(), x * 2
+
+    compiled = torch.compile(f, backend="switchyard")
+    x = torch.randn(3, 4)
+    view, doubled = compiled(x)
+    assert_close(doubled, x * 2, "doubled")
+    # Writing the view writes the input, as eager's view would.
+    view[0, 0] = 42.0
+    assert x[1, 0].item() == 42.0
