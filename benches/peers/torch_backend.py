@@ -14,6 +14,12 @@ one and of switchyard's, and prints the medians and the ratios:
   the first call's time, once per backend, with Inductor's caches off.
 
     python3 benches/peers/torch_backend.py [--rounds N] [--only NAME,...] [--json FILE]
+    python3 benches/peers/torch_backend.py --handed-back [--models DIR]
+
+`--handed-back` instead lists, for the shared transformer models rebuilt in
+PyTorch, the MLP and a small CNN, the ATen ops each compiled graph (the
+inference graph, and the forward and backward of a training step) hands
+back to PyTorch.
 
 It needs torch and switchyard's Python package (`pip install ./python`,
 a release build) in the interpreter that runs it. Each backend uses every
@@ -114,13 +120,48 @@ def first_compile(backend, layers=32):
 BACKENDS = ("eager", "inductor", "switchyard")
 
 
+def handed_back_report(models_dir):
+    """The ATen ops each model's graphs hand back to PyTorch."""
+    import gc
+
+    import switchyard.torch as st
+    from torch_models import build
+    from test_torch import SmallCNN, inputs_for
+
+    names = ["mlp", "gpt2-tiny", "llama-tiny", "bert-tiny", "small-cnn"]
+    for name in names:
+        torch._dynamo.reset()
+        gc.collect()
+        before = {id(g) for g in st.compiled_graphs()}
+        if name == "small-cnn":
+            torch.manual_seed(0)
+            model, args = SmallCNN(), (torch.randn(2, 3, 16, 16),)
+        else:
+            model, args = build(models_dir, name), inputs_for(name)
+        compiled = torch.compile(model.eval(), backend="switchyard")
+        with torch.no_grad():
+            compiled(*args)
+        graphs = [g for g in st.compiled_graphs() if id(g) not in before]
+        torch._dynamo.reset()
+        compiled = torch.compile(model.train(), backend="switchyard")
+        compiled(*args).float().pow(2).mean().backward()
+        graphs += [g for g in st.compiled_graphs() if id(g) not in before and g not in graphs]
+        ops = {g.name.split()[0]: sorted(g.handed_back) for g in graphs}
+        print(f"{name}: " + "; ".join(f"{k}: {', '.join(v) if v else 'none'}" for k, v in ops.items()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--handed-back", action="store_true", help="list the ops handed back to PyTorch, per model")
+    ap.add_argument("--models", default=str(HERE.parents[2] / "shared" / "onnx" / "models"))
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", help="comma-separated workload names")
     ap.add_argument("--json", help="write every figure to this file")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
+    if args.handed_back:
+        handed_back_report(Path(args.models))
+        return
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = False

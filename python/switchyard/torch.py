@@ -269,7 +269,7 @@ class CompiledGraph:
 class _Value:
     """A value of the trace being written: its name, dtype and shape."""
 
-    __slots__ = ("name", "shape", "dtype", "known")
+    __slots__ = ("name", "shape", "dtype", "known", "transpose_of")
 
     def __init__(self, name: str, shape: Sequence[int], dtype: torch.dtype):
         self.name = name
@@ -277,6 +277,8 @@ class _Value:
         self.dtype = dtype
         #: Its contents where no input of the graph reaches it, else None.
         self.known: Optional[torch.Tensor] = None
+        #: The matrix it is the transpose of, where it is one.
+        self.transpose_of: Optional["_Value"] = None
 
     @property
     def meta(self) -> torch.Tensor:
@@ -493,7 +495,9 @@ class _Lower:
     becomes an ``extern`` op that PyTorch runs."""
 
     def __init__(self, gm: torch.fx.GraphModule, args: List[Any]):
-        self.lines: List[str] = []
+        # (statement, names it defines, names it reads), in program order;
+        # no names defined for the declarations that are always kept.
+        self.lines: List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = []
         self.count = 0
         self.feeds: List[Tuple[str, Any]] = []
         self.externs: Dict[str, Tuple[Any, Tuple[tuple, dict]]] = {}
@@ -517,7 +521,17 @@ class _Lower:
                 raise SwitchyardError(f"switchyard.torch: graph node {node.name} is a `{node.op}`, which is not supported")
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        """The trace, less the ops no output depends on (the transposed
+        weight that a `linear` took whole, a value only an unused output
+        of a rule read)."""
+        live: set = set()
+        kept = []
+        for statement, defines, reads in reversed(self.lines):
+            if defines and not any(d in live for d in defines):
+                continue
+            live.update(reads)
+            kept.append(statement)
+        return "\n".join(reversed(kept)) + "\n"
 
     def fresh(self) -> str:
         self.count += 1
@@ -535,13 +549,13 @@ class _Lower:
                 f"switchyard.torch: input {node.name} is {arg.dtype}, which switchyard.torch does not take yet"
             )
         name = f"in{i}"
-        self.lines.append(f"input {name}: {_dtype(arg.dtype)}{list(arg.shape)}")
+        self.lines.append((f"input {name}: {_dtype(arg.dtype)}{list(arg.shape)}", (), ()))
         self.feeds.append((name, i))
         return _Value(name, arg.shape, arg.dtype)
 
     def constant(self, node: torch.fx.Node, value: torch.Tensor) -> _Value:
         name = f"c_{node.name}"
-        self.lines.append(f"input {name}: {_dtype(value.dtype)}{list(value.shape)}")
+        self.lines.append((f"input {name}: {_dtype(value.dtype)}{list(value.shape)}", (), ()))
         self.feeds.append((name, value.detach()))
         v = _Value(name, value.shape, value.dtype)
         v.known = value.detach()
@@ -553,7 +567,8 @@ class _Lower:
         ops = ", ".join(o.name if isinstance(o, _Value) else _fmt(o) for o in operands)
         at = ", ".join(f"{k}={_fmt(v)}" for k, v in attrs.items() if v is not None)
         sep = ", " if ops and at else ""
-        self.lines.append(f"{name} = {kind}({ops}{sep}{at})")
+        reads = tuple(o.name for o in operands if isinstance(o, _Value))
+        self.lines.append((f"{name} = {kind}({ops}{sep}{at})", (name,), reads))
         return _Value(name, out.shape, out.dtype)
 
     def cast(self, x: Any, dtype: torch.dtype) -> Any:
@@ -604,7 +619,7 @@ class _Lower:
             if not isinstance(t, torch.Tensor):
                 return t
             name = f"k{len(self.feeds)}_{node.name}"
-            self.lines.append(f"input {name}: {_dtype(t.dtype)}{list(t.shape)}")
+            self.lines.append((f"input {name}: {_dtype(t.dtype)}{list(t.shape)}", (), ()))
             t = t.contiguous()
             self.feeds.append((name, t))
             v = _Value(name, t.shape, t.dtype)
@@ -638,7 +653,8 @@ class _Lower:
         dtypes = "[" + ", ".join(_dtype(t.dtype) for t in tensors) + "]"
         shapes = "[" + ", ".join(str(list(t.shape)) for t in tensors) + "]"
         ops = "".join(f"{o.name}, " for o in operands)
-        self.lines.append(f"{', '.join(names)} = extern({ops}fn={_fmt(fn)}, dtypes={dtypes}, shapes={shapes})")
+        statement = f"{', '.join(names)} = extern({ops}fn={_fmt(fn)}, dtypes={dtypes}, shapes={shapes})"
+        self.lines.append((statement, tuple(names), tuple(o.name for o in operands)))
         values = iter(_Value(n, t.shape, t.dtype) for n, t in zip(names, tensors))
         if isinstance(out, torch.Tensor):
             return next(values)
@@ -669,7 +685,7 @@ class _Lower:
                 metas[v.name] = (shape, stride or _contiguous_strides(shape), v.dtype)
         self.out_meta = [metas[n] for n in names]
         if names:
-            self.lines.append("output " + ", ".join(names))
+            self.lines.append(("output " + ", ".join(names), (), tuple(names)))
 
 
 def _static(val: Any) -> bool:
@@ -970,13 +986,20 @@ def _expand(lw: _Lower, node: Any, out: torch.Tensor, x: Any, size: Any, *, impl
     return lw.emit("broadcast", [x], out, shape=list(out.shape))
 
 
+def _transpose2(lw: _Lower, x: _Value, out: Any, perm: List[int]) -> _Value:
+    t = lw.emit("transpose", [x], out, perm=perm)
+    if perm == [1, 0]:
+        t.transpose_of = x
+    return t
+
+
 @_rule(aten.permute.default, aten.permute_copy.default)
 def _permute(lw: _Lower, node: Any, out: torch.Tensor, x: Any, dims: Sequence[int]) -> _Value:
     x = _tensor(x)
     perm = [_dim(d, len(x.shape)) for d in dims]
     if perm == sorted(perm):
         return x
-    return lw.emit("transpose", [x], out, perm=perm)
+    return _transpose2(lw, x, out, perm)
 
 
 @_rule(aten.t.default)
@@ -984,7 +1007,7 @@ def _t(lw: _Lower, node: Any, out: torch.Tensor, x: Any) -> _Value:
     x = _tensor(x)
     if len(x.shape) < 2:
         return x
-    return lw.emit("transpose", [x], out, perm=[1, 0])
+    return _transpose2(lw, x, out, [1, 0])
 
 
 @_rule(aten.transpose.int)
@@ -1122,14 +1145,28 @@ def _copy(lw: _Lower, node: Any, out: torch.Tensor, dst: Any, src: Any, non_bloc
     return lw.emit("broadcast", [src], out, shape=list(out.shape))
 
 
+def _product(lw: _Lower, a: _Value, b: _Value, out: Any, bias: Optional[_Value] = None) -> _Value:
+    """`a @ b` (+ `bias`): `linear(a, w, bias)` where `b` is the transpose
+    of a matrix `w` (PyTorch's `nn.Linear`), which the GEMM executor takes
+    whole with the weight in its own layout."""
+    w = b.transpose_of
+    if w is not None and len(a.shape) == 2 and a.dtype == w.dtype:
+        return lw.emit("linear", [a, w] + ([bias] if bias is not None else []), out)
+    prod = lw.emit("matmul", [a, b], out)
+    return prod if bias is None else lw.emit("add", [prod, bias], out)
+
+
 @_rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def _mm(lw: _Lower, node: Any, out: torch.Tensor, a: Any, b: Any) -> _Value:
-    return lw.emit("matmul", [_tensor(a), _tensor(b)], out)
+    return _product(lw, _tensor(a), _tensor(b), out)
 
 
 @_rule(aten.addmm.default)
 def _addmm(lw: _Lower, node: Any, out: torch.Tensor, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> _Value:
-    prod = lw.emit("matmul", [_tensor(a), _tensor(b)], out)
+    bias = _tensor(bias)
+    if alpha == 1 and beta == 1 and bias.shape == [out.shape[-1]] and bias.dtype == out.dtype:
+        return _product(lw, _tensor(a), _tensor(b), out, bias)
+    prod = _product(lw, _tensor(a), _tensor(b), out)
     if alpha != 1:
         prod = lw.emit("mul", [prod, float(alpha)], out)
     if beta == 0:
