@@ -1464,3 +1464,31 @@ def _avg_pool(lw: _Lower, node: Any, out: torch.Tensor, x: Any, kernel: Sequence
     pad = _spatial(padding, rank)
     return lw.emit("avg_pool", [x], out, kernel=kernel, stride=stride, pad=pad + pad, ceil_mode=ceil_mode,
                    count_include_pad=count_include_pad)
+
+
+@_rule(aten.pow.Tensor_Scalar)
+def _pow_scalar(lw: _Lower, node: Any, out: torch.Tensor, x: Any, e: Any) -> _Value:
+    """`x ** e`: small whole and half exponents as products, square roots
+    and reciprocals (as PyTorch computes them), others through `pow`."""
+    x = _tensor(x)
+    if not out.dtype.is_floating_point or isinstance(e, bool) or not isinstance(e, (int, float)):
+        raise _Unsupported("an integer power")
+    x = lw.cast(x, out.dtype)
+    if e == 0:
+        return _full(lw, out, 1.0)
+    if e == 1:
+        return x
+    if e == 0.5:
+        return lw.emit("sqrt", [x], out)
+    if e == -0.5:
+        return lw.emit("rsqrt", [x], out)
+    if e == -1:
+        return lw.emit("reciprocal", [x], out)
+    if e in (2, 3, 4, -2):
+        square = lw.emit("mul", [x, x], out)
+        if e == 2:
+            return square
+        if e == -2:
+            return lw.emit("reciprocal", [square], out)
+        return lw.emit("mul", [square, x if e == 3 else square], out)
+    return _binary(lw, "pow", x, float(e), out)

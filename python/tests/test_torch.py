@@ -410,3 +410,12 @@ def test_an_output_that_views_an_input_stays_a_view():
     # Writing the view writes the input, as eager's view would.
     view[0, 0] = 42.0
     assert x[1, 0].item() == 42.0
+
+
+@pytest.mark.parametrize("e", [0, 1, 2, 3, 4, -2, 0.5, -0.5, -1, 1.7])
+def test_powers_by_a_number(e):
+    f = lambda x: (x.abs() + 0.1) ** e  # noqa: E731
+    x = torch.randn(4, 5)
+    compiled = torch.compile(f, backend="switchyard")
+    assert_close(compiled(x), f(x), f"x ** {e}")
+    assert all(not ops for ops in handed_back().values()), handed_back()
