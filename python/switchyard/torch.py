@@ -479,12 +479,19 @@ def _probe(x: Any) -> Any:
     return probe
 
 
-def _to_meta(x: Any) -> Any:
+def _map_values(x: Any, f: Callable[["_Value"], Any]) -> Any:
+    """`x` (an op's arguments: lists, tuples, dicts) with `f` of each value."""
     if isinstance(x, _Value):
-        return x.meta
+        return f(x)
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_meta(y) for y in x)
+        return type(x)(_map_values(y, f) for y in x)
+    if isinstance(x, dict):
+        return {k: _map_values(v, f) for k, v in x.items()}
     return x
+
+
+def _to_meta(x: Any) -> Any:
+    return _map_values(x, lambda v: v.meta)
 
 
 class _Lower:
@@ -709,13 +716,7 @@ def _all_known(x: Any) -> bool:
 
 
 def _known(x: Any) -> Any:
-    if isinstance(x, _Value):
-        return x.known
-    if isinstance(x, (list, tuple)):
-        return type(x)(_known(y) for y in x)
-    if isinstance(x, dict):
-        return {k: _known(v) for k, v in x.items()}
-    return x
+    return _map_values(x, lambda v: v.known)
 
 
 def _has_tensor(x: Any) -> bool:
