@@ -269,7 +269,7 @@ class CompiledGraph:
 class _Value:
     """A value of the trace being written: its name, dtype and shape."""
 
-    __slots__ = ("name", "shape", "dtype", "known", "transpose_of")
+    __slots__ = ("name", "shape", "dtype", "known", "transpose_of", "reshape_of")
 
     def __init__(self, name: str, shape: Sequence[int], dtype: torch.dtype):
         self.name = name
@@ -279,6 +279,8 @@ class _Value:
         self.known: Optional[torch.Tensor] = None
         #: The matrix it is the transpose of, where it is one.
         self.transpose_of: Optional["_Value"] = None
+        #: The value it is a reshape of, where it is one.
+        self.reshape_of: Optional["_Value"] = None
 
     @property
     def meta(self) -> torch.Tensor:
@@ -973,10 +975,20 @@ def _any_all(lw: _Lower, node: Any, out: torch.Tensor, x: Any, dims: Any = None,
 @_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
        aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.view_copy.default, aten.flatten.using_ints)
 def _reshape(lw: _Lower, node: Any, out: torch.Tensor, x: Any, *rest: Any) -> _Value:
-    x = _tensor(x)
-    if list(out.shape) == x.shape:
+    return _reshaped(lw, _tensor(x), list(out.shape))
+
+
+def _reshaped(lw: _Lower, x: _Value, shape: List[int]) -> _Value:
+    """`x` as `shape`: a reshape of a reshape reads the first one's source
+    (so that `view(view(y, [B*T, N]), [B, T, N])` is `y` itself, and the
+    view in between goes where nothing reads it)."""
+    if x.reshape_of is not None:
+        x = x.reshape_of
+    if shape == x.shape:
         return x
-    return lw.emit("reshape", [x], out, shape=list(out.shape))
+    r = lw.emit("reshape", [x], _M(shape, x.dtype), shape=shape)
+    r.reshape_of = x
+    return r
 
 
 @_rule(aten.expand.default, aten.expand_copy.default)
@@ -1152,7 +1164,14 @@ def _product(lw: _Lower, a: _Value, b: _Value, out: Any, bias: Optional[_Value] 
     whole with the weight in its own layout."""
     w = b.transpose_of
     if w is not None and len(a.shape) == 2 and a.dtype == w.dtype:
-        return lw.emit("linear", [a, w] + ([bias] if bias is not None else []), out)
+        operands = [w] + ([bias] if bias is not None else [])
+        x = a.reshape_of
+        if x is not None and len(x.shape) > 2 and x.shape[-1] == a.shape[-1]:
+            # `x` flattened to rows, as `nn.Linear` does: the product of
+            # `x` itself, flattened after (a view a later reshape undoes).
+            y = lw.emit("linear", [x] + operands, _M(x.shape[:-1] + [w.shape[0]], out.dtype))
+            return _reshaped(lw, y, list(out.shape))
+        return lw.emit("linear", [a] + operands, out)
     prod = lw.emit("matmul", [a, b], out)
     return prod if bias is None else lw.emit("add", [prod, bias], out)
 
