@@ -195,6 +195,7 @@ class CompiledGraph:
     convention), so that they may be freed as soon as they are read."""
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str, options: Dict[str, Any]):
+        self.kind = kind  # inference, forward or backward
         # An attribute of the instance: PyTorch's wrappers copy `__dict__`.
         self._boxed_call = True
         self.gm = gm
@@ -251,7 +252,7 @@ class CompiledGraph:
         model's parameters, which their kernels then prepare once (a GEMM
         packs its weight). A training graph's parameters change every
         step, so it takes none."""
-        if not self.name.startswith("inference"):
+        if self.kind != "inference":
             return []
         return [i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
 
@@ -343,7 +344,7 @@ class _Program:
         for o, (shape, stride, dtype) in zip(self.session.get_outputs(), lowered.out_meta):
             if tuple(o.shape) != shape:
                 raise SwitchyardError(f"{name}: the trace's output {o.name} has shape {o.shape}, PyTorch's {shape}")
-            contiguous = stride == _contiguous_strides(shape) or math.prod(shape) <= 1
+            contiguous = stride is None or stride == _contiguous_strides(shape) or math.prod(shape) <= 1
             self.layouts.append(None if contiguous else (shape, stride, dtype))
 
     def weights_unchanged(self, args: Sequence[Any]) -> bool:
@@ -461,10 +462,6 @@ def _dtype(dt: torch.dtype) -> str:
     return name
 
 
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
-
-
 _PROBES: Dict[Tuple[torch.dtype, bool], torch.Tensor] = {}
 
 
@@ -511,7 +508,7 @@ class _Lower:
         self.feeds: List[Tuple[str, Any]] = []
         self.externs: Dict[str, Tuple[Any, Tuple[tuple, dict]]] = {}
         self.outputs: List[Tuple[str, Any]] = []
-        self.out_meta: List[Tuple[tuple, tuple, torch.dtype]] = []
+        self.out_meta: List[Tuple[tuple, Optional[tuple], torch.dtype]] = []
         self.gm = gm
         env: Dict[torch.fx.Node, Any] = {}
         placeholders = iter(range(len(args)))
@@ -683,15 +680,15 @@ class _Lower:
                 self.outputs.append(("out", names.index(v.name)))
             else:
                 self.outputs.append(("const", v))
-        # Each output's strides as PyTorch traced them.
+        # Each output's strides as PyTorch traced them (None: not known).
         fx_outputs = results if isinstance(results, (list, tuple)) else [results]
-        metas: Dict[str, Tuple[tuple, tuple, torch.dtype]] = {}
+        metas: Dict[str, Tuple[tuple, Optional[tuple], torch.dtype]] = {}
         for v, n in zip(values, fx_outputs):
             if isinstance(v, _Value) and v.name not in metas:
                 val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
                 stride = tuple(val.stride()) if isinstance(val, torch.Tensor) and _concrete(val.stride()) else None
                 shape = tuple(v.shape)
-                metas[v.name] = (shape, stride or _contiguous_strides(shape), v.dtype)
+                metas[v.name] = (shape, stride, v.dtype)
         self.out_meta = [metas[n] for n in names]
         if names:
             self.lines.append(("output " + ", ".join(names), (), tuple(names)))
